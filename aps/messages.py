@@ -1,0 +1,190 @@
+"""Every message aps sends, as frozen dataclasses.
+
+One message is one frame. :mod:`aps.codec` turns them into bytes and back. Field values are
+plain data: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, numpy arrays, Gymnasium
+spaces (sent declaratively, see :mod:`aps.spaces`) and tuples/dicts of these (``Any`` fields).
+
+The conversation (``L`` learner, ``W`` worker)::
+
+    L -> W  Challenge(protocol_version, nonce)
+    W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid)
+    L -> W  Welcome(worker_id, env_offset, autoreset_mode)   or  Reject(kind, reason)
+    W -> L  Ready(observation_space, action_space, num_envs)
+    L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
+    L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
+    W -> L  ErrorReport(...)              instead of a result, when an env raised
+    either  Heartbeat()                   at any time after the handshake
+    either  Goodbye(reason)               the sender is closing
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from aps._typing import Array
+
+__all__ = [
+    "MESSAGE_TYPES",
+    "PROTOCOL_VERSION",
+    "Challenge",
+    "ErrorReport",
+    "Goodbye",
+    "Heartbeat",
+    "Hello",
+    "Message",
+    "Ready",
+    "Reject",
+    "ResetRequest",
+    "ResetResult",
+    "StepRequest",
+    "StepResult",
+    "Welcome",
+]
+
+PROTOCOL_VERSION = 1
+"""Bumped on every incompatible change of the wire format; the handshake checks it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """Base of all messages; ``TAG`` is the short name that identifies the type on the wire."""
+
+    TAG: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Challenge(Message):
+    """The learner's first frame: its protocol version and a random nonce to prove against."""
+
+    TAG: ClassVar[str] = "challenge"
+    protocol_version: int
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello(Message):
+    """The worker's answer: who it is, what it hosts, and HMAC(token, nonce) (empty if no token)."""
+
+    TAG: ClassVar[str] = "hello"
+    protocol_version: int
+    proof: bytes
+    env_id: str
+    num_envs: int
+    seed: int | None
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Welcome(Message):
+    """The learner accepts the worker: its id, its first global env index, the autoreset mode."""
+
+    TAG: ClassVar[str] = "welcome"
+    worker_id: int
+    env_offset: int
+    autoreset_mode: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reject(Message):
+    """The learner refuses the worker; ``kind`` names the error class the worker raises."""
+
+    TAG: ClassVar[str] = "reject"
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready(Message):
+    """The worker built its envs: their single-env spaces and count."""
+
+    TAG: ClassVar[str] = "ready"
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    num_envs: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResetRequest(Message):
+    """Reset every env of the worker; env ``j`` gets ``seed + j`` when ``seed`` is an int."""
+
+    TAG: ClassVar[str] = "reset"
+    seed: int | None
+    options: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResetResult(Message):
+    """Batched observations and the merged info dict of the worker's envs."""
+
+    TAG: ClassVar[str] = "reset_result"
+    obs: Any
+    info: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRequest(Message):
+    """One batched action for the worker's envs."""
+
+    TAG: ClassVar[str] = "step"
+    actions: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult(Message):
+    """The worker's envs after one step, batched exactly as a Gymnasium vector env returns."""
+
+    TAG: ClassVar[str] = "step_result"
+    obs: Any
+    reward: Array
+    terminated: Array
+    truncated: Array
+    info: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorReport(Message):
+    """An env (or the worker) raised instead of answering the last request."""
+
+    TAG: ClassVar[str] = "error"
+    remote_type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat(Message):
+    """Proof of life; carries nothing."""
+
+    TAG: ClassVar[str] = "heartbeat"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Goodbye(Message):
+    """The sender is closing the session on purpose."""
+
+    TAG: ClassVar[str] = "goodbye"
+    reason: str
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TAG: cls
+    for cls in (
+        Challenge,
+        Hello,
+        Welcome,
+        Reject,
+        Ready,
+        ResetRequest,
+        ResetResult,
+        StepRequest,
+        StepResult,
+        ErrorReport,
+        Heartbeat,
+        Goodbye,
+    )
+}
+"""Every message type by its wire tag."""
