@@ -1,5 +1,63 @@
-"""aps: run Gymnasium environments on remote workers over asyncio; learning stays central."""
+"""aps: run Gymnasium environments on remote workers over asyncio; learning stays central.
+
+Three ways in:
+
+- an await loop: ``async with aps.Learner("tcp://127.0.0.1:0", num_workers=2) as learner``;
+- a blocking Gymnasium vector env: ``aps.ClusterEnv.local("CartPole-v1", num_workers=2)``;
+- transport plug-ins: :mod:`aps.transports` and the conformance suite in :mod:`aps.testing`.
+"""
 
 from __future__ import annotations
 
+from aps.cluster_env import ClusterEnv
+from aps.errors import (
+    ApsError,
+    AuthError,
+    ConfigError,
+    ConnectError,
+    ConnectionLost,
+    EndOfStream,
+    FrameTooLarge,
+    InvalidState,
+    MissingDependency,
+    ProtocolError,
+    Timeout,
+    TransportClosed,
+    TransportError,
+    VersionMismatch,
+    WireError,
+    WorkerError,
+    WorkerLost,
+)
+from aps.learner import Learner, WorkerInfo
+from aps.session import Timeouts
+from aps.worker import Worker
+
 __version__ = "0.1.0"
+
+__all__ = [
+    # Roles and the blocking facade.
+    "ClusterEnv",
+    "Learner",
+    "Timeouts",
+    "Worker",
+    "WorkerInfo",
+    # Errors (the tree is drawn in aps.errors).
+    "ApsError",
+    "AuthError",
+    "ConfigError",
+    "ConnectError",
+    "ConnectionLost",
+    "EndOfStream",
+    "FrameTooLarge",
+    "InvalidState",
+    "MissingDependency",
+    "ProtocolError",
+    "Timeout",
+    "TransportClosed",
+    "TransportError",
+    "VersionMismatch",
+    "WireError",
+    "WorkerError",
+    "WorkerLost",
+]

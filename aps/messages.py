@@ -8,7 +8,7 @@ The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
     W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid)
-    L -> W  Welcome(worker_id, env_offset, autoreset_mode)   or  Reject(kind, reason)
+    L -> W  Welcome(worker_id, autoreset_mode)   or  Reject(kind, reason)
     W -> L  Ready(observation_space, action_space, num_envs)
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
@@ -80,11 +80,10 @@ class Hello(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Welcome(Message):
-    """The learner accepts the worker: its id, its first global env index, the autoreset mode."""
+    """The learner accepts the worker: its id and the autoreset mode its vector env must use."""
 
     TAG: ClassVar[str] = "welcome"
     worker_id: int
-    env_offset: int
     autoreset_mode: str
 
 
@@ -109,7 +108,11 @@ class Ready(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResetRequest(Message):
-    """Reset every env of the worker; env ``j`` gets ``seed + j`` when ``seed`` is an int."""
+    """Reset every env of the worker.
+
+    With an int ``seed`` the worker's env ``j`` gets ``seed + j``; with ``None`` the worker
+    uses its own seed (from its Hello) on its first reset and no seed afterwards.
+    """
 
     TAG: ClassVar[str] = "reset"
     seed: int | None

@@ -1,0 +1,31 @@
+# Two commands do everything: `make demo` and `make test`. Each builds .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[websocket,fast]' --group test --group lint
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) examples/demo.py
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check aps tests examples benchmarks
+	$(PY) -m ruff format --check aps tests examples benchmarks
+	$(PY) -m mypy aps
+
+test: lint
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

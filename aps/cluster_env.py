@@ -1,0 +1,251 @@
+"""The blocking facade: :class:`ClusterEnv`, a real :class:`gymnasium.vector.VectorEnv`.
+
+There is one implementation: the async :class:`~aps.learner.Learner`. ``ClusterEnv`` runs it
+on one private event-loop thread and waits for each call's result, so a CleanRL-style script
+changes one line to spread its envs over processes and machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import secrets
+import threading
+from collections.abc import Coroutine
+from typing import Any, Literal, TypeVar
+
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from aps._loop import new_event_loop
+from aps._typing import Array, Info
+from aps.errors import ConfigError, InvalidState
+from aps.launch.local import LocalWorkers
+from aps.learner import Learner, WorkerInfo
+from aps.session import Timeouts
+from aps.transports.base import Listener
+from aps.worker import EnvSpec
+
+__all__ = ["ClusterEnv"]
+
+T = TypeVar("T")
+
+_LOCAL_URLS = {"tcp": "tcp://127.0.0.1:0", "ws": "ws://127.0.0.1:0", "memory": "memory://"}
+
+
+class _Portal:
+    """One event loop on a private daemon thread, and a blocking way to run coroutines on it."""
+
+    def __init__(self, use_uvloop: bool | None) -> None:
+        self._loop = new_event_loop(use_uvloop)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="aps-loop", daemon=True)
+        self._thread.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop thread and return its result (or raise its error).
+
+        Interrupting the wait (Ctrl-C) cancels the coroutine.
+        """
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        """Stop the loop and join the thread; idempotent."""
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+class ClusterEnv(VectorEnv):  # type: ignore[type-arg]
+    """A Gymnasium vector env whose envs live on aps workers.
+
+    ``ClusterEnv(url, num_workers=...)`` listens on ``url`` and waits (up to
+    ``timeouts.connect``) for workers started elsewhere (``aps worker URL --env ...``);
+    :meth:`local` also starts the workers. Envs are ordered by worker registration, then env
+    index; ``reset(seed=s)`` seeds env ``i`` with ``s + i`` as Gymnasium does; autoreset
+    happens on the workers exactly as in Gymnasium's own vector envs; infos are merged with
+    ``_key`` masks.
+
+    Args:
+        listen: the URL to bind, or a bound listener.
+        num_workers: how many workers to wait for.
+        token: shared secret the workers must prove (required off loopback).
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
+        timeouts: deadlines, see :class:`~aps.session.Timeouts`.
+        insecure: allow a non-loopback address without a token.
+        use_uvloop: run the private loop on uvloop (default: when installed).
+
+    Raises:
+        Timeout: the workers did not all arrive in time.
+        ConfigError: bad arguments.
+
+    Example:
+        >>> envs = ClusterEnv.local("CartPole-v1", num_workers=2, envs_per_worker=4)
+        >>> obs, info = envs.reset(seed=0)
+        >>> obs.shape
+        (8, 4)
+        >>> envs.close()
+    """
+
+    def __init__(
+        self,
+        listen: str | Listener = "tcp://127.0.0.1:0",
+        *,
+        num_workers: int,
+        token: str | bytes | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        timeouts: Timeouts | None = None,
+        insecure: bool = False,
+        use_uvloop: bool | None = None,
+        _launcher: LocalWorkers | None = None,
+        _seed: int | None = None,
+    ) -> None:
+        self.closed = True  # until the workers are in, close() has nothing to do
+        self._learner = Learner(
+            listen,
+            num_workers=num_workers,
+            token=token,
+            autoreset_mode=autoreset_mode,
+            timeouts=timeouts,
+            insecure=insecure,
+        )
+        self._launcher = _launcher
+        self._default_seed = _seed
+        self._portal = _Portal(use_uvloop)
+        try:
+            self._portal.call(self._start())
+        except BaseException:
+            self._portal.call(self._shutdown())
+            self._portal.close()
+            raise
+        atexit.register(self.close)
+        self.closed = False
+        learner = self._learner
+        self.num_envs = learner.num_envs
+        self.single_observation_space = learner.single_observation_space
+        self.single_action_space = learner.single_action_space
+        self.observation_space = learner.observation_space
+        self.action_space = learner.action_space
+        self.metadata = {"autoreset_mode": learner.autoreset_mode}
+
+    @classmethod
+    def local(
+        cls,
+        env: EnvSpec,
+        *,
+        num_workers: int = 2,
+        envs_per_worker: int = 1,
+        transport: Literal["tcp", "ws", "memory"] = "tcp",
+        seed: int | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        env_kwargs: dict[str, Any] | None = None,
+        timeouts: Timeouts | None = None,
+        use_uvloop: bool | None = None,
+    ) -> ClusterEnv:
+        """Start ``num_workers`` workers on this machine and connect to them.
+
+        Workers are subprocesses (``tcp``, ``ws``) or tasks on the private loop (``memory``);
+        :meth:`close` and interpreter exit stop them. A random token guards the port.
+
+        Args:
+            env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a callable
+                (module-level for subprocess workers; anything for ``memory``).
+            num_workers: how many workers.
+            envs_per_worker: envs hosted by each worker.
+            transport: ``"tcp"``, ``"ws"`` or ``"memory"``.
+            seed: the seed of the first :meth:`reset` that is given none, so that
+                ``local(..., seed=s).reset()`` equals ``reset(seed=s)``.
+            autoreset_mode: Gymnasium's autoreset mode.
+            env_kwargs: keyword arguments for the env factory.
+            timeouts: deadlines.
+            use_uvloop: see the class.
+        """
+        if transport not in _LOCAL_URLS:
+            raise ConfigError(
+                f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}"
+            )
+        if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
+            raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
+        token = secrets.token_hex(16)
+        launcher = LocalWorkers(
+            env,
+            num_workers=num_workers,
+            envs_per_worker=envs_per_worker,
+            env_kwargs=env_kwargs,
+            token=token,
+            timeouts=timeouts,
+            use_uvloop=use_uvloop,
+        )
+        return cls(
+            _LOCAL_URLS[transport],
+            num_workers=num_workers,
+            token=token,
+            autoreset_mode=autoreset_mode,
+            timeouts=timeouts,
+            use_uvloop=use_uvloop,
+            _launcher=launcher,
+            _seed=seed,
+        )
+
+    async def _start(self) -> None:
+        await self._learner.start()
+        if self._launcher is None:
+            await self._learner.wait_for_workers()
+            return
+        await self._launcher.start(self._learner.url)
+        # A worker that dies before it connects (a bad env id, say) should fail the wait at
+        # once with its own story, not after the whole connect deadline.
+        waiting = asyncio.create_task(self._learner.wait_for_workers())
+        watching = asyncio.create_task(self._launcher.watch())
+        try:
+            await asyncio.wait({waiting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            watching.cancel()
+            await asyncio.wait({waiting, watching})
+        if watching.done() and not watching.cancelled():
+            watching.result()  # raises the launcher's WorkerLost
+        waiting.result()
+
+    async def _shutdown(self) -> None:
+        await self._learner.aclose()
+        if self._launcher is not None:
+            await self._launcher.stop()
+
+    @property
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        """The workers, in env order."""
+        return self._learner.workers
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, Info]:
+        """Reset every env; see :meth:`aps.Learner.reset`."""
+        if seed is None:
+            seed, self._default_seed = self._default_seed, None
+        return self._portal.call(self._learner.reset(seed=seed, options=options))
+
+    def step(self, actions: Any) -> tuple[Any, Array, Array, Array, Info]:
+        """Step every env; see :meth:`aps.Learner.step`."""
+        return self._portal.call(self._learner.step(actions))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Say goodbye to the workers, stop local ones, and end the private loop."""
+        atexit.unregister(self.close)
+        try:
+            self._portal.call(self._shutdown())
+        finally:
+            self._portal.close()
+
+    def __repr__(self) -> str:
+        return f"ClusterEnv(num_envs={getattr(self, 'num_envs', '?')}, closed={self.closed})"
+
+

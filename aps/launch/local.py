@@ -1,0 +1,193 @@
+"""Start workers on this machine: subprocesses for real transports, tasks for ``memory://``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import time
+
+from pathlib import Path
+from typing import Any
+
+from aps.errors import ConfigError, WorkerLost
+from aps.session import Timeouts
+from aps.worker import EnvSpec, Worker
+
+__all__ = ["LocalWorkers", "env_import_path"]
+
+log = logging.getLogger("aps.launch")
+
+TOKEN_ENV = "APS_TOKEN"
+"""Environment variable a worker reads its token from (never the command line, which
+other users of the machine can see)."""
+
+
+def env_import_path(env: EnvSpec) -> str:
+    """Return a spec a worker subprocess can import: an id, or ``module:name``/``file.py:name``.
+
+    Raises:
+        ConfigError: ``env`` is a lambda or a nested function that no other process can
+            import.
+    """
+    if isinstance(env, str):
+        return env
+    module = getattr(env, "__module__", None)
+    qualname = getattr(env, "__qualname__", "")
+    if not module or not qualname or "<" in qualname or "." in qualname:
+        raise ConfigError(
+            f"cannot start {env!r} in a worker process: it is not a module-level function; "
+            "pass a Gymnasium id, a 'module:factory' string, a module-level function, "
+            "or use transport='memory' to run the envs in this process"
+        )
+    if module == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        if main_file is None:
+            raise ConfigError(
+                f"cannot start {env!r} in a worker process: it lives in an interactive "
+                "__main__; move it to a module or use transport='memory'"
+            )
+        return f"{Path(main_file).resolve()}:{qualname}"
+    return f"{module}:{qualname}"
+
+
+class LocalWorkers:
+    """Runs ``num_workers`` workers on this machine for one learner URL.
+
+    Workers for ``memory://`` run as tasks on the caller's event loop (the memory transport
+    only reaches within one process); every other scheme gets one ``python -m aps worker``
+    subprocess per worker.
+
+    Args:
+        env: what each worker runs.
+        num_workers: how many workers.
+        envs_per_worker: envs hosted by each worker.
+        env_kwargs: keyword arguments for the env factory.
+        token: the learner's token, handed to subprocesses through their environment.
+        timeouts: deadlines for in-process workers.
+        use_uvloop: forwarded to subprocess workers (``--no-uvloop`` when ``False``).
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        *,
+        num_workers: int,
+        envs_per_worker: int,
+        env_kwargs: dict[str, Any] | None = None,
+        token: str | None = None,
+        timeouts: Timeouts | None = None,
+        use_uvloop: bool | None = None,
+    ) -> None:
+        self._env = env
+        self.num_workers = num_workers
+        self.envs_per_worker = envs_per_worker
+        self._env_kwargs = env_kwargs or {}
+        self._token = token
+        self._timeouts = timeouts
+        self._use_uvloop = use_uvloop
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, url: str) -> None:
+        """Start the workers dialing ``url``; returns without waiting for them to connect."""
+        if url.startswith("memory:"):
+            self._start_tasks(url)
+        else:
+            self._start_processes(url)
+
+    def _start_tasks(self, url: str) -> None:
+        for index in range(self.num_workers):
+            worker = Worker(
+                url,
+                self._env,
+                num_envs=self.envs_per_worker,
+                env_kwargs=self._env_kwargs,
+                token=self._token,
+                timeouts=self._timeouts,
+            )
+            self._tasks.append(asyncio.create_task(worker.run(), name=f"aps worker {index}"))
+
+    def _start_processes(self, url: str) -> None:
+        spec = env_import_path(self._env)
+        command = [sys.executable, "-m", "aps", "worker", url, "--env", spec]
+        command += ["--num-envs", str(self.envs_per_worker)]
+        if self._env_kwargs:
+            import json
+
+            command += ["--env-kwargs", json.dumps(self._env_kwargs)]
+        if self._use_uvloop is False:
+            command.append("--no-uvloop")
+        environ = dict(os.environ)
+        if self._token is not None:
+            environ[TOKEN_ENV] = self._token
+        # The workers import the same code as this process: give them its import path.
+        paths = [p or os.getcwd() for p in sys.path]
+        environ["PYTHONPATH"] = os.pathsep.join(paths)
+        for _ in range(self.num_workers):
+            self._processes.append(subprocess.Popen(command, env=environ))
+
+    async def watch(self) -> None:
+        """Return never while the workers live; raise when one of them ends early.
+
+        Raises:
+            WorkerLost: a worker process exited or a worker task finished before its learner
+                closed; the message carries the exit status or the error.
+        """
+        while True:
+            for index, process in enumerate(self._processes):
+                code = process.poll()
+                if code is not None:
+                    raise WorkerLost(
+                        f"local worker process {index} (pid {process.pid}) exited with status "
+                        f"{code} before the learner closed; its output above says why",
+                        worker_id=index,
+                    )
+            for index, task in enumerate(self._tasks):
+                if task.done():
+                    exc = task.exception() if not task.cancelled() else None
+                    raise WorkerLost(
+                        f"local worker task {index} ended early: {exc!r}", worker_id=index
+                    ) from exc
+            await asyncio.sleep(0.05)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Wait up to ``grace`` seconds for the workers to leave, then end them; idempotent."""
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.debug("worker task ended with %r", task.exception())
+            self._tasks.clear()
+        if self._processes:
+            await asyncio.to_thread(terminate, self._processes, grace)
+            self._processes.clear()
+
+
+def terminate(processes: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """Wait up to ``grace`` seconds in all for ``processes`` to exit, then terminate, then kill.
+
+    Blocking; safe to call from an ``atexit`` hook.
+    """
+    deadline = time.monotonic() + grace
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+

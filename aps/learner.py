@@ -1,0 +1,591 @@
+"""The learner role: accept workers and step all their envs as one batch.
+
+A :class:`Learner` listens on one URL, admits ``num_workers`` workers (handshake, token proof,
+spaces that agree), and then exposes their envs in one stable order (worker registration
+order, then env index) through :meth:`Learner.reset` and :meth:`Learner.step`. Each call sends
+one message per worker, never one per env, and stitches the replies with array operations.
+
+A bad peer (malformed frames, a wrong token, the wrong protocol version, disagreeing spaces,
+a slow handshake) is refused with a specific error, logged and closed; the learner keeps
+serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from aps import transports
+from aps._typing import Array, Info
+from aps.batching import check_batch, concat, merge_infos, split
+from aps.errors import (
+    ApsError,
+    AuthError,
+    ConfigError,
+    EndOfStream,
+    InvalidState,
+    ProtocolError,
+    Timeout,
+    TransportClosed,
+    TransportError,
+    VersionMismatch,
+    WorkerError,
+    WorkerLost,
+)
+from aps.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    ErrorReport,
+    Hello,
+    Message,
+    Ready,
+    Reject,
+    ResetRequest,
+    ResetResult,
+    StepRequest,
+    StepResult,
+    Welcome,
+)
+from aps.protocol import NONCE_SIZE, Role, check_hello
+from aps.session import Session, Timeouts
+from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Listener, TransportFactory
+
+__all__ = ["Learner", "WorkerInfo"]
+
+log = logging.getLogger("aps.learner")
+
+_R = TypeVar("_R", bound=Message)
+
+StepReturn = tuple[Any, Array, Array, Array, Info]
+"""``(observations, rewards, terminations, truncations, infos)``, batched over all envs."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerInfo:
+    """What the learner knows about one admitted worker."""
+
+    worker_id: int
+    """Unique within this learner, in order of arrival."""
+    env_offset: int
+    """Global index of the worker's first env."""
+    num_envs: int
+    env_id: str
+    host: str
+    pid: int
+    peer: str
+
+
+@dataclass(slots=True)
+class _Remote:
+    info: WorkerInfo
+    session: Session
+
+
+def _is_loopback(url: str) -> bool:
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return True
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Learner:
+    """Admits workers and steps their envs as one batch; an async context manager.
+
+    Args:
+        listen: the URL to bind (``"tcp://127.0.0.1:0"``, ``"ws://0.0.0.0:7000"``,
+            ``"memory://"``) or a bound :class:`~aps.transports.Listener`.
+        num_workers: how many workers to wait for.
+        token: a shared secret workers must prove they know (HMAC challenge; the token never
+            crosses the wire). Required when listening on a non-loopback address.
+        autoreset_mode: Gymnasium's autoreset mode, applied on the workers.
+        timeouts: the deadlines, see :class:`~aps.session.Timeouts`.
+        insecure: allow a non-loopback address without a token.
+        factory: the transport factory to listen with, instead of the URL scheme's.
+        max_frame_size: the largest frame accepted, in bytes.
+
+    Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
+    for the workers (or call :meth:`wait_for_workers`).
+
+    Example:
+        >>> async def main():  # doctest: +SKIP
+        ...     async with Learner("tcp://127.0.0.1:0", num_workers=2) as learner:
+        ...         print(learner.url)  # start the workers against this URL
+        ...         obs, info = await learner.reset(seed=0)
+        ...         obs, rew, term, trunc, info = await learner.step(learner.action_space.sample())
+    """
+
+    def __init__(
+        self,
+        listen: str | Listener = "tcp://127.0.0.1:0",
+        *,
+        num_workers: int,
+        token: str | bytes | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        timeouts: Timeouts | None = None,
+        insecure: bool = False,
+        factory: TransportFactory | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        try:
+            mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in AutoresetMode)
+            raise ConfigError(
+                f"autoreset_mode must be one of {choices}, got {autoreset_mode!r}"
+            ) from None
+        if mode is AutoresetMode.DISABLED:
+            raise ConfigError(
+                "autoreset_mode 'Disabled' is not supported; use 'NextStep' or 'SameStep'"
+            )
+        self._listen = listen
+        self.num_workers = num_workers
+        self._token = token.encode() if isinstance(token, str) else token
+        self.autoreset_mode = mode
+        self._timeouts = timeouts or Timeouts()
+        self._insecure = insecure
+        self._factory = factory
+        self._max_frame_size = max_frame_size
+
+        self._listener: Listener | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        self._admissions: set[asyncio.Task[None]] = set()
+        self._admitting = 0
+        self._next_id = 0
+        self._remotes: list[_Remote] = []
+        self._all_ready = asyncio.Event()
+        self._refusals: list[str] = []
+        self._spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
+        self._counts: list[int] = []
+        self._offsets: list[int] = []
+        self._busy = False
+        self._was_reset = False
+        self._broken: ApsError | None = None
+        self._closed = False
+
+    # Lifecycle.
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Bind the address and start admitting workers; idempotent.
+
+        Raises:
+            ConfigError: a non-loopback address without a token (and not ``insecure``), or a
+                malformed URL.
+            ConnectError: the address cannot be bound.
+        """
+        if self._closed:
+            raise InvalidState("this learner is closed; create a new one")
+        if self._listener is not None:
+            return
+        url = self._listen if isinstance(self._listen, str) else self._listen.url
+        if self._token is None and not self._insecure and not _is_loopback(url):
+            raise ConfigError(
+                f"refusing to listen on {url!r} without a token: anyone who can reach it could "
+                "attach a worker; pass token=... (workers use --token-file), or insecure=True "
+                "on a network you trust"
+            )
+        if isinstance(self._listen, str):
+            factory = self._factory or transports.get_factory(transports.scheme_of(self._listen))
+            self._listener = await factory.listen(self._listen)
+        else:
+            self._listener = self._listen
+        self._accept_task = asyncio.create_task(self._accept_loop(), name="aps accept loop")
+        log.info("learner listening on %s for %d workers", self.url, self.num_workers)
+
+    @property
+    def url(self) -> str:
+        """The bound address, with port 0 resolved; workers dial it."""
+        if self._listener is None:
+            raise InvalidState("the learner is not started; use 'async with' or await start()")
+        return self._listener.url
+
+    async def aclose(self) -> None:
+        """Say goodbye to every worker and stop listening; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+        for task in list(self._admissions):
+            task.cancel()
+        tasks = [t for t in (self._accept_task, *self._admissions) if t is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        if self._listener is not None:
+            await self._listener.aclose()
+        await asyncio.gather(
+            *(r.session.aclose("the learner is closing") for r in self._remotes),
+            return_exceptions=True,
+        )
+
+    # Admission.
+
+    async def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                transport = await self._listener.accept()
+            except TransportClosed:
+                return
+            except TransportError as exc:
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.05)
+                continue
+            session = Session(
+                transport,
+                Role.LEARNER,
+                max_frame_size=self._max_frame_size,
+                heartbeat_interval=self._timeouts.heartbeat_interval,
+            )
+            task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
+            self._admissions.add(task)
+            task.add_done_callback(self._admissions.discard)
+
+    async def _admit(self, session: Session) -> None:
+        admitted = False
+        try:
+            await self._handshake(session)
+            admitted = True
+        except ApsError as exc:
+            self._refuse(session, exc)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            if not admitted:
+                await session.aclose()
+
+    def _refuse(self, session: Session, exc: BaseException) -> None:
+        text = f"{session.peer}: {type(exc).__name__}: {exc}"
+        self._refusals.append(text)
+        del self._refusals[:-20]  # keep the last few for error messages, never grow
+        log.warning("refused a worker at %s", text)
+
+    async def _reject(self, session: Session, error: ApsError) -> None:
+        with contextlib.suppress(TransportError, InvalidState):
+            await session.send(Reject(kind=type(error).__name__, reason=str(error)))
+        raise error
+
+    async def _handshake(self, session: Session) -> None:
+        timeouts = self._timeouts
+        nonce = os.urandom(NONCE_SIZE)
+        try:
+            async with asyncio.timeout(timeouts.handshake):
+                await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
+                hello = await session.receive(timeout=None, operation="the worker's hello")
+        except TimeoutError:
+            raise Timeout(
+                f"no hello from {session.peer} within {timeouts.handshake} s; dropped it",
+                operation="handshake",
+                seconds=timeouts.handshake,
+            ) from None
+        assert isinstance(hello, Hello)  # the protocol table allows nothing else
+        try:
+            check_hello(hello, nonce=nonce, token=self._token)
+        except (VersionMismatch, AuthError) as exc:
+            await self._reject(session, exc)
+        if not isinstance(hello.num_envs, int) or hello.num_envs < 1:
+            await self._reject(session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"))
+        if len(self._remotes) + self._admitting >= self.num_workers:
+            await self._reject(
+                session,
+                ConfigError(
+                    f"this learner already has its {self.num_workers} workers; "
+                    "start the learner with a larger num_workers"
+                ),
+            )
+        self._admitting += 1
+        try:
+            worker_id = self._next_id
+            self._next_id += 1
+            await session.send(
+                Welcome(worker_id=worker_id, autoreset_mode=self.autoreset_mode.value)
+            )
+            # Building envs runs user code and may take long: the step deadline bounds it.
+            ready = await session.receive(
+                timeout=timeouts.step, operation="the worker to build its envs"
+            )
+            if isinstance(ready, ErrorReport):
+                raise ConfigError(f"the worker could not build its envs: {ready.message}")
+            assert isinstance(ready, Ready)
+            await self._check_spaces(session, ready, hello)
+        finally:
+            self._admitting -= 1
+        self._register(session, hello, ready, worker_id)
+
+    async def _check_spaces(self, session: Session, ready: Ready, hello: Hello) -> None:
+        if ready.num_envs != hello.num_envs:
+            await self._reject(
+                session,
+                ProtocolError(f"hello said {hello.num_envs} envs, ready said {ready.num_envs}"),
+            )
+        if self._spaces is None:
+            return
+        observation_space, action_space = self._spaces
+        for name, theirs, ours in (
+            ("observation", ready.observation_space, observation_space),
+            ("action", ready.action_space, action_space),
+        ):
+            if theirs != ours:
+                await self._reject(
+                    session,
+                    ConfigError(
+                        f"worker {hello.env_id!r} has {name} space {theirs}, but the workers "
+                        f"already admitted have {ours}; every worker must run envs with the "
+                        "same spaces"
+                    ),
+                )
+
+    def _register(self, session: Session, hello: Hello, ready: Ready, worker_id: int) -> None:
+        if self._spaces is None:
+            self._spaces = (ready.observation_space, ready.action_space)
+        offset = sum(self._counts)
+        info = WorkerInfo(
+            worker_id=worker_id,
+            env_offset=offset,
+            num_envs=ready.num_envs,
+            env_id=hello.env_id,
+            host=hello.host,
+            pid=hello.pid,
+            peer=session.peer,
+        )
+        self._remotes.append(_Remote(info=info, session=session))
+        self._counts.append(ready.num_envs)
+        self._offsets.append(offset)
+        session.start_heartbeats()
+        log.info(
+            "worker %d admitted from %s: %d x %s (envs %d..%d)",
+            worker_id, session.peer, ready.num_envs, hello.env_id, offset, offset + ready.num_envs - 1,
+        )  # fmt: skip
+        if len(self._remotes) == self.num_workers:
+            self._all_ready.set()
+
+    async def wait_for_workers(self, timeout: float | None = None) -> None:
+        """Wait until all ``num_workers`` workers are admitted.
+
+        Args:
+            timeout: seconds to wait; default ``timeouts.connect``.
+
+        Raises:
+            Timeout: not all workers arrived in time; the message says how many did and why
+                any were refused.
+        """
+        await self.start()
+        if self._all_ready.is_set():
+            return
+        seconds = self._timeouts.connect if timeout is None else timeout
+        try:
+            async with asyncio.timeout(seconds):
+                await self._all_ready.wait()
+        except TimeoutError:
+            refused = "; ".join(self._refusals[-3:]) or "none"
+            raise Timeout(
+                f"{len(self._remotes)} of {self.num_workers} workers arrived at {self.url} "
+                f"within {seconds} s (recent refusals: {refused}); start the missing workers "
+                "or raise Timeouts.connect",
+                operation="wait_for_workers",
+                seconds=seconds,
+            ) from None
+
+    # The batch.
+
+    @property
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        """The admitted workers in env order."""
+        return tuple(r.info for r in self._remotes)
+
+    @property
+    def num_envs(self) -> int:
+        """Total envs over all workers (known once the workers are admitted)."""
+        self._require_workers()
+        return sum(self._counts)
+
+    @property
+    def single_observation_space(self) -> gym.Space[Any]:
+        """The observation space of one env, as the workers reported it."""
+        return self._require_workers()[0]
+
+    @property
+    def single_action_space(self) -> gym.Space[Any]:
+        """The action space of one env, as the workers reported it."""
+        return self._require_workers()[1]
+
+    @property
+    def observation_space(self) -> gym.Space[Any]:
+        """The batched observation space over all envs."""
+        return batch_space(self.single_observation_space, self.num_envs)
+
+    @property
+    def action_space(self) -> gym.Space[Any]:
+        """The batched action space over all envs."""
+        return batch_space(self.single_action_space, self.num_envs)
+
+    def _require_workers(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
+        if self._spaces is None or not self._all_ready.is_set():
+            raise InvalidState(
+                "the workers have not all arrived yet; await wait_for_workers() or reset() first"
+            )
+        return self._spaces
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, Info]:
+        """Reset every env; waits for the workers first if needed.
+
+        Args:
+            seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do.
+                ``None`` lets each worker use its own seed on its first reset.
+            options: passed to every env's ``reset``.
+
+        Returns:
+            ``(observations, infos)`` batched over all envs.
+
+        Raises:
+            WorkerError: an env raised on a worker.
+            WorkerLost: a worker disconnected; this learner can no longer step.
+            Timeout: a worker took longer than ``timeouts.step``.
+        """
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        await self.wait_for_workers()
+        requests = [
+            ResetRequest(seed=None if seed is None else seed + offset, options=options)
+            for offset in self._offsets
+        ]
+        results = await self._exchange(requests, ResetResult, "reset")
+        observation_space = self.single_observation_space
+        obs = concat(observation_space, [r.obs for r in results])
+        info = merge_infos(list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs)
+        self._was_reset = True
+        return obs, info
+
+    async def step(self, actions: Any) -> StepReturn:
+        """Step every env with its action.
+
+        Args:
+            actions: one batched action for all envs, shaped like :attr:`action_space`.
+
+        Returns:
+            ``(observations, rewards, terminations, truncations, infos)``, as a Gymnasium
+            vector env returns them (autoreset as :attr:`autoreset_mode` says).
+
+        Raises:
+            ConfigError: ``actions`` has the wrong shape or dtype (nothing was sent).
+            InvalidState: called before :meth:`reset`, or concurrently.
+            WorkerError: an env raised on a worker.
+            WorkerLost: a worker disconnected; this learner can no longer step.
+            Timeout: a worker took longer than ``timeouts.step``.
+        """
+        if not self._was_reset:
+            raise InvalidState("call reset() before step()")
+        space = self.single_action_space
+        batch = check_batch(space, actions, self.num_envs)
+        requests = [StepRequest(actions=part) for part in split(space, batch, self._counts)]
+        results = await self._exchange(requests, StepResult, "step")
+        if len(results) == 1:  # one worker: its batch is the batch, no copies
+            only = results[0]
+            info = merge_infos([(0, only.info)], self.num_envs) if only.info else {}
+            return only.obs, only.reward, only.terminated, only.truncated, info
+        return (
+            concat(self.single_observation_space, [r.obs for r in results]),
+            np.concatenate([r.reward for r in results]),
+            np.concatenate([r.terminated for r in results]),
+            np.concatenate([r.truncated for r in results]),
+            merge_infos(list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs),
+        )
+
+    async def _exchange(
+        self, requests: Sequence[Message], kind: type[_R], operation: str
+    ) -> list[_R]:
+        """Send one request per worker, then collect one reply from each, in worker order."""
+        if self._broken is not None:
+            raise InvalidState(
+                f"this learner can no longer {operation}: {self._broken}; start a new one"
+            )
+        if self._busy:
+            raise InvalidState(f"{operation}() called while another reset/step is running")
+        self._busy = True
+        try:
+            return await self._exchange_unguarded(requests, kind, operation)
+        except (WorkerLost, Timeout, ProtocolError) as exc:
+            self._broken = exc
+            raise
+        except BaseException as exc:
+            # Cancelled or failed halfway: replies may still be in flight, so the
+            # lockstep with the workers is lost for good.
+            if not isinstance(exc, WorkerError):
+                self._broken = InvalidState(f"{operation}() was interrupted ({exc!r})")
+            raise
+        finally:
+            self._busy = False
+
+    async def _exchange_unguarded(
+        self, requests: Sequence[Message], kind: type[_R], operation: str
+    ) -> list[_R]:
+        remotes = self._remotes
+        for remote, request in zip(remotes, requests, strict=True):
+            try:
+                await remote.session.send(request)
+            except TransportError as exc:
+                raise self._lost(remote, operation, exc) from exc
+        results: list[_R] = []
+        failure: WorkerError | None = None
+        for remote in remotes:
+            try:
+                reply = await remote.session.receive(
+                    timeout=self._timeouts.step, operation=f"worker {remote.info.worker_id}'s {operation}"
+                )
+            except (EndOfStream, TransportError) as exc:
+                raise self._lost(remote, operation, exc) from exc
+            if isinstance(reply, ErrorReport):
+                failure = failure or WorkerError(
+                    reply.message,
+                    worker_id=remote.info.worker_id,
+                    remote_type=reply.remote_type,
+                    remote_traceback=reply.traceback,
+                )
+                continue
+            assert isinstance(reply, kind)  # the protocol table allows nothing else
+            results.append(reply)
+        if failure is not None:
+            raise failure
+        return results
+
+    def _lost(self, remote: _Remote, operation: str, exc: BaseException) -> WorkerLost:
+        info = remote.info
+        return WorkerLost(
+            f"worker {info.worker_id} ({info.env_id} x {info.num_envs} at {info.peer}, pid "
+            f"{info.pid}) was lost during {operation}: {exc}",
+            worker_id=info.worker_id,
+        )

@@ -1,0 +1,205 @@
+"""The aps conversation as a state machine, without I/O.
+
+Each side of a connection owns a :class:`Connection`; it sees every message that goes out
+(:meth:`Connection.send`) and comes in (:meth:`Connection.receive`) and refuses the ones the
+protocol does not allow at that point. The rules are one literal table per role,
+:data:`TRANSITIONS`, in the style of h11: nothing about the order of messages lives in
+scattered ``if`` statements in the roles.
+
+The handshake's proof of the shared token is here too: ``HMAC-SHA256(token, nonce)``, compared
+in constant time. The token itself never crosses the wire.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+
+from aps.errors import AuthError, InvalidState, ProtocolError, VersionMismatch
+from aps.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    ErrorReport,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Message,
+    Ready,
+    Reject,
+    ResetRequest,
+    ResetResult,
+    StepRequest,
+    StepResult,
+    Welcome,
+)
+
+__all__ = [
+    "NONCE_SIZE",
+    "TRANSITIONS",
+    "Connection",
+    "Direction",
+    "Role",
+    "State",
+    "check_hello",
+    "prove",
+]
+
+NONCE_SIZE = 32
+"""Bytes of randomness in a :class:`~aps.messages.Challenge` nonce."""
+
+
+class Role(enum.Enum):
+    """Which end of the connection this state machine describes."""
+
+    LEARNER = "learner"
+    WORKER = "worker"
+
+
+class Direction(enum.Enum):
+    """Whether a message is being sent or was received by this side."""
+
+    SEND = "send"
+    RECEIVE = "receive"
+
+
+class State(enum.Enum):
+    """Where a connection stands; the names read from this side's point of view."""
+
+    START = "start"
+    # Learner side.
+    SENT_CHALLENGE = "sent_challenge"
+    GOT_HELLO = "got_hello"
+    AWAIT_READY = "await_ready"
+    AWAIT_RESET = "await_reset"
+    AWAIT_STEP = "await_step"
+    # Worker side.
+    GOT_CHALLENGE = "got_challenge"
+    AWAIT_WELCOME = "await_welcome"
+    WELCOMED = "welcomed"
+    RESETTING = "resetting"
+    STEPPING = "stepping"
+    # Both.
+    IDLE = "idle"
+    CLOSED = "closed"
+
+
+_S, _R = Direction.SEND, Direction.RECEIVE
+
+TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
+    Role.LEARNER: {
+        (State.START, _S, Challenge): State.SENT_CHALLENGE,
+        (State.SENT_CHALLENGE, _R, Hello): State.GOT_HELLO,
+        (State.GOT_HELLO, _S, Welcome): State.AWAIT_READY,
+        (State.GOT_HELLO, _S, Reject): State.CLOSED,
+        (State.AWAIT_READY, _R, Ready): State.IDLE,
+        (State.IDLE, _S, Reject): State.CLOSED,
+        (State.IDLE, _S, ResetRequest): State.AWAIT_RESET,
+        (State.IDLE, _S, StepRequest): State.AWAIT_STEP,
+        (State.AWAIT_RESET, _R, ResetResult): State.IDLE,
+        (State.AWAIT_RESET, _R, ErrorReport): State.IDLE,
+        (State.AWAIT_STEP, _R, StepResult): State.IDLE,
+        (State.AWAIT_STEP, _R, ErrorReport): State.IDLE,
+    },
+    Role.WORKER: {
+        (State.START, _R, Challenge): State.GOT_CHALLENGE,
+        (State.GOT_CHALLENGE, _S, Hello): State.AWAIT_WELCOME,
+        (State.AWAIT_WELCOME, _R, Welcome): State.WELCOMED,
+        (State.AWAIT_WELCOME, _R, Reject): State.CLOSED,
+        (State.WELCOMED, _S, Ready): State.IDLE,
+        (State.WELCOMED, _S, ErrorReport): State.CLOSED,
+        (State.IDLE, _R, Reject): State.CLOSED,
+        (State.IDLE, _R, ResetRequest): State.RESETTING,
+        (State.IDLE, _R, StepRequest): State.STEPPING,
+        (State.RESETTING, _S, ResetResult): State.IDLE,
+        (State.RESETTING, _S, ErrorReport): State.IDLE,
+        (State.STEPPING, _S, StepResult): State.IDLE,
+        (State.STEPPING, _S, ErrorReport): State.IDLE,
+    },
+}
+"""``(state, direction, message type) -> next state`` for each role; anything else is refused."""
+
+_HANDSHAKING = frozenset(
+    {State.START, State.SENT_CHALLENGE, State.GOT_HELLO, State.GOT_CHALLENGE, State.AWAIT_WELCOME}
+)
+"""States in which heartbeats are not yet allowed: the peer has not proved who it is."""
+
+
+class Connection:
+    """The protocol state of one connection, seen from one side.
+
+    Heartbeats are allowed in both directions once the handshake is done and change nothing;
+    a Goodbye is allowed in any state and closes the connection.
+    """
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self.state = State.START
+        self._table = TRANSITIONS[role]
+
+    def send(self, message: Message) -> None:
+        """Record that this side sends ``message``.
+
+        Raises:
+            InvalidState: the protocol does not allow this side to send it now (a bug in the
+                caller, never the peer's fault).
+        """
+        if not self._advance(message, Direction.SEND):
+            raise InvalidState(
+                f"the {self.role.value} cannot send {type(message).__name__} in state "
+                f"{self.state.value!r}; this is a bug in aps or in a custom role"
+            )
+
+    def receive(self, message: Message) -> None:
+        """Record that the peer sent ``message``.
+
+        Raises:
+            ProtocolError: the peer sent something the protocol does not allow now.
+        """
+        if not self._advance(message, Direction.RECEIVE):
+            raise ProtocolError(
+                f"peer sent {type(message).__name__} while the {self.role.value} was in state "
+                f"{self.state.value!r}; the peer is not a compatible aps "
+                f"{'worker' if self.role is Role.LEARNER else 'learner'}"
+            )
+
+    def _advance(self, message: Message, direction: Direction) -> bool:
+        kind = type(message)
+        if kind is Goodbye:
+            self.state = State.CLOSED
+            return True
+        if kind is Heartbeat:
+            return self.state not in _HANDSHAKING and self.state is not State.CLOSED
+        following = self._table.get((self.state, direction, kind))
+        if following is None:
+            return False
+        self.state = following
+        return True
+
+
+def prove(token: bytes, nonce: bytes) -> bytes:
+    """Return the proof that the sender knows ``token``: HMAC-SHA256 over the nonce."""
+    return hmac.new(token, nonce, hashlib.sha256).digest()
+
+
+def check_hello(hello: Hello, *, nonce: bytes, token: bytes | None) -> None:
+    """Check a worker's Hello against this learner's version and token.
+
+    Raises:
+        VersionMismatch: the worker speaks another protocol version.
+        AuthError: a token is required and the proof is missing or wrong.
+    """
+    if hello.protocol_version != PROTOCOL_VERSION:
+        raise VersionMismatch(PROTOCOL_VERSION, hello.protocol_version)
+    if token is None:
+        return
+    if not hello.proof:
+        raise AuthError(
+            "the learner requires a token and the worker sent no proof; "
+            "start the worker with --token-file (or token=) holding the learner's token"
+        )
+    # compare_digest takes time independent of where the bytes differ.
+    if not hmac.compare_digest(hello.proof, prove(token, nonce)):
+        raise AuthError(
+            "the worker's token proof is wrong; give the worker the same token as the learner"
+        )

@@ -1,0 +1,191 @@
+"""A transport that speaks aps messages: codec, protocol checks, heartbeats and deadlines.
+
+:class:`Session` is the only place where the protocol meets I/O and time. It encodes what the
+role sends, decodes and checks what arrives, answers nothing on its own, sends a heartbeat
+when the role has been quiet for ``heartbeat_interval`` seconds, and turns every silence
+longer than a deadline into :class:`~aps.errors.Timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from aps import codec
+from aps.errors import (
+    ConfigError,
+    EndOfStream,
+    InvalidState,
+    ProtocolError,
+    Timeout,
+    TransportError,
+    WireError,
+)
+from aps.messages import Goodbye, Heartbeat, Message
+from aps.protocol import Connection, Role, State
+from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport
+
+__all__ = ["Session", "Timeouts"]
+
+log = logging.getLogger("aps.session")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeouts:
+    """Every deadline aps applies, in seconds.
+
+    Attributes:
+        connect: how long a worker keeps dialing a learner that is not up yet, and how long
+            a learner waits for all its workers to arrive.
+        handshake: the longest a connection may take from accept to ready; a slow or silent
+            peer is dropped after it.
+        step: the longest a worker may take to answer one reset or step.
+        heartbeat_interval: a side that has sent nothing for this long sends a heartbeat.
+        heartbeat_timeout: the longest silence a worker tolerates from its learner. A learner
+            that blocks its event loop longer than this (a long update in an await loop) must
+            raise it.
+    """
+
+    connect: float = 60.0
+    handshake: float = 10.0
+    step: float = 120.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "handshake", "step", "heartbeat_interval", "heartbeat_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(
+                    f"Timeouts.{name} must be a positive number of seconds, got {value!r}"
+                )
+
+
+class Session:
+    """One connection's message layer over a :class:`~aps.transports.Transport`.
+
+    Not safe for two concurrent :meth:`receive` calls (the transport refuses them); sends
+    from several tasks are fine.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        role: Role,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        heartbeat_interval: float = 1.0,
+    ) -> None:
+        self._transport = transport
+        self._connection = Connection(role)
+        self._max_frame_size = max_frame_size
+        self._heartbeat_interval = heartbeat_interval
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._last_send = time.monotonic()
+        self._closed = False
+
+    @property
+    def peer(self) -> str:
+        """The transport's description of the other end."""
+        return self._transport.peer
+
+    @property
+    def state(self) -> State:
+        """The protocol state of this connection."""
+        return self._connection.state
+
+    async def send(self, message: Message) -> None:
+        """Encode ``message``, check the protocol allows it, and send it.
+
+        Raises:
+            WireError: the message holds a value the codec cannot carry (nothing was sent).
+            InvalidState: the protocol does not allow this message now.
+            TransportError: the transport failed.
+        """
+        frame = codec.encode(message)
+        self._connection.send(message)
+        self._last_send = time.monotonic()
+        await self._transport.send(frame)
+
+    async def receive(self, *, timeout: float | None, operation: str) -> Message:
+        """Wait for the next message other than a heartbeat.
+
+        Args:
+            timeout: the longest silence tolerated, in seconds (any frame, heartbeats
+                included, restarts it); ``None`` waits forever.
+            operation: what the caller is waiting for, for the error message.
+
+        Raises:
+            Timeout: nothing arrived for ``timeout`` seconds.
+            EndOfStream: the peer said goodbye or closed the connection.
+            ProtocolError: the peer sent a malformed or unexpected frame; the session closes.
+            TransportError: the transport failed.
+
+        Cancellation: safe; no message is lost.
+        """
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    frame = await self._transport.receive()
+            except TimeoutError:
+                raise Timeout(
+                    f"nothing from {self.peer} for {timeout} s while waiting for {operation}; "
+                    "the peer is stuck or the network is down (raise the matching Timeouts "
+                    "field if it is only slow)",
+                    operation=operation,
+                    seconds=timeout,
+                ) from None
+            try:
+                message = codec.decode(frame, max_frame_size=self._max_frame_size)
+                self._connection.receive(message)
+            except (WireError, ProtocolError) as exc:
+                await self._abort(f"protocol error: {exc}")
+                if isinstance(exc, ProtocolError):
+                    raise
+                raise ProtocolError(f"{self.peer} sent a malformed frame: {exc}") from exc
+            if isinstance(message, Heartbeat):
+                continue
+            if isinstance(message, Goodbye):
+                await self.aclose()
+                raise EndOfStream(f"{self.peer} closed the session: {message.reason or 'bye'}")
+            return message
+
+    def start_heartbeats(self) -> None:
+        """Send a heartbeat whenever this side has been quiet for ``heartbeat_interval``."""
+        if self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.create_task(
+                self._heartbeats(), name=f"aps heartbeats to {self.peer}"
+            )
+
+    async def _heartbeats(self) -> None:
+        interval = self._heartbeat_interval
+        with contextlib.suppress(TransportError, InvalidState):
+            while not self._closed:
+                quiet = time.monotonic() - self._last_send
+                if quiet >= interval:
+                    await self.send(Heartbeat())
+                    quiet = 0.0
+                await asyncio.sleep(interval - quiet)
+
+    async def _abort(self, reason: str) -> None:
+        log.warning("closing the connection to %s: %s", self.peer, reason)
+        await self.aclose(reason[:200])
+
+    async def aclose(self, reason: str = "") -> None:
+        """Say goodbye (best effort) and close the transport; idempotent, never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        if self._connection.state not in (State.CLOSED, State.START):
+            with contextlib.suppress(TransportError, InvalidState, WireError, TimeoutError):
+                # A peer that stopped reading must not hold this close up.
+                async with asyncio.timeout(1.0):
+                    await self.send(Goodbye(reason=reason))
+        await self._transport.aclose()

@@ -1,0 +1,161 @@
+"""The sans-I/O protocol: the transition table, heartbeats, goodbyes, the token proof."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from aps.errors import AuthError, InvalidState, ProtocolError, VersionMismatch
+from aps.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    ErrorReport,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Ready,
+    Reject,
+    ResetRequest,
+    ResetResult,
+    StepRequest,
+    StepResult,
+    Welcome,
+)
+from aps.protocol import Connection, Role, State, check_hello, prove
+
+NONCE = b"n" * 32
+CHALLENGE = Challenge(protocol_version=PROTOCOL_VERSION, nonce=NONCE)
+
+
+def hello(proof: bytes = b"", version: int = PROTOCOL_VERSION) -> Hello:
+    return Hello(
+        protocol_version=version, proof=proof, env_id="X", num_envs=2, seed=None, host="h", pid=1
+    )
+
+
+WELCOME = Welcome(worker_id=0, autoreset_mode="NextStep")
+READY = Ready(observation_space=gym.spaces.Discrete(3), action_space=gym.spaces.Discrete(2), num_envs=2)
+STEP = StepRequest(actions=np.zeros(2, np.int64))
+STEP_RESULT = StepResult(
+    obs=np.zeros(2), reward=np.zeros(2), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool), info={}
+)
+ERROR = ErrorReport(remote_type="ValueError", message="boom", traceback="")
+
+
+def learner_at_idle() -> Connection:
+    c = Connection(Role.LEARNER)
+    c.send(CHALLENGE)
+    c.receive(hello())
+    c.send(WELCOME)
+    c.receive(READY)
+    assert c.state is State.IDLE
+    return c
+
+
+def worker_at_idle() -> Connection:
+    c = Connection(Role.WORKER)
+    c.receive(CHALLENGE)
+    c.send(hello())
+    c.receive(WELCOME)
+    c.send(READY)
+    assert c.state is State.IDLE
+    return c
+
+
+def test_learner_lockstep_cycle() -> None:
+    c = learner_at_idle()
+    for _ in range(3):
+        c.send(STEP)
+        assert c.state is State.AWAIT_STEP
+        c.receive(STEP_RESULT)
+        assert c.state is State.IDLE
+    c.send(ResetRequest(seed=1, options=None))
+    c.receive(ERROR)
+    assert c.state is State.IDLE
+
+
+def test_worker_lockstep_cycle() -> None:
+    c = worker_at_idle()
+    c.receive(ResetRequest(seed=None, options=None))
+    c.send(ResetResult(obs=np.zeros(2), info={}))
+    c.receive(STEP)
+    c.send(ERROR)
+    assert c.state is State.IDLE
+
+
+@pytest.mark.parametrize(
+    "message",
+    [STEP_RESULT, READY, hello(), ResetResult(obs=np.zeros(2), info={})],
+    ids=lambda m: type(m).__name__,
+)
+def test_learner_refuses_unexpected_messages_from_peer(message: object) -> None:
+    c = learner_at_idle()
+    with pytest.raises(ProtocolError, match="peer sent"):
+        c.receive(message)  # type: ignore[arg-type]
+
+
+def test_two_requests_in_flight_are_a_caller_bug() -> None:
+    c = learner_at_idle()
+    c.send(STEP)
+    with pytest.raises(InvalidState):
+        c.send(STEP)
+
+
+def test_worker_refuses_a_request_before_the_handshake() -> None:
+    c = Connection(Role.WORKER)
+    with pytest.raises(ProtocolError):
+        c.receive(STEP)
+
+
+def test_worker_refuses_a_second_request_while_stepping() -> None:
+    c = worker_at_idle()
+    c.receive(STEP)
+    with pytest.raises(ProtocolError):
+        c.receive(STEP)
+
+
+def test_heartbeats_only_after_the_handshake() -> None:
+    c = Connection(Role.LEARNER)
+    c.send(CHALLENGE)
+    with pytest.raises(ProtocolError):
+        c.receive(Heartbeat())
+    c = learner_at_idle()
+    c.send(STEP)
+    c.receive(Heartbeat())
+    c.send(Heartbeat())
+    assert c.state is State.AWAIT_STEP
+
+
+def test_goodbye_closes_from_any_state() -> None:
+    for c in (Connection(Role.LEARNER), learner_at_idle(), worker_at_idle()):
+        c.receive(Goodbye(reason="bye"))
+        assert c.state is State.CLOSED
+        with pytest.raises(ProtocolError):
+            c.receive(Heartbeat())
+
+
+def test_reject_closes_the_worker() -> None:
+    c = Connection(Role.WORKER)
+    c.receive(CHALLENGE)
+    c.send(hello())
+    c.receive(Reject(kind="AuthError", reason="no"))
+    assert c.state is State.CLOSED
+
+
+def test_proof_is_hmac_and_checked() -> None:
+    token = b"secret"
+    check_hello(hello(prove(token, NONCE)), nonce=NONCE, token=token)
+    check_hello(hello(b""), nonce=NONCE, token=None)  # no token required: anything goes
+    with pytest.raises(AuthError, match="wrong"):
+        check_hello(hello(prove(b"other", NONCE)), nonce=NONCE, token=token)
+    with pytest.raises(AuthError, match="no proof"):
+        check_hello(hello(b""), nonce=NONCE, token=token)
+    with pytest.raises(AuthError):  # a proof for another nonce is a replay
+        check_hello(hello(prove(token, b"x" * 32)), nonce=NONCE, token=token)
+    assert token not in prove(token, NONCE)
+
+
+def test_version_mismatch_names_both_versions() -> None:
+    with pytest.raises(VersionMismatch, match=f"version 99, this side speaks {PROTOCOL_VERSION}"):
+        check_hello(hello(version=99), nonce=NONCE, token=None)
