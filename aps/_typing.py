@@ -16,4 +16,3 @@ Frame = bytes | bytearray | memoryview
 
 Info = dict[str, Any]
 """A Gymnasium info dict (batched: values are arrays with ``_key`` masks)."""
-

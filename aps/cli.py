@@ -40,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         description=_WORKER_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_argument("url", metavar="URL", help="the learner's address, e.g. tcp://10.0.0.5:7000")
+    worker.add_argument(
+        "url", metavar="URL", help="the learner's address, e.g. tcp://10.0.0.5:7000"
+    )
     worker.add_argument("--env", required=True, help=_ENV_HELP)
     worker.add_argument(
         "--num-envs", type=int, default=1, metavar="N", help="envs on this worker (default 1)"
@@ -65,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         type=json.loads,
         default=None,
         metavar="JSON",
-        help='keyword arguments for the env factory, as a JSON object, e.g. \'{"g": 9.8}\'',
+        help="keyword arguments for the env factory, as a JSON object, e.g. '{\"g\": 9.8}'",
     )
     worker.add_argument(
         "--connect-timeout",
@@ -75,10 +77,15 @@ def _parser() -> argparse.ArgumentParser:
         help="keep dialing a learner that is not up yet for this long (default %(default)s)",
     )
     worker.add_argument(
-        "--no-uvloop", action="store_true", help="use asyncio's own event loop even if uvloop is installed"
+        "--no-uvloop",
+        action="store_true",
+        help="use asyncio's own event loop even if uvloop is installed",
     )
     worker.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="default INFO",
     )
     return parser
 
@@ -95,7 +102,9 @@ def _read_token(path: Path | None) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     try:
         if args.env_kwargs is not None and not isinstance(args.env_kwargs, dict):
             raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")

@@ -64,7 +64,7 @@ class _Portal:
         self._loop.close()
 
 
-class ClusterEnv(VectorEnv):  # type: ignore[type-arg]
+class ClusterEnv(VectorEnv):
     """A Gymnasium vector env whose envs live on aps workers.
 
     ``ClusterEnv(url, num_workers=...)`` listens on ``url`` and waits (up to
@@ -169,9 +169,7 @@ class ClusterEnv(VectorEnv):  # type: ignore[type-arg]
             use_uvloop: see the class.
         """
         if transport not in _LOCAL_URLS:
-            raise ConfigError(
-                f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}"
-            )
+            raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
         token = secrets.token_hex(16)
@@ -247,5 +245,3 @@ class ClusterEnv(VectorEnv):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"ClusterEnv(num_envs={getattr(self, 'num_envs', '?')}, closed={self.closed})"
-
-

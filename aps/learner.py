@@ -384,10 +384,11 @@ class Learner:
         self._counts.append(ready.num_envs)
         self._offsets.append(offset)
         session.start_heartbeats()
+        last = offset + ready.num_envs - 1
         log.info(
             "worker %d admitted from %s: %d x %s (envs %d..%d)",
-            worker_id, session.peer, ready.num_envs, hello.env_id, offset, offset + ready.num_envs - 1,
-        )  # fmt: skip
+            *(worker_id, session.peer, ready.num_envs, hello.env_id, offset, last),
+        )
         if len(self._remotes) == self.num_workers:
             self._all_ready.set()
 
@@ -486,7 +487,9 @@ class Learner:
         results = await self._exchange(requests, ResetResult, "reset")
         observation_space = self.single_observation_space
         obs = concat(observation_space, [r.obs for r in results])
-        info = merge_infos(list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs)
+        info = merge_infos(
+            list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs
+        )
         self._was_reset = True
         return obs, info
 
@@ -522,7 +525,9 @@ class Learner:
             np.concatenate([r.reward for r in results]),
             np.concatenate([r.terminated for r in results]),
             np.concatenate([r.truncated for r in results]),
-            merge_infos(list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs),
+            merge_infos(
+                list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs
+            ),
         )
 
     async def _exchange(
@@ -564,7 +569,8 @@ class Learner:
         for remote in remotes:
             try:
                 reply = await remote.session.receive(
-                    timeout=self._timeouts.step, operation=f"worker {remote.info.worker_id}'s {operation}"
+                    timeout=self._timeouts.step,
+                    operation=f"worker {remote.info.worker_id}'s {operation}",
                 )
             except (EndOfStream, TransportError) as exc:
                 raise self._lost(remote, operation, exc) from exc

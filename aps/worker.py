@@ -17,12 +17,11 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from aps import transports
@@ -83,7 +82,9 @@ def resolve_env(spec: EnvSpec, **env_kwargs: Any) -> Callable[[], gym.Env[Any, A
     if callable(spec):
         return (lambda: spec(**env_kwargs)) if env_kwargs else spec
     if not isinstance(spec, str) or not spec:
-        raise ConfigError(f"env must be a Gymnasium id, 'module:factory' or a callable, got {spec!r}")
+        raise ConfigError(
+            f"env must be a Gymnasium id, 'module:factory' or a callable, got {spec!r}"
+        )
     # Gymnasium ids may contain ':' too ("ale_py:ALE/Pong-v5" registers through a module).
     # A spec whose attribute part names something importable is a factory path; anything
     # else goes to gym.make, which gives its own clear error for unknown ids.
@@ -326,5 +327,3 @@ def _report(exc: BaseException) -> ErrorReport:
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
     )
-
-

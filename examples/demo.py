@@ -1,6 +1,6 @@
 """Demo: step CartPole-v1 on 2 local worker processes over TCP and report steps/second.
 
-    python examples/demo.py [--workers 2] [--envs-per-worker 64] [--seconds 10]
+python examples/demo.py [--workers 2] [--envs-per-worker 64] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
 
-    print(f"starting {args.workers} workers x {args.envs_per_worker} {args.env} over {args.transport}")
+    print(
+        f"starting {args.workers} workers x {args.envs_per_worker} {args.env} over {args.transport}"
+    )
     envs = aps.ClusterEnv.local(
         args.env,
         num_workers=args.workers,
@@ -33,7 +35,8 @@ def main() -> None:
     )
     try:
         for w in envs.workers:
-            print(f"  worker {w.worker_id}: pid {w.pid}, envs {w.env_offset}..{w.env_offset + w.num_envs - 1}")
+            last = w.env_offset + w.num_envs - 1
+            print(f"  worker {w.worker_id}: pid {w.pid}, envs {w.env_offset}..{last}")
         envs.reset()
         envs.action_space.seed(0)
         rng = np.random.default_rng(0)

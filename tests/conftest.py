@@ -10,7 +10,9 @@ import pytest
 
 import aps
 
-FAST = aps.Timeouts(connect=10.0, handshake=2.0, step=10.0, heartbeat_interval=0.2, heartbeat_timeout=10.0)
+FAST = aps.Timeouts(
+    connect=10.0, handshake=2.0, step=10.0, heartbeat_interval=0.2, heartbeat_timeout=10.0
+)
 
 
 @pytest.fixture

@@ -94,7 +94,9 @@ def test_memory_equals_sync_vector_env(spec: str, mode: AutoresetMode) -> None:
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("spec", ENV_SPECS)
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
-def test_worker_processes_equal_sync_vector_env(transport: str, spec: str, mode: AutoresetMode) -> None:
+def test_worker_processes_equal_sync_vector_env(
+    transport: str, spec: str, mode: AutoresetMode
+) -> None:
     run_differential(spec, transport, mode)
 
 
@@ -113,7 +115,9 @@ def test_is_a_gymnasium_vector_env() -> None:
 
 
 def test_local_seed_makes_the_first_reset_reproducible() -> None:
-    envs = aps.ClusterEnv.local("CartPole-v1", num_workers=2, envs_per_worker=2, transport="memory", seed=4)
+    envs = aps.ClusterEnv.local(
+        "CartPole-v1", num_workers=2, envs_per_worker=2, transport="memory", seed=4
+    )
     try:
         obs, _ = envs.reset()
     finally:

@@ -52,7 +52,8 @@ async def test_reset_and_step_two_workers(workers: WorkerTasks) -> None:
         assert learner.action_space == gym.spaces.MultiDiscrete([2] * 5)
         for _ in range(20):
             obs, rew, term, trunc, info = await learner.step(np.ones(5, np.int64))
-            assert obs.shape == (5, 4) and rew.dtype == np.float64 and term.dtype == np.bool_
+            assert obs.shape == (5, 4) and rew.dtype == np.float64
+            assert term.dtype == trunc.dtype == np.bool_ and isinstance(info, dict)
             assert obs.flags.writeable  # users may normalise observations in place
 
 
@@ -75,7 +76,9 @@ async def test_env_error_arrives_as_worker_error_and_learner_goes_on(workers: Wo
             await learner.step(np.zeros(1, np.int64))
         assert caught.value.remote_type == "builtins.RuntimeError"
         assert "the env exploded" in str(caught.value)
-        assert "Traceback" in caught.value.remote_traceback and "def step" not in caught.value.message
+        assert (
+            "Traceback" in caught.value.remote_traceback and "def step" not in caught.value.message
+        )
         obs, _ = await learner.reset(seed=1)  # the worker still serves
         assert obs.shape == (1, 2)
 
@@ -201,14 +204,18 @@ async def expect_closed(transport: transports.Transport) -> list[Any]:
 
 
 def hello(version: int = PROTOCOL_VERSION) -> Hello:
-    return Hello(protocol_version=version, proof=b"", env_id="raw", num_envs=1, seed=None, host="h", pid=0)
+    return Hello(
+        protocol_version=version, proof=b"", env_id="raw", num_envs=1, seed=None, host="h", pid=0
+    )
 
 
 BAD_FRAMES = {
     "garbage": b"\xc1\xc1\xc1 not msgpack",
     "truncated": codec.encode(hello())[:-3],
     "unknown type": msgpack.packb({"t": "launch_missiles"}),
-    "wrong field type": msgpack.packb({**msgpack.unpackb(codec.encode(hello())), "num_envs": "many"}),
+    "wrong field type": msgpack.packb(
+        {**msgpack.unpackb(codec.encode(hello())), "num_envs": "many"}
+    ),
     "not a map": msgpack.packb([1, 2, 3]),
     "out of order": codec.encode(Reject(kind="x", reason="a worker cannot reject")),
 }

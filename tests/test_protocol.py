@@ -35,10 +35,16 @@ def hello(proof: bytes = b"", version: int = PROTOCOL_VERSION) -> Hello:
 
 
 WELCOME = Welcome(worker_id=0, autoreset_mode="NextStep")
-READY = Ready(observation_space=gym.spaces.Discrete(3), action_space=gym.spaces.Discrete(2), num_envs=2)
+READY = Ready(
+    observation_space=gym.spaces.Discrete(3), action_space=gym.spaces.Discrete(2), num_envs=2
+)
 STEP = StepRequest(actions=np.zeros(2, np.int64))
 STEP_RESULT = StepResult(
-    obs=np.zeros(2), reward=np.zeros(2), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool), info={}
+    obs=np.zeros(2),
+    reward=np.zeros(2),
+    terminated=np.zeros(2, bool),
+    truncated=np.zeros(2, bool),
+    info={},
 )
 ERROR = ErrorReport(remote_type="ValueError", message="boom", traceback="")
 

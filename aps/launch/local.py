@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-
 from pathlib import Path
 from typing import Any
 
@@ -189,5 +188,3 @@ def terminate(processes: list[subprocess.Popen[bytes]], grace: float) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
