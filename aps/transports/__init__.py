@@ -1,0 +1,43 @@
+"""Transports move opaque frames between a learner and its workers.
+
+The contracts are in :mod:`aps.transports.base`; URL schemes map to factories through
+:func:`register` and :func:`get_factory`. The built-in factories live in
+:mod:`aps.transports.tcp`, :mod:`aps.transports.websocket` and :mod:`aps.transports.memory`;
+the first two are imported only when a URL needs them.
+
+Example:
+    >>> import asyncio
+    >>> async def main():
+    ...     listener = await listen("memory://")
+    ...     client = await connect(listener.url)
+    ...     server = await listener.accept()
+    ...     await client.send(b"ping")
+    ...     frame = await server.receive()
+    ...     for resource in (client, server, listener):
+    ...         await resource.aclose()
+    ...     return frame
+    >>> asyncio.run(main())
+    b'ping'
+"""
+
+from __future__ import annotations
+
+from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Listener, Transport, TransportFactory
+from aps.transports.memory import memory_transport_pair
+from aps.transports.registry import connect, get_factory, listen, register, scheme_of
+
+__all__ = [
+    # contracts
+    "Transport",
+    "Listener",
+    "TransportFactory",
+    "DEFAULT_MAX_FRAME_SIZE",
+    # schemes
+    "register",
+    "get_factory",
+    "scheme_of",
+    "connect",
+    "listen",
+    # in-process pairs, for tests
+    "memory_transport_pair",
+]

@@ -1,0 +1,428 @@
+"""The WebSocket transport: ``ws://host:port/path`` and ``wss://host:port/path``.
+
+Built on the ``websockets`` package (install it with ``pip install 'aps[websocket]'``);
+importing :mod:`aps` or :mod:`aps.transports` does not import it. One frame is one binary
+WebSocket message. Compression is off (frames are mostly arrays, and deflate costs more CPU
+than it saves), and so are WebSocket pings: aps sends its own heartbeats.
+
+``wss://`` needs TLS contexts, given to the factory as for TCP: ``ssl_context`` for both
+sides, ``server_ssl_context`` / ``client_ssl_context`` for one. A ``wss://`` client without a
+context uses the system's trusted certificates. ``ws://`` never uses TLS.
+
+A peer that sends a text message breaks the contract: ``receive`` closes the connection with
+WebSocket code 1003 and raises :class:`~aps.errors.ConnectionLost`.
+
+The server ignores the request path; :attr:`WebSocketListener.url` keeps the one it was given.
+Proxy settings in the environment (``HTTPS_PROXY``...) apply to clients as in ``websockets``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from types import TracebackType
+from typing import Self
+from urllib.parse import urlsplit
+
+from aps._typing import Frame
+from aps.errors import (
+    ConfigError,
+    ConnectError,
+    ConnectionLost,
+    EndOfStream,
+    FrameTooLarge,
+    InvalidState,
+    MissingDependency,
+    Timeout,
+    TransportClosed,
+)
+from aps.framing import check_max_frame_size, frame_view
+from aps.transports._util import AcceptQueue, check_ssl_side, detach, format_host
+from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
+
+try:
+    from websockets.asyncio.client import ClientConnection, connect as ws_connect
+    from websockets.asyncio.server import Server, ServerConnection, serve as ws_serve
+    from websockets.exceptions import (
+        ConnectionClosed,
+        ConnectionClosedOK,
+        InvalidURI,
+        PayloadTooBig,
+        WebSocketException,
+    )
+    from websockets.frames import CloseCode
+except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
+    raise MissingDependency(
+        "the ws:// and wss:// transports need the websockets package (version 13 or newer); "
+        "install it with pip install 'aps[websocket]'"
+    ) from exc
+
+__all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]
+
+# Seconds websockets waits for the peer's half of the closing handshake before it drops the
+# TCP connection. A live peer answers in milliseconds.
+_CLOSE_TIMEOUT = 5.0
+
+
+class WebSocketTransport:
+    """One WebSocket connection; each frame is one binary message.
+
+    Created by :meth:`WebSocketFactory.connect` and :meth:`WebSocketListener.accept`.
+
+    Attributes:
+        max_frame_size: the largest frame this end sends or receives, in bytes.
+    """
+
+    def __init__(
+        self,
+        connection: ClientConnection | ServerConnection,
+        *,
+        peer: str,
+        max_frame_size: int,
+    ) -> None:
+        self._connection = connection
+        self._peer_name = peer
+        self.max_frame_size = max_frame_size
+        self._receiving = False
+        self._closed = False
+
+    @property
+    def peer(self) -> str:
+        """The other end's address (``ws://host:port``), for logs and errors."""
+        return self._peer_name
+
+    async def send(self, frame: Frame) -> None:
+        """Send one frame as one binary message; concurrent calls never interleave.
+
+        Cancellation: websockets writes the whole message to the socket buffer in one
+        synchronous step before it waits, so a cancelled send delivers all or nothing.
+
+        Raises:
+            TransportClosed: this side already closed.
+            FrameTooLarge: the frame exceeds ``max_frame_size``; nothing was sent.
+            ConnectionLost: the connection broke or the peer closed it.
+        """
+        if self._closed:
+            raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
+        view = frame_view(frame)
+        if view.nbytes > self.max_frame_size:
+            raise FrameTooLarge(view.nbytes, self.max_frame_size)
+        try:
+            # websockets serializes the frame (a copy) before send() returns, so a mutable
+            # buffer can be reused afterwards.
+            await self._connection.send(view)
+        except (ConnectionClosed, OSError) as exc:
+            if self._closed:
+                raise TransportClosed(
+                    f"cannot send to {self.peer}: this transport was closed"
+                ) from None
+            raise ConnectionLost(f"connection to {self.peer} lost while sending: {exc}") from exc
+
+    async def receive(self) -> bytes:
+        """Wait for the next binary message.
+
+        Cancellation: no frame is lost (websockets keeps the message for the next call).
+
+        Raises:
+            EndOfStream: the peer closed normally and every message was received.
+            TransportClosed: this side closed (also wakes a pending call).
+            ConnectionLost: the connection broke, or the peer sent a text message.
+            FrameTooLarge: the peer sent a message over ``max_frame_size`` (the
+                connection closes with code 1009).
+            InvalidState: another task is already receiving.
+        """
+        if self._receiving:
+            raise InvalidState(
+                f"receive() on the transport to {self.peer} is already running in another "
+                "task; receive from one task at a time"
+            )
+        if self._closed:
+            raise TransportClosed(f"cannot receive from {self.peer}: this transport is closed")
+        self._receiving = True
+        try:
+            message = await self._connection.recv()
+        except ConnectionClosed as exc:
+            raise self._closed_error(exc) from exc
+        finally:
+            self._receiving = False
+        if isinstance(message, str):
+            await self._close(CloseCode.UNSUPPORTED_DATA, "aps expects binary messages")
+            raise ConnectionLost(
+                f"{self.peer} sent a text message; aps transports carry binary messages only, "
+                "so check that the peer is an aps endpoint"
+            )
+        return message
+
+    async def aclose(self) -> None:
+        """Perform the WebSocket closing handshake after frames already sent.
+
+        Idempotent and never raises a backend error. A pending ``receive`` wakes with
+        TransportClosed when the handshake ends (milliseconds with a live peer, at most a
+        few seconds otherwise).
+        """
+        await self._close(CloseCode.NORMAL_CLOSURE, "")
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<WebSocketTransport peer={self.peer!r} {state}>"
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._connection.close(code, reason)
+        except asyncio.CancelledError:
+            self._connection.transport.abort()
+            raise
+        except Exception:
+            # Closing is best effort; the connection is unusable either way.
+            self._connection.transport.abort()
+
+    def _closed_error(
+        self, exc: ConnectionClosed
+    ) -> TransportClosed | EndOfStream | FrameTooLarge | ConnectionLost:
+        if self._closed:
+            return TransportClosed(f"cannot receive from {self.peer}: this transport was closed")
+        cause = exc.__cause__
+        if isinstance(cause, PayloadTooBig):
+            self._closed = True
+            # websockets 14 and later report the sizes; older releases only a message.
+            size = (getattr(cause, "size", None) or 0) + (getattr(cause, "current_size", None) or 0)
+            return FrameTooLarge(max(size, self.max_frame_size + 1), self.max_frame_size)
+        if isinstance(exc, ConnectionClosedOK):
+            return EndOfStream(f"{self.peer} closed the connection")
+        return ConnectionLost(f"connection to {self.peer} lost: {exc}")
+
+
+class WebSocketListener:
+    """A WebSocket server; create it with :meth:`WebSocketFactory.listen`."""
+
+    def __init__(self, *, requested: str, max_frame_size: int) -> None:
+        self._url = requested
+        self._max_frame_size = max_frame_size
+        self._server: Server | None = None
+        self._queue: AcceptQueue[WebSocketTransport] = AcceptQueue(f"listener {requested}")
+
+    @property
+    def url(self) -> str:
+        """The bound address, port 0 resolved: ``ws://127.0.0.1:54321/``."""
+        return self._url
+
+    async def accept(self) -> WebSocketTransport:
+        """Wait for the next connection whose opening handshake succeeded.
+
+        Cancellation: no connection is lost.
+
+        Raises:
+            TransportClosed: the listener was closed (also wakes a pending call).
+        """
+        return await self._queue.get()
+
+    async def aclose(self) -> None:
+        """Stop listening and wake pending ``accept`` calls; idempotent.
+
+        Connections already accepted stay open; connections nobody accepted are closed.
+        """
+        if self._queue.closed:
+            return
+        if self._server is not None:
+            # Close the listening sockets now; websockets' own close() does the rest in a
+            # background task, which lives until the accepted connections end.
+            self._server.server.close()
+            self._server.close(close_connections=False)
+        for transport in self._queue.close():
+            await transport.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<WebSocketListener {self.url}>"
+
+    async def _handle(self, connection: ServerConnection) -> None:
+        # websockets closes a connection when its handler returns, so the handler lives as
+        # long as the transport: it waits for the connection to end, by either side.
+        transport = WebSocketTransport(
+            connection,
+            peer=_peer_of(connection, self._url),
+            max_frame_size=self._max_frame_size,
+        )
+        if not self._queue.put(transport):
+            detach(transport.aclose)
+        await connection.wait_closed()
+
+
+class WebSocketFactory:
+    """Creates WebSocket transports and listeners for ``ws://`` and ``wss://`` URLs.
+
+    Args:
+        ssl_context: TLS for both sides of ``wss://``.
+        server_ssl_context: TLS for ``wss://`` listeners (overrides ``ssl_context``).
+        client_ssl_context: TLS for ``wss://`` clients (overrides ``ssl_context``);
+            without one, clients trust the system's certificate authorities.
+        max_frame_size: the largest frame sent or received, in bytes.
+
+    Raises:
+        ConfigError: ``max_frame_size`` is not a positive int.
+    """
+
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_ssl_context: ssl.SSLContext | None = None,
+        client_ssl_context: ssl.SSLContext | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        self.max_frame_size = check_max_frame_size(max_frame_size, ceiling=2**63 - 1)
+        self._server_ssl = server_ssl_context or ssl_context
+        self._client_ssl = client_ssl_context or ssl_context
+
+    async def connect(self, url: str, *, timeout: float | None = None) -> WebSocketTransport:
+        """Connect to a ``ws://`` or ``wss://`` URL and complete the opening handshake.
+
+        Raises:
+            ConnectError: refused, unreachable, or the server did not speak WebSocket.
+            Timeout: not connected within ``timeout`` seconds (``None``: no limit).
+            ConfigError: ``url`` is malformed, or the SSL context is a server-side one.
+        """
+        secure = _parse_url(url, listening=False)[0]
+        context = (
+            check_ssl_side(self._client_ssl, "client", url, "WebSocketFactory") if secure else None
+        )
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                connection = await ws_connect(
+                    url,
+                    ssl=context,
+                    max_size=self.max_frame_size,
+                    open_timeout=None,
+                    # A plain frame pipe: no compression, no pings (aps has heartbeats).
+                    compression=None,
+                    ping_interval=None,
+                    close_timeout=_CLOSE_TIMEOUT,
+                )
+        except TimeoutError as exc:
+            if deadline.expired():
+                raise Timeout(
+                    f"connecting to {url!r} took longer than {timeout} s; check that a "
+                    "listener runs there (with matching TLS settings) or raise the timeout",
+                    operation="connect",
+                    seconds=timeout,
+                ) from exc
+            raise ConnectError(f"cannot connect to {url!r}: {exc}", url=url) from exc
+        except InvalidURI as exc:
+            raise ConfigError(f"websocket url {url!r} is malformed: {exc}") from exc
+        except (OSError, WebSocketException) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConnectError(
+                f"cannot connect to {url!r}: {reason or type(exc).__name__}; check that an "
+                "aps websocket listener runs at that address with matching TLS settings",
+                url=url,
+            ) from exc
+        return WebSocketTransport(
+            connection, peer=_peer_of(connection, url), max_frame_size=self.max_frame_size
+        )
+
+    async def listen(self, url: str) -> WebSocketListener:
+        """Bind ``ws://host:port`` (or ``wss://``) and start accepting.
+
+        Raises:
+            ConnectError: the address is in use, not local, or does not resolve.
+            ConfigError: ``url`` is malformed, or ``wss://`` lacks a server SSL context.
+        """
+        secure, host, port, path = _parse_url(url, listening=True)
+        context = (
+            check_ssl_side(self._server_ssl, "server", url, "WebSocketFactory") if secure else None
+        )
+        if secure and context is None:
+            raise ConfigError(
+                f"cannot listen on {url!r} without a certificate; pass "
+                "server_ssl_context= (an ssl.PROTOCOL_TLS_SERVER context with "
+                "load_cert_chain) to WebSocketFactory, or use ws://"
+            )
+        listener = WebSocketListener(requested=url, max_frame_size=self.max_frame_size)
+        try:
+            server = await ws_serve(
+                listener._handle,
+                host,
+                port,
+                ssl=context,
+                max_size=self.max_frame_size,
+                compression=None,
+                ping_interval=None,
+                close_timeout=_CLOSE_TIMEOUT,
+            )
+        except OSError as exc:
+            raise ConnectError(
+                f"cannot listen on {url!r}: {(exc.strerror or str(exc)).lower()}; pick another "
+                "port (0 picks a free one) or stop the process that holds it",
+                url=url,
+            ) from exc
+        sockets = list(server.sockets)
+        bound_host, bound_port = sockets[0].getsockname()[:2]
+        scheme = "wss" if secure else "ws"
+        listener._server = server
+        listener._url = f"{scheme}://{format_host(bound_host)}:{bound_port}{path}"
+        return listener
+
+    def __repr__(self) -> str:
+        return f"WebSocketFactory(max_frame_size={self.max_frame_size})"
+
+
+def _parse_url(url: str, *, listening: bool) -> tuple[bool, str | None, int, str]:
+    usage = "write it as ws://host:port/path or wss://host:port/path"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"websocket url {url!r} is malformed ({exc}); {usage}") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in ("ws", "wss") or not parts.netloc:
+        raise ConfigError(f"websocket url {url!r} is malformed; {usage}")
+    if port is None:
+        if listening:
+            raise ConfigError(
+                f"websocket url {url!r} has no port to listen on; {usage} (port 0 picks a free one)"
+            )
+        port = 443 if scheme == "wss" else 80
+    host = parts.hostname or None
+    if not listening and host is None:
+        raise ConfigError(f"websocket url {url!r} has no host to connect to; {usage}")
+    if not listening and port == 0:
+        raise ConfigError(
+            f"cannot connect to port 0 in {url!r}; connect to the url the listener reports "
+            "(listener.url), which has the real port"
+        )
+    path = parts.path or "/"
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    return scheme == "wss", host, port, path
+
+
+def _peer_of(connection: ClientConnection | ServerConnection, fallback: str) -> str:
+    address = connection.remote_address
+    scheme = fallback.partition("://")[0] or "ws"
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
+    return fallback
