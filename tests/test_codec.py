@@ -1,0 +1,614 @@
+"""The codec: golden bytes, round trips of every message type, and the decoding contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any
+
+import gymnasium as gym
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from aps import codec
+from aps.codec import DTYPES, EXT_NDARRAY, EXT_OBJECT_ARRAY, EXT_SCALAR, MAX_OBJECT_DEPTH
+from aps.errors import ConfigError, FrameTooLarge, WireError
+from aps.messages import (
+    MESSAGE_TYPES,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Message,
+    Ready,
+    ResetRequest,
+    StepRequest,
+    StepResult,
+)
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def same(got: Any, want: Any) -> bool:
+    """Deep equality that also compares types, dtypes and shapes (lists arrive as tuples)."""
+    if isinstance(want, list):
+        want = tuple(want)
+    if isinstance(want, np.ndarray):
+        if not (isinstance(got, np.ndarray) and got.shape == want.shape):
+            return False
+        if want.dtype == object:
+            return got.dtype == object and all(
+                same(g, w) for g, w in zip(got.reshape(-1), want.reshape(-1), strict=True)
+            )
+        expected = want.dtype.newbyteorder("<") if want.dtype.byteorder == ">" else want.dtype
+        return got.dtype == expected and np.array_equal(got, want, equal_nan=want.dtype.kind == "f")
+    if isinstance(want, np.generic):
+        return (
+            type(got) is type(want)
+            and got.dtype == want.dtype
+            and (got == want or (bool(np.isnan(want)) if want.dtype.kind == "f" else False))
+        )
+    if isinstance(want, dict):
+        return (
+            type(got) is dict
+            and list(got) == list(want)
+            and all(same(got[k], want[k]) for k in want)
+        )
+    if isinstance(want, tuple):
+        return (
+            type(got) is tuple
+            and len(got) == len(want)
+            and all(same(g, w) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(want, gym.Space):
+        return bool(got == want)
+    if isinstance(want, float) and math.isnan(want):
+        return type(got) is float and math.isnan(got)
+    return type(got) is type(want) and bool(got == want)
+
+
+def same_message(got: Message, want: Message) -> bool:
+    return type(got) is type(want) and all(
+        same(getattr(got, f.name), getattr(want, f.name)) for f in dataclasses.fields(want)
+    )
+
+
+def frame(body: dict[str, Any]) -> bytes:
+    """A hand-made frame, for inputs the encoder would refuse to make."""
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def array_ext(dtype: str, shape: list[int], raw: bytes, pad: bool = True) -> msgpack.ExtType:
+    header = msgpack.packb([dtype, shape])
+    padding = b"\0" * (-len(header) % 8) if pad else b""
+    return msgpack.ExtType(EXT_NDARRAY, header + padding + raw)
+
+
+STEP_RESULT = StepResult(
+    obs=np.zeros((2, 4), np.float32),
+    reward=np.ones(2),
+    terminated=np.zeros(2, bool),
+    truncated=np.zeros(2, bool),
+    info={},
+)
+
+# --------------------------------------------------------------------------------------------
+# Golden bytes: the wire format is a contract with other implementations and releases.
+
+
+def test_golden_heartbeat_and_goodbye() -> None:
+    assert codec.encode(Heartbeat()) == b"\x81\xa1t\xa9heartbeat"
+    assert codec.encode(Goodbye(reason="done")) == b"\x82\xa1t\xa7goodbye\xa6reason\xa4done"
+
+
+def test_golden_array() -> None:
+    encoded = codec.encode(StepRequest(actions=np.array([1, 0], np.int64)))
+    assert encoded == (
+        b"\x82\xa1t\xa4step\xa7actions"
+        + b"\xc7\x18\x01"  # ext 8, 24 bytes, code 1 (EXT_NDARRAY)
+        + b"\x92\xa3<i8\x91\x02"  # ["<i8", [2]]
+        + b"\x00"  # padding to 8 bytes
+        + b"\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    )
+
+
+def test_golden_scalar_and_object_array() -> None:
+    info = {"s": np.float32(1.0), "o": np.array([None, "a"], dtype=object)}
+    assert codec.encode(ResetRequest(seed=None, options=info)) == (
+        b"\x83\xa1t\xa5reset\xa4seed\xc0\xa7options\x82"
+        + b"\xa1s\xc7\x0c\x02"  # "s": ext 8, 12 bytes, code 2 (EXT_SCALAR)
+        + b"\x92\xa3<f4\x90\x00\x00"  # ["<f4", []] and padding to 8 bytes
+        + b"\x00\x00\x80?"  # 1.0 as little-endian float32
+        + b"\xa1o\xc7\x07\x03"  # "o": ext 8, 7 bytes, code 3 (EXT_OBJECT_ARRAY)
+        + b"\x92\x91\x02\x92\xc0\xa1a"  # [[2], [nil, "a"]]
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Round trips of every message type, built from the annotations so new types are covered.
+
+
+@st.composite
+def arrays(draw: st.DrawFn, min_dims: int = 0) -> np.ndarray[Any, Any]:
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    if dtype.itemsize > 1 and draw(st.booleans()):
+        dtype = dtype.newbyteorder(">")
+    shape = draw(hnp.array_shapes(min_dims=min_dims, max_dims=4, min_side=0, max_side=4))
+    array = draw(hnp.arrays(dtype, shape))
+    layout = draw(st.sampled_from(["c", "fortran", "strided"]))
+    if layout == "fortran":
+        array = np.asfortranarray(array)
+    elif layout == "strided" and array.ndim >= 1:
+        array = np.repeat(array, 2, axis=0)[::2]  # a strided view
+    return array
+
+
+scalars = st.sampled_from(DTYPES).flatmap(
+    lambda name: hnp.from_dtype(np.dtype(name)).map(lambda v: np.dtype(name).type(v))
+)
+
+_leaf_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    scalars,
+    arrays(),
+)
+
+
+def _object_array(elements: list[Any]) -> np.ndarray[Any, Any]:
+    array = np.empty(len(elements), dtype=object)
+    for index, element in enumerate(elements):
+        array[index] = element
+    return array
+
+
+plain_data = st.recursive(
+    _leaf_values,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3).map(tuple),
+        st.lists(children, max_size=3),
+        st.dictionaries(st.text(max_size=5), children, max_size=3),
+        st.lists(children, max_size=4).map(_object_array),
+    ),
+    max_leaves=10,
+)
+
+_spaces = st.sampled_from(
+    [
+        gym.spaces.Discrete(3),
+        gym.spaces.Box(-1, 1, (2,)),
+        gym.spaces.Dict(
+            {"a": gym.spaces.MultiBinary(3), "b": gym.spaces.Tuple([gym.spaces.Discrete(2)])}
+        ),
+        gym.spaces.MultiDiscrete([2, 5]),
+    ]
+)
+
+
+def _strategy_for(hint: Any) -> st.SearchStrategy[Any]:
+    if hint is Any:
+        return plain_data
+    if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType):
+        return st.one_of([_strategy_for(h) for h in typing.get_args(hint)])
+    if hint is type(None):
+        return st.none()
+    if hint is int:
+        return st.integers(-(2**63), 2**64 - 1)
+    if hint is float:
+        return st.floats()
+    if hint is str:
+        return st.text()
+    if hint is bytes:
+        return st.binary()
+    if hint is bool:
+        return st.booleans()
+    if typing.get_origin(hint) is np.ndarray:
+        return arrays()
+    if hint is gym.Space or typing.get_origin(hint) is gym.Space:
+        return _spaces
+    raise AssertionError(f"no strategy for {hint!r}; extend the test")
+
+
+def messages_of(cls: type[Message]) -> st.SearchStrategy[Message]:
+    hints = typing.get_type_hints(cls)
+    return st.builds(cls, **{f.name: _strategy_for(hints[f.name]) for f in dataclasses.fields(cls)})
+
+
+any_message = st.sampled_from(sorted(MESSAGE_TYPES.values(), key=lambda c: c.TAG)).flatmap(
+    messages_of
+)
+
+
+@pytest.mark.parametrize("cls", list(MESSAGE_TYPES.values()), ids=lambda c: c.TAG)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_message_type_round_trips(cls: type[Message], data: st.DataObject) -> None:
+    message = data.draw(messages_of(cls))
+    decoded = codec.decode(codec.encode(message))
+    assert same_message(decoded, message)
+
+
+@settings(max_examples=150, deadline=None)
+@given(arrays())
+def test_every_dtype_and_shape_round_trips(array: np.ndarray[Any, Any]) -> None:
+    decoded = codec.decode(codec.encode(StepRequest(actions=array)))
+    assert isinstance(decoded, StepRequest)
+    got = decoded.actions
+    assert same(got, array)
+    assert got.dtype.byteorder in "<|="
+    assert not got.flags.writeable
+    assert got.flags.c_contiguous and got.flags.aligned
+
+
+@settings(max_examples=80, deadline=None)
+@given(scalars)
+def test_numpy_scalars_stay_numpy_scalars(value: np.generic) -> None:
+    decoded = codec.decode(codec.encode(ResetRequest(seed=None, options=value)))
+    assert isinstance(decoded, ResetRequest)
+    assert same(decoded.options, value)
+
+
+def test_numpy_float64_is_not_sent_as_a_python_float() -> None:
+    # np.float64 subclasses float; without strict types msgpack would send a plain float.
+    decoded = codec.decode(codec.encode(ResetRequest(seed=None, options=(np.float64(2.5), 2.5))))
+    assert isinstance(decoded, ResetRequest)
+    assert type(decoded.options[0]) is np.float64 and type(decoded.options[1]) is float
+
+
+def test_lists_tuples_and_subclasses_arrive_as_plain_types() -> None:
+    from collections import OrderedDict
+    from enum import IntEnum
+
+    class Level(IntEnum):
+        HIGH = 3
+
+    value = {"l": [1, [2]], "t": (3,), "o": OrderedDict(a=1), "e": Level.HIGH, "s": np.str_("x")}
+    decoded = codec.decode(codec.encode(ResetRequest(seed=None, options=value)))
+    assert isinstance(decoded, ResetRequest)
+    assert decoded.options == {"l": (1, (2,)), "t": (3,), "o": {"a": 1}, "e": 3, "s": "x"}
+    assert type(decoded.options["e"]) is int and type(decoded.options["s"]) is str
+
+
+def test_decoded_arrays_are_read_only_views_of_the_payload() -> None:
+    decoded = codec.decode(codec.encode(STEP_RESULT))
+    assert isinstance(decoded, StepResult)
+    with pytest.raises(ValueError, match="read-only"):
+        decoded.obs[0, 0] = 1.0
+    assert isinstance(decoded.obs.base, bytes)  # no copy beyond msgpack's payload bytes
+    writable = np.array(decoded.obs)
+    writable[0, 0] = 1.0
+
+
+def test_decode_accepts_bytearray_and_memoryview() -> None:
+    encoded = codec.encode(STEP_RESULT)
+    for buffer in (bytearray(encoded), memoryview(encoded)):
+        assert same_message(codec.decode(buffer), STEP_RESULT)
+
+
+def test_object_arrays_round_trip_with_their_shape() -> None:
+    inner = _object_array([np.zeros(2, np.float32), None])
+    grid = np.empty((2, 2), dtype=object)
+    grid[0, 0], grid[0, 1], grid[1, 0], grid[1, 1] = "a", {"x": (1, 2)}, inner, np.int8(3)
+    zero_d = np.empty((), dtype=object)
+    zero_d[()] = b"raw"
+    for value in (grid, zero_d, np.empty((0, 3), dtype=object), _object_array([(1,), (2,)])):
+        decoded = codec.decode(codec.encode(ResetRequest(seed=None, options=value)))
+        assert isinstance(decoded, ResetRequest)
+        assert same(decoded.options, value)
+        assert not decoded.options.flags.writeable
+
+
+def test_object_array_nesting_is_bounded_on_both_sides() -> None:
+    value: Any = "leaf"
+    for _ in range(MAX_OBJECT_DEPTH):
+        value = _object_array([value])
+    assert same(codec.decode(codec.encode(ResetRequest(seed=None, options=value))).options, value)  # type: ignore[attr-defined]
+    too_deep = _object_array([value])
+    with pytest.raises(WireError, match=r"field 'options' of ResetRequest: options.* nest deeper"):
+        codec.encode(ResetRequest(seed=None, options=too_deep))
+    # A peer that ignores the limit is refused while decoding.
+    payload = msgpack.packb([[1], ["leaf"]])
+    for levels in range(1, MAX_OBJECT_DEPTH + 2):
+        crafted = frame(
+            {"t": "reset", "seed": None, "options": msgpack.ExtType(EXT_OBJECT_ARRAY, payload)}
+        )
+        if levels <= MAX_OBJECT_DEPTH:
+            assert isinstance(codec.decode(crafted), ResetRequest)
+        else:
+            with pytest.raises(WireError, match="nest deeper"):
+                codec.decode(crafted)
+        payload = msgpack.packb([[1], [msgpack.ExtType(EXT_OBJECT_ARRAY, payload)]])
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals while encoding
+
+
+def test_unsupported_dtypes_are_named_with_the_whitelist_and_the_field() -> None:
+    message = StepResult(
+        obs=np.zeros(2, np.complex64),
+        reward=np.zeros(2),
+        terminated=np.zeros(2, bool),
+        truncated=np.zeros(2, bool),
+        info={},
+    )
+    with pytest.raises(WireError) as info:
+        codec.encode(message)
+    text = str(info.value)
+    assert "field 'obs' of StepResult" in text
+    assert "numpy dtype complex64" in text
+    assert "bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16" in text
+    for bad in (np.array(["a"]), np.zeros(1, "datetime64[s]"), np.zeros(1, np.longdouble)):
+        with pytest.raises(WireError, match="cannot encode numpy dtype"):
+            codec.encode(StepRequest(actions=bad))
+
+
+def test_arrays_with_too_many_dimensions_are_refused() -> None:
+    with pytest.raises(WireError, match="33 dimensions, over the limit of 32"):
+        codec.encode(StepRequest(actions=np.zeros((1,) * 33)))
+    assert codec.decode(codec.encode(StepRequest(actions=np.zeros((1,) * 32))))
+
+
+def test_unsupported_values_are_named_with_their_field() -> None:
+    with pytest.raises(
+        WireError,
+        match=r"field 'options' of ResetRequest: cannot encode a value of type builtins.set",
+    ):
+        codec.encode(ResetRequest(seed=None, options={"a": {1, 2}}))
+    with pytest.raises(WireError, match=r"field 'options'.*(out of range|too big)"):
+        codec.encode(ResetRequest(seed=None, options=2**70))
+    with pytest.raises(WireError, match=r"options\['a'\]\[1\] has the map key 3 of type int"):
+        codec.encode(ResetRequest(seed=None, options={"a": (0, {3: "x"})}))
+
+
+def test_fields_are_checked_against_their_annotations_when_encoding() -> None:
+    with pytest.raises(
+        WireError, match="field 'seed' of ResetRequest: expected int or None, got int64"
+    ):
+        codec.encode(ResetRequest(seed=np.int64(3), options=None))  # type: ignore[arg-type]
+    with pytest.raises(
+        WireError, match="field 'reward' of StepResult: expected a numpy array, got list"
+    ):
+        codec.encode(dataclasses.replace(STEP_RESULT, reward=[1.0, 2.0]))  # type: ignore[arg-type]
+    with pytest.raises(
+        WireError, match="expected a numpy array, got a numpy array of dtype object"
+    ):
+        codec.encode(dataclasses.replace(STEP_RESULT, reward=_object_array([1.0])))
+    with pytest.raises(WireError, match="expected int, got bool"):
+        codec.encode(dataclasses.replace(hello(), num_envs=True))
+    with pytest.raises(WireError, match="expected a gymnasium space, got int"):
+        codec.encode(Ready(observation_space=3, action_space=gym.spaces.Discrete(2), num_envs=1))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="Text"):
+        codec.encode(
+            Ready(
+                observation_space=gym.spaces.Text(2),
+                action_space=gym.spaces.Discrete(2),
+                num_envs=1,
+            )
+        )
+
+
+def test_encoding_a_non_message_is_refused() -> None:
+    with pytest.raises(WireError, match="not an aps message type; known tags: challenge, error"):
+        codec.encode("hello")  # type: ignore[arg-type]
+
+
+def hello() -> Hello:
+    return Hello(protocol_version=1, proof=b"", env_id="X", num_envs=2, seed=None, host="h", pid=1)
+
+
+# --------------------------------------------------------------------------------------------
+# The decoding contract: a message or a WireError, nothing else.
+
+
+def decodes_or_wire_error(data: bytes) -> None:
+    try:
+        message = codec.decode(data)
+    except WireError:
+        return
+    assert isinstance(message, Message)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_raise_wire_error(data: bytes) -> None:
+    decodes_or_wire_error(data)
+
+
+_valid_frames = [
+    codec.encode(STEP_RESULT),
+    codec.encode(hello()),
+    codec.encode(
+        Ready(
+            observation_space=gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}),
+            action_space=gym.spaces.Discrete(2),
+            num_envs=2,
+        )
+    ),
+    codec.encode(
+        ResetRequest(seed=3, options={"o": _object_array([np.zeros(2), None]), "s": np.int8(2)})
+    ),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(_valid_frames),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+    st.integers(0, 10_000),
+    st.booleans(),
+)
+def test_mutated_frames_decode_or_raise_wire_error(
+    valid: bytes, flips: list[tuple[int, int]], cut: int, truncate: bool
+) -> None:
+    data = bytearray(valid)
+    for position, value in flips:
+        data[position % len(data)] = value
+    if truncate:
+        del data[cut % len(data) :]
+    decodes_or_wire_error(bytes(data))
+
+
+def test_frames_over_the_limit_are_refused_before_parsing() -> None:
+    encoded = codec.encode(STEP_RESULT)
+    with pytest.raises(FrameTooLarge) as info:
+        codec.decode(encoded, max_frame_size=len(encoded) - 1)
+    assert (info.value.size, info.value.limit) == (len(encoded), len(encoded) - 1)
+    assert "raise max_frame_size" in str(info.value)
+    assert same_message(codec.decode(encoded, max_frame_size=len(encoded)), STEP_RESULT)
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"", "not valid msgpack"),
+        (b"\xc1", "not valid msgpack"),
+        (msgpack.packb([1, 2]), "must hold a msgpack map, got tuple"),
+        (frame({"t": "nope"}), "unknown message tag 'nope'; known tags: challenge, error, goodbye"),
+        (frame({"x": 1}), "unknown message tag None"),
+        (frame({"t": 3}), "unknown message tag 3"),
+        (frame({"t": "goodbye"}), r"missing fields \['reason'\]"),
+        (frame({"t": "goodbye", "reason": "x", "more": 1}), r"extra fields \[\"'more'\"\]"),
+        (frame({"t": "goodbye", "reason": 3}), "field 'reason' must be str, got int"),
+        (
+            frame({"t": "reset", "seed": True, "options": None}),
+            "field 'seed' must be int or None, got bool",
+        ),
+        (frame({"t": "reset", "seed": 1.5, "options": None}), "got float"),
+        (
+            frame({"t": "challenge", "protocol_version": 1, "nonce": "text"}),
+            "field 'nonce' must be bytes",
+        ),
+        (frame({"t": "heartbeat", 1: 2}), "not valid msgpack"),  # strict_map_key
+        (
+            frame({"t": "step", "actions": msgpack.ExtType(9, b"")}),
+            "unknown msgpack extension code 9",
+        ),
+        (frame({"t": "step", "actions": msgpack.ExtType(EXT_NDARRAY, b"")}), "truncated"),
+        (
+            frame({"t": "step", "actions": array_ext("<c8", [1], b"\0" * 8)}),
+            "array dtype '<c8' is not supported",
+        ),
+        (
+            frame({"t": "step", "actions": array_ext(">f4", [1], b"\0" * 4)}),
+            "array dtype '>f4' is not supported",
+        ),
+        (frame({"t": "step", "actions": array_ext("|O", [1], b"\0" * 8)}), "'|O' is not supported"),
+        (
+            frame({"t": "step", "actions": array_ext("<f4", [1000], b"\0" * 8)}),
+            r"shape \(1000,\) of float32 \(4000 bytes\) but 8 bytes follow",
+        ),
+        (
+            frame({"t": "step", "actions": array_ext("<f4", [2**64 - 1] * 32, b"")}),
+            "but 0 bytes follow",
+        ),
+        (frame({"t": "step", "actions": array_ext("<f4", [0, 2**63], b"")}), "cannot be built"),
+        (
+            frame({"t": "step", "actions": array_ext("<f4", [1] * 33, b"")}),
+            "33 dimensions, over the limit of 32",
+        ),
+        (frame({"t": "step", "actions": array_ext("<f4", [-1], b"")}), "non-negative ints"),
+        (frame({"t": "step", "actions": array_ext("<f4", [1.0], b"")}), "non-negative ints"),  # type: ignore[list-item]
+        (frame({"t": "step", "actions": array_ext("<i8", [1], b"\1" * 8, pad=False)}), "padding"),
+        (
+            frame(
+                {"t": "step", "actions": msgpack.ExtType(EXT_NDARRAY, msgpack.packb(["<f4", 1]))}
+            ),
+            "shape must be a msgpack array",
+        ),
+        (
+            frame(
+                {
+                    "t": "step",
+                    "actions": msgpack.ExtType(
+                        EXT_SCALAR, msgpack.packb(["<f4", [1]]) + b"\0" + b"\0" * 4
+                    ),
+                }
+            ),
+            r"numpy scalar must have shape \(\)",
+        ),
+        (
+            frame(
+                {
+                    "t": "step",
+                    "actions": msgpack.ExtType(EXT_OBJECT_ARRAY, msgpack.packb([[3], [1, 2]])),
+                }
+            ),
+            "needs 3 elements, got 2",
+        ),
+        (
+            frame(
+                {
+                    "t": "step",
+                    "actions": msgpack.ExtType(EXT_OBJECT_ARRAY, msgpack.packb([[-1], []])),
+                }
+            ),
+            "shape must be",
+        ),
+        (
+            frame(
+                {"t": "step", "actions": msgpack.ExtType(EXT_OBJECT_ARRAY, msgpack.packb({"a": 1}))}
+            ),
+            r"must be \[shape, \[elements\]\]",
+        ),
+        (
+            frame({"t": "step", "actions": msgpack.ExtType(EXT_OBJECT_ARRAY, b"\xc1")}),
+            "not valid msgpack",
+        ),
+        (
+            frame(
+                {
+                    "t": "step_result",
+                    "obs": 0,
+                    "reward": 1.0,
+                    "terminated": 0,
+                    "truncated": 0,
+                    "info": {},
+                }
+            ),
+            "field 'reward' must be a numpy array, got float",
+        ),
+        (
+            frame(
+                {
+                    "t": "ready",
+                    "observation_space": {"type": "Text"},
+                    "action_space": {"type": "Discrete"},
+                    "num_envs": 1,
+                }
+            ),
+            "field 'observation_space': space has the unknown space type 'Text'",
+        ),
+    ],
+)
+def test_malformed_frames_raise_wire_error(data: bytes, match: str) -> None:
+    with pytest.raises(WireError, match=match):
+        codec.decode(data)
+
+
+def test_msgpack_errors_are_chained() -> None:
+    with pytest.raises(WireError) as info:
+        codec.decode(b"\x92\x01")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_decode_refuses_non_bytes() -> None:
+    with pytest.raises(WireError, match="a frame must be bytes, got int"):
+        codec.decode(3)  # type: ignore[arg-type]
+
+
+def test_float_annotations_accept_ints_but_int_excludes_bool() -> None:
+    float_field = codec._field_for("x", float)
+    assert float_field.check(1) and float_field.check(1.5) and not float_field.check("1")
+    int_field = codec._field_for("x", int)
+    assert int_field.check(1) and not int_field.check(True) and not int_field.check(1.0)
+    with pytest.raises(TypeError, match="cannot carry a field annotated"):
+        codec._field_for("x", list[int])
