@@ -1,0 +1,402 @@
+"""Stitch per-worker batches into one batch, and cut one batch into per-worker parts.
+
+The learner sees all envs of all workers in one stable order: worker 0's envs, then worker
+1's, and so on. Each worker runs a Gymnasium vector env over its own envs and sends batched
+observations and merged info dicts; these helpers make the result identical to what one
+``gymnasium.vector.SyncVectorEnv`` over all the envs would return. They are pure functions:
+no I/O, no clock, no asyncio.
+
+A *batch* of a space is what Gymnasium's vector utilities produce for it: an array with a
+leading env axis for ``Box``, ``Discrete``, ``MultiDiscrete`` and ``MultiBinary``, a dict of
+batches for ``Dict`` (in the space's key order) and a tuple of batches for ``Tuple``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces as gs
+
+from aps._typing import Array, Info
+from aps.errors import ConfigError, ProtocolError
+
+__all__ = ["check_batch", "concat", "merge_infos", "split"]
+
+_ARRAY_SPACES = (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)
+_SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple"
+
+
+def _unsupported(space: object) -> ConfigError:
+    return ConfigError(
+        f"cannot batch a {type(space).__qualname__} space ({space!r}); supported spaces: "
+        f"{_SUPPORTED}; wrap the env so its spaces use these types"
+    )
+
+
+def _batch_dtype(space: gym.Space[Any]) -> np.dtype[Any]:
+    # batch_space keeps the single space's dtype for all four array spaces.
+    dtype = space.dtype
+    assert dtype is not None  # only Dict and Tuple (and custom spaces) have none
+    return dtype
+
+
+def _shape(space: gym.Space[Any]) -> tuple[int, ...]:
+    shape = space.shape
+    assert shape is not None  # only Dict and Tuple (and custom spaces) have none
+    return shape
+
+
+# --------------------------------------------------------------------------------------------
+# concat / split
+
+
+def concat(space: gym.Space[Any], parts: Sequence[Any]) -> Any:
+    """Join per-worker batches along the env axis, as Gymnasium batches ``space``.
+
+    Args:
+        space: the single-env space (``single_observation_space``).
+        parts: one batch per worker, in env order; each with ``E_i`` envs.
+
+    Returns:
+        A new batch of ``sum(E_i)`` envs with the dtypes and shapes of
+        ``gymnasium.vector.utils.batch_space(space, sum(E_i))``; arrays are fresh, writable
+        and C-contiguous.
+
+    Raises:
+        ConfigError: ``parts`` is empty, or ``space`` is of an unsupported type.
+        ProtocolError: a part does not match the space (wrong structure, shape or dtype).
+    """
+    if len(parts) == 0:
+        raise ConfigError("concat needs at least one part; got an empty list of batches")
+    return _concat(space, parts, "batch")
+
+
+def _concat(space: gym.Space[Any], parts: Sequence[Any], where: str) -> Any:
+    if isinstance(space, _ARRAY_SPACES):
+        dtype = _batch_dtype(space)
+        shape = _shape(space)
+        for index, part in enumerate(parts):
+            if not (
+                isinstance(part, np.ndarray)
+                and part.ndim == 1 + len(shape)
+                and part.shape[1:] == shape
+                and part.dtype == dtype
+            ):
+                raise ProtocolError(
+                    f"part {index} of {where} is {_describe(part)}, expected an array of shape "
+                    f"(E,) + {shape} and dtype {dtype} for {space}; all workers must "
+                    "run envs with the same spaces"
+                )
+        return np.concatenate(parts, axis=0)
+    if isinstance(space, gs.Dict):
+        for index, part in enumerate(parts):
+            if not isinstance(part, Mapping) or set(part.keys()) != set(space.spaces):
+                got = sorted(map(repr, part.keys())) if isinstance(part, Mapping) else part
+                raise ProtocolError(
+                    f"part {index} of {where} must be a dict with keys "
+                    f"{list(space.spaces)}, got {_describe(got)}"
+                )
+        return {
+            key: _concat(sub, [part[key] for part in parts], f"{where}[{key!r}]")
+            for key, sub in space.spaces.items()
+        }
+    if isinstance(space, gs.Tuple):
+        for index, part in enumerate(parts):
+            if not isinstance(part, tuple | list) or len(part) != len(space.spaces):
+                raise ProtocolError(
+                    f"part {index} of {where} must be a tuple of {len(space.spaces)} batches, "
+                    f"got {_describe(part)}"
+                )
+        return tuple(
+            _concat(sub, [part[i] for part in parts], f"{where}[{i}]")
+            for i, sub in enumerate(space.spaces)
+        )
+    raise _unsupported(space)
+
+
+def split(space: gym.Space[Any], batch: Any, counts: Sequence[int]) -> list[Any]:
+    """Cut a batch into per-worker parts along the env axis (the inverse of :func:`concat`).
+
+    Args:
+        space: the single-env space.
+        batch: a batch of ``sum(counts)`` envs, as :func:`check_batch` returns it.
+        counts: the number of envs of each worker, in env order.
+
+    Returns:
+        ``len(counts)`` batches; their arrays are C-contiguous views of ``batch`` (of a
+        contiguous copy when ``batch`` itself is not contiguous).
+
+    Raises:
+        ConfigError: the batch does not hold ``sum(counts)`` envs, a count is negative, or
+            the space is of an unsupported type.
+    """
+    if any(count < 0 for count in counts):
+        raise ConfigError(f"counts must be non-negative, got {list(counts)}")
+    bounds = np.cumsum([0, *counts]).tolist()
+    return _split(space, batch, bounds, "batch")
+
+
+def _split(space: gym.Space[Any], batch: Any, bounds: list[int], where: str) -> list[Any]:
+    parts = len(bounds) - 1
+    if isinstance(space, _ARRAY_SPACES):
+        array = np.ascontiguousarray(batch)
+        if array.ndim == 0 or array.shape[0] != bounds[-1]:
+            raise ConfigError(
+                f"{where} has shape {array.shape}, expected a leading axis of {bounds[-1]} envs "
+                "(the sum of the counts); pass one entry per env"
+            )
+        return [array[bounds[i] : bounds[i + 1]] for i in range(parts)]
+    if isinstance(space, gs.Dict):
+        columns = {
+            key: _split(sub, batch[key], bounds, f"{where}[{key!r}]")
+            for key, sub in space.spaces.items()
+        }
+        return [{key: column[i] for key, column in columns.items()} for i in range(parts)]
+    if isinstance(space, gs.Tuple):
+        columns_t = [
+            _split(sub, batch[j], bounds, f"{where}[{j}]") for j, sub in enumerate(space.spaces)
+        ]
+        return [tuple(column[i] for column in columns_t) for i in range(parts)]
+    raise _unsupported(space)
+
+
+# --------------------------------------------------------------------------------------------
+# check_batch
+
+
+def check_batch(
+    space: gym.Space[Any],
+    value: Any,
+    num_envs: int,
+    *,
+    name: str = "actions",
+    space_name: str = "single_action_space",
+) -> Any:
+    """Check a user's batched value against ``space`` and return it as arrays.
+
+    The value must have one entry per env: shape ``(num_envs, *space.shape)`` for the array
+    spaces, the space's exact keys for ``Dict``, its length for ``Tuple``. ``Discrete``,
+    ``MultiDiscrete`` and ``MultiBinary`` need an integer or bool dtype; ``Box`` a numeric
+    one. Lists are accepted and converted with ``np.asarray``; dtypes are kept (Gymnasium
+    hands each env its slice of the batch unconverted, and so does aps).
+
+    Args:
+        space: the single-env space (``single_action_space``).
+        value: the batch to check.
+        num_envs: the number of envs the batch must cover.
+        name: what the value is called in error messages.
+        space_name: what ``space`` is called in error messages.
+
+    Returns:
+        The batch with arrays in place of lists (a dict in the space's key order for
+        ``Dict``, a tuple for ``Tuple``); arrays already given are returned as they are.
+
+    Raises:
+        ConfigError: the value does not fit; the message names its shape or dtype, the
+            expected one and the fix.
+    """
+    return _check(space, value, num_envs, name, space_name)
+
+
+def _check(space: gym.Space[Any], value: Any, num_envs: int, name: str, space_name: str) -> Any:
+    if isinstance(space, _ARRAY_SPACES):
+        try:
+            array = np.asarray(value)
+        except Exception as exc:  # ragged lists and other values numpy refuses
+            raise ConfigError(
+                f"{name} cannot be turned into an array ({exc}); pass one action per env"
+            ) from exc
+        expected = (num_envs, *_shape(space))
+        if array.shape != expected:
+            raise ConfigError(
+                f"{name} has shape {array.shape}, expected {expected} = (num_envs,) + "
+                f"{space_name}.shape; pass one action per env"
+            )
+        kinds = "fiub" if isinstance(space, gs.Box) else "iub"
+        if array.dtype.kind not in kinds:
+            wanted = "a numeric" if isinstance(space, gs.Box) else "an integer or bool"
+            cast = space.dtype if isinstance(space, gs.Box) else "np.int64"
+            raise ConfigError(
+                f"{name} has dtype {array.dtype}, expected {wanted} dtype for {space}; "
+                f"convert with .astype({_dtype_text(cast)})"
+            )
+        return array
+    if isinstance(space, gs.Dict):
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"{name} is a {type(value).__qualname__}, expected a dict with keys "
+                f"{list(space.spaces)} for {space_name}; pass a dict of batches"
+            )
+        if set(value.keys()) != set(space.spaces):
+            missing = [k for k in space.spaces if k not in value]
+            extra = [k for k in value if k not in space.spaces]
+            raise ConfigError(
+                f"{name} has keys {list(value)}, expected {list(space.spaces)} "
+                f"(missing {missing}, extra {extra}); pass exactly the keys of {space_name}"
+            )
+        return {
+            key: _check(sub, value[key], num_envs, f"{name}[{key!r}]", f"{space_name}[{key!r}]")
+            for key, sub in space.spaces.items()
+        }
+    if isinstance(space, gs.Tuple):
+        if not isinstance(value, tuple | list) or len(value) != len(space.spaces):
+            got = f"of length {len(value)}" if isinstance(value, tuple | list) else "not a tuple"
+            raise ConfigError(
+                f"{name} is {got}, expected a tuple of {len(space.spaces)} batches for "
+                f"{space_name}; pass one batch per subspace"
+            )
+        return tuple(
+            _check(sub, value[i], num_envs, f"{name}[{i}]", f"{space_name}[{i}]")
+            for i, sub in enumerate(space.spaces)
+        )
+    raise _unsupported(space)
+
+
+def _dtype_text(dtype: object) -> str:
+    if isinstance(dtype, np.dtype):
+        return f"np.{dtype.name}"
+    return str(dtype)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    return f"{type(value).__qualname__} {value!r:.80}"
+
+
+# --------------------------------------------------------------------------------------------
+# merge_infos
+
+
+def merge_infos(parts: Sequence[tuple[int, Info]], num_envs: int) -> Info:
+    """Merge per-worker vector-env info dicts into the one a single vector env would return.
+
+    Each part is ``(env_offset, info)``: ``info`` is what a Gymnasium vector env over one
+    worker's ``E`` envs returned (arrays with a leading axis of ``E`` and ``_key`` bool
+    masks, object arrays for odd values and ``final_obs``, nested dicts for dict values), and
+    ``env_offset`` is the global index of that worker's first env. The rules are those of
+    ``gymnasium.vector.VectorEnv._add_info``: a key's dtype is chosen by the first env that
+    has it (later values are cast into it), envs without the key hold zeros (``None`` in
+    object arrays) and a ``False`` mask, and nested dicts merge recursively with their mask
+    at the parent level. Key order is the order of first appearance.
+
+    Args:
+        parts: ``(env_offset, info)`` per worker, in env order.
+        num_envs: the total number of envs.
+
+    Returns:
+        A new info dict; its arrays are fresh and writable (elements of object arrays, such
+        as ``final_obs`` observations, are shared with the parts, not copied).
+
+    Raises:
+        ProtocolError: a part is malformed: a value is neither an array with a leading axis
+            of its ``E`` envs nor a dict, a mask is missing or not a bool array, a worker's
+            envs fall outside ``num_envs``, or two workers sent the same key with
+            incompatible shapes or kinds.
+    """
+    result: Info = {}
+    _merge_into(result, [(offset, info) for offset, info in parts], num_envs, "info")
+    return result
+
+
+def _merge_into(out: Info, parts: Sequence[tuple[int, Any]], num_envs: int, where: str) -> None:
+    # First pass: check each part and collect, per data key, which parts carry it.
+    order: dict[str, list[tuple[int, int, Any, Array]]] = {}
+    for offset, info in parts:
+        if not isinstance(info, Mapping):
+            raise ProtocolError(f"{where} of the worker at env {offset} is not a dict")
+        for key, value in info.items():
+            if type(key) is not str:
+                raise ProtocolError(f"{where} has the non-str key {key!r:.80}")
+            mask_key = "_" + key
+            if mask_key not in info:
+                if key[:1] == "_" and key[1:] in info:
+                    continue  # the mask of another key, handled with that key
+                raise ProtocolError(
+                    f"{where}[{key!r}] of the worker at env {offset} has no {mask_key!r} mask"
+                )
+            mask = info[mask_key]
+            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.ndim == 1):
+                raise ProtocolError(
+                    f"{where}[{mask_key!r}] of the worker at env {offset} must be a 1-d bool "
+                    f"array, got {_describe(mask)}"
+                )
+            count = mask.shape[0]
+            if offset < 0 or offset + count > num_envs:
+                raise ProtocolError(
+                    f"{where}[{key!r}] covers envs {offset}..{offset + count - 1}, outside "
+                    f"the {num_envs} envs"
+                )
+            if not isinstance(value, Mapping) and not (
+                isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == count
+            ):
+                raise ProtocolError(
+                    f"{where}[{key!r}] of the worker at env {offset} must be a dict or an array "
+                    f"with a leading axis of {count} envs, got {_describe(value)}"
+                )
+            order.setdefault(key, []).append((offset, count, value, mask))
+
+    for key, carriers in order.items():
+        mask_out = np.zeros(num_envs, dtype=np.bool_)
+        for offset, count, _, mask in carriers:
+            mask_out[offset : offset + count] = mask
+        first = carriers[0][2]
+        if isinstance(first, Mapping):
+            nested: Info = {}
+            subparts = []
+            for offset, _, value, _ in carriers:
+                if not isinstance(value, Mapping):
+                    raise ProtocolError(
+                        f"{where}[{key!r}] is a dict for one worker but not for the worker at "
+                        f"env {offset}"
+                    )
+                subparts.append((offset, value))
+            _merge_into(nested, subparts, num_envs, f"{where}[{key!r}]")
+            out[key] = nested
+        else:
+            out[key] = _merge_array(key, carriers, num_envs, where)
+        out["_" + key] = mask_out
+
+
+def _merge_array(
+    key: str, carriers: list[tuple[int, int, Any, Array]], num_envs: int, where: str
+) -> Array:
+    # The first worker in which some env has the key chooses the dtype, as its first such
+    # env would have in one vector env.
+    first: Array = next((c[2] for c in carriers if c[3].any()), carriers[0][2])
+    if first.dtype.hasobject and first.ndim == 1:
+        # Gymnasium's object arrays ("final_obs", str or None values, numpy bools) start as
+        # None; object arrays made from ndarray values start as 0, but a worker's own block
+        # already holds its defaults, so only envs of workers without the key differ.
+        out = np.full(num_envs, None, dtype=object)
+    else:
+        out = np.zeros((num_envs, *first.shape[1:]), dtype=first.dtype)
+    for offset, count, value, mask in carriers:
+        if not isinstance(value, np.ndarray):
+            raise ProtocolError(
+                f"{where}[{key!r}] is an array for one worker but not for the worker at env "
+                f"{offset}"
+            )
+        if value.shape[1:] != out.shape[1:]:
+            raise ProtocolError(
+                f"{where}[{key!r}] has per-env shape {value.shape[1:]} at the worker at env "
+                f"{offset} but {out.shape[1:]} before; every env must give values of one shape"
+            )
+        block = out[offset : offset + count]
+        try:
+            if value.dtype == out.dtype:
+                # The same dtype means the same defaults, so the whole block is copied at once.
+                block[...] = value
+            else:
+                # Gymnasium casts each later value into the first env's dtype; only envs that
+                # have the key are cast, the others keep this array's defaults.
+                block[mask] = value[mask]
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(
+                f"{where}[{key!r}] of dtype {value.dtype} at the worker at env {offset} cannot "
+                f"be cast to {out.dtype}, the dtype of the first env with that key: {exc}"
+            ) from exc
+    return out
