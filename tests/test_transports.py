@@ -1,0 +1,811 @@
+"""Every transport against the conformance suite, plus backend-specific cases and the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import pathlib
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import aps.framing
+import aps.testing
+import aps.transports
+from aps.errors import (
+    ConfigError,
+    ConnectError,
+    ConnectionLost,
+    EndOfStream,
+    FrameTooLarge,
+    MissingDependency,
+    Timeout,
+    TransportClosed,
+)
+from aps.testing import (
+    TRANSPORT_CHECKS,
+    TransportCheck,
+    check_buffer_types,
+    check_concurrent_receive,
+    check_factory,
+    check_frame_size_limit,
+    check_only_transport_errors,
+    check_transport,
+    pair_from_factory,
+)
+from aps.transports import Listener, Transport, TransportFactory, memory_transport_pair, registry
+from aps.transports.memory import MemoryFactory, MemoryTransport
+from aps.transports.tcp import TCPFactory
+from aps.transports.websocket import WebSocketFactory
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LIMIT = 2**20  # small enough for the exact-limit check to be cheap, big enough for real frames
+
+
+# Fixtures: TLS material, IPv6, the example plug-in.
+
+
+def _has_ipv6() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+HAS_IPV6 = _has_ipv6()
+
+
+def _self_signed(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path] | None:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    names = "DNS:localhost,IP:127.0.0.1,IP:0:0:0:0:0:0:0:1"
+    if shutil.which("openssl"):
+        result = subprocess.run(
+            [
+                "openssl", "req", "-x509", "-nodes", "-days", "2",
+                "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                "-keyout", str(key), "-out", str(cert),
+                "-subj", "/CN=localhost", "-addext", f"subjectAltName={names}",
+            ],
+            capture_output=True,
+            check=False,
+        )  # fmt: skip
+        if result.returncode == 0:
+            return cert, key
+    try:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        return None
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.IPAddress(ipaddress.ip_address("::1")),
+                ]
+            ),
+            critical=False,
+        )
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, key
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server context, client context) trusting a throwaway self-signed certificate."""
+    files = _self_signed(tmp_path_factory.mktemp("tls"))
+    if files is None:
+        pytest.skip("no openssl command and no cryptography package to make a certificate")
+    cert, key = files
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    # The certificate is its own issuer; strict X.509 checks (default in newer Pythons) want
+    # a separate CA, which a test does not need.
+    client.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return server, client
+
+
+def _load_example() -> ModuleType:
+    path = ROOT / "examples" / "custom_transport.py"
+    spec = importlib.util.spec_from_file_location("aps_example_custom_transport", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def example() -> ModuleType:
+    if sys.platform == "win32":
+        pytest.skip("unix sockets")
+    return _load_example()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[pathlib.Path]:
+    # Unix socket paths are limited to about 100 bytes: pytest's tmp_path can be longer.
+    directory = tempfile.mkdtemp(prefix="aps-")
+    try:
+        yield pathlib.Path(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# Every transport, as (factory, url) for the factory checks and a pair maker for the rest.
+
+KINDS = ["memory", "tcp", "tcp-ipv6", "tls", "ws", "wss", "unix"]
+
+
+def _setup(kind: str, request: pytest.FixtureRequest) -> tuple[TransportFactory, str]:
+    if kind == "memory":
+        return MemoryFactory(max_frame_size=LIMIT), "memory://"
+    if kind == "tcp":
+        return TCPFactory(max_frame_size=LIMIT), "tcp://127.0.0.1:0"
+    if kind == "tcp-ipv6":
+        if not HAS_IPV6:
+            pytest.skip("no IPv6 loopback on this machine")
+        return TCPFactory(max_frame_size=LIMIT), "tcp://[::1]:0"
+    if kind == "ws":
+        return WebSocketFactory(max_frame_size=LIMIT), "ws://127.0.0.1:0"
+    if kind in ("tls", "wss"):
+        server, client = request.getfixturevalue("tls")
+        factory_class = TCPFactory if kind == "tls" else WebSocketFactory
+        factory = factory_class(
+            server_ssl_context=server, client_ssl_context=client, max_frame_size=LIMIT
+        )
+        return factory, ("tcp" if kind == "tls" else "wss") + "://127.0.0.1:0"
+    if kind == "unix":
+        module = request.getfixturevalue("example")
+        directory = request.getfixturevalue("short_dir")
+        return module.UnixFactory(max_frame_size=LIMIT), f"unix://{directory}/s.sock"
+    raise AssertionError(kind)
+
+
+async def _memory_pair() -> tuple[Transport, Transport]:
+    return memory_transport_pair(LIMIT)
+
+
+@pytest.mark.parametrize("check", TRANSPORT_CHECKS, ids=lambda check: check.__name__)
+@pytest.mark.parametrize("kind", ["memory-pair", *KINDS])
+async def test_conformance(
+    kind: str, check: TransportCheck, request: pytest.FixtureRequest
+) -> None:
+    if kind == "memory-pair":
+        await check(_memory_pair)
+    else:
+        await check(pair_from_factory(*_setup(kind, request)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_factory_conformance(kind: str, request: pytest.FixtureRequest) -> None:
+    await check_factory(*_setup(kind, request))
+
+
+def test_the_example_runs_the_suite_as_a_script() -> None:
+    if sys.platform == "win32":
+        pytest.skip("unix sockets")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "dev",
+            "-W",
+            "error",
+            str(ROOT / "examples" / "custom_transport.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "passed the factory checks and all 13 transport checks" in result.stdout
+
+
+# The suite catches broken transports.
+
+
+class Broken:
+    """Wraps a memory transport and breaks one contract point."""
+
+    def __init__(self, inner: MemoryTransport, flaw: str) -> None:
+        self.inner, self.flaw = inner, flaw
+        self.max_frame_size = inner.max_frame_size
+        self.lock = asyncio.Lock()
+
+    @property
+    def peer(self) -> str:
+        return self.inner.peer
+
+    async def send(self, frame: Any) -> None:
+        if self.flaw == "no limit" and len(frame) > self.max_frame_size:
+            self.inner.max_frame_size = len(frame)
+            self.inner._other.max_frame_size = len(frame)  # type: ignore[union-attr]
+        if self.flaw == "raw errors" and self.inner._peer_closed:
+            raise BrokenPipeError("peer gone")
+        if self.flaw == "aliases buffers" and isinstance(frame, bytearray):
+            # Keep the caller's buffer and copy it only after send() returned.
+            self.later = asyncio.get_running_loop().call_soon(self.inner._other._deliver, frame)  # type: ignore[union-attr]
+            return
+        await self.inner.send(frame)
+
+    async def receive(self) -> bytes:
+        if self.flaw == "concurrent receive":
+            # Queue concurrent receives instead of refusing the second one.
+            async with self.lock:
+                return await self.inner.receive()
+        return await self.inner.receive()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.parametrize(
+    ("flaw", "check"),
+    [
+        ("no limit", check_frame_size_limit),
+        ("raw errors", check_only_transport_errors),
+        ("aliases buffers", check_buffer_types),
+        ("concurrent receive", check_concurrent_receive),
+    ],
+)
+async def test_the_suite_catches_a_broken_transport(flaw: str, check: TransportCheck) -> None:
+    async def broken_pair() -> tuple[Transport, Transport]:
+        a, b = memory_transport_pair(LIMIT)
+        return Broken(a, flaw), Broken(b, flaw)
+
+    with pytest.raises(AssertionError):
+        await check(broken_pair, time_limit=0.5)
+
+
+async def test_check_transport_reports_every_failure() -> None:
+    async def broken_pair() -> tuple[Transport, Transport]:
+        a, b = memory_transport_pair(LIMIT)
+        return Broken(a, "no limit"), Broken(b, "no limit")
+
+    with pytest.raises(AssertionError, match=r"1 of 13 transport checks failed") as info:
+        await check_transport(broken_pair)
+    assert "check_frame_size_limit" in str(info.value)
+
+
+async def test_a_hanging_transport_fails_instead_of_hanging() -> None:
+    class Deaf:
+        peer = "deaf"
+        max_frame_size = LIMIT
+
+        async def send(self, frame: Any) -> None:
+            pass
+
+        async def receive(self) -> bytes:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        async def aclose(self) -> None:
+            pass
+
+    async def deaf_pair() -> tuple[Transport, Transport]:
+        return Deaf(), Deaf()
+
+    with pytest.raises(AssertionError, match=r"did not finish within 0\.3 s"):
+        await TRANSPORT_CHECKS[0](deaf_pair, time_limit=0.3)
+
+
+# TCP specifics.
+
+
+@contextlib.asynccontextmanager
+async def raw_server(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
+) -> AsyncIterator[str]:
+    """A plain asyncio server on 127.0.0.1, for speaking to transports byte by byte."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await handler(reader, writer)
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+async def test_tcp_refuses_an_oversized_header_and_closes() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(aps.framing.frame_header(100) + b"x" * 100 + aps.framing.frame_header(101))
+        await reader.read()
+
+    async with raw_server(handler) as address:
+        transport = await TCPFactory(max_frame_size=100).connect(f"tcp://{address}", timeout=5)
+        assert await transport.receive() == b"x" * 100
+        with pytest.raises(FrameTooLarge) as info:
+            await transport.receive()
+        assert (info.value.size, info.value.limit) == (101, 100)
+        with pytest.raises(TransportClosed):
+            await transport.receive()
+        await transport.aclose()
+
+
+@pytest.mark.parametrize(
+    ("wire", "error", "message"),
+    [
+        (b"", EndOfStream, "closed the connection"),
+        (b"\x05\x00", ConnectionLost, r"middle of a frame \(2 of 4 bytes"),
+        (b"\x05\x00\x00\x00abc", ConnectionLost, r"middle of a frame \(3 of 5 bytes"),
+        (b"\x01\x00\x00\x00a", EndOfStream, "closed the connection"),
+    ],
+)
+async def test_tcp_end_of_stream_only_at_a_frame_boundary(
+    wire: bytes, error: type[Exception], message: str
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(wire)
+        writer.close()
+
+    async with raw_server(handler) as address:
+        transport = await TCPFactory().connect(f"tcp://{address}", timeout=5)
+        if wire.endswith(b"a"):
+            assert await transport.receive() == b"a"
+        with pytest.raises(error, match=message):
+            await transport.receive()
+        await transport.aclose()
+
+
+async def test_tcp_connect_errors() -> None:
+    factory = TCPFactory()
+    listener = await factory.listen("tcp://127.0.0.1:0")
+    url = listener.url
+    await listener.aclose()
+    with pytest.raises(ConnectError, match="cannot connect to") as info:
+        await factory.connect(url, timeout=5)
+    assert info.value.url == url
+    assert isinstance(info.value.__cause__, OSError)
+
+
+async def test_tcp_listen_on_a_busy_port() -> None:
+    factory = TCPFactory()
+    async with await factory.listen("tcp://127.0.0.1:0") as listener:
+        with pytest.raises(ConnectError, match=r"cannot listen on .*pick another port") as info:
+            await factory.listen(listener.url)
+        assert info.value.url == listener.url
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("tcp://127.0.0.1", "has no port"),
+        ("tcp://127.0.0.1:99999", "malformed"),
+        ("tcp://[::1:5", "malformed"),
+        ("tcp://127.0.0.1:5/path", "path, query"),
+        ("tcp://:5", "no host to connect to"),
+        ("tcp://127.0.0.1:0", "cannot connect to port 0"),
+        ("127.0.0.1:5", "malformed"),
+    ],
+)
+async def test_tcp_url_errors(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        await TCPFactory().connect(url)
+
+
+async def test_tcp_listen_url_reports_the_bound_address() -> None:
+    factory = TCPFactory()
+    async with await factory.listen("tcp://localhost:0") as listener:
+        host, _, port = listener.url.removeprefix("tcp://").rpartition(":")
+        assert host in ("127.0.0.1", "[::1]")
+        assert int(port) > 0
+        async with await factory.connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                await client.send(b"hi")
+                assert await server.receive() == b"hi"
+                assert server.peer.startswith("tcp://")
+                assert client.peer == listener.url
+
+
+async def test_tcp_connect_timeout() -> None:
+    # A TLS client facing a server that never answers the handshake: only the timeout ends it.
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async with raw_server(silent) as address:
+        factory = TCPFactory(ssl_context=ssl.create_default_context())
+        with pytest.raises(Timeout, match=r"took longer than 0\.2 s") as info:
+            await factory.connect(f"tcp://{address}", timeout=0.2)
+    assert (info.value.operation, info.value.seconds) == ("connect", 0.2)
+    assert isinstance(info.value, TimeoutError)
+
+
+async def test_tls_refuses_an_untrusted_certificate(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    server_context, _ = tls
+    async with await TCPFactory(ssl_context=server_context).listen("tcp://127.0.0.1:0") as listener:
+        stranger = TCPFactory(ssl_context=ssl.create_default_context())
+        with pytest.raises(ConnectError, match="certificate") as info:
+            await stranger.connect(listener.url, timeout=5)
+        assert isinstance(info.value.__cause__, ssl.SSLError)
+
+
+async def test_ssl_context_for_the_wrong_side(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    server_context, client_context = tls
+    with pytest.raises(ConfigError, match="server-side ssl context; pass client_ssl_context="):
+        await TCPFactory(ssl_context=server_context).connect("tcp://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="client-side ssl context; pass server_ssl_context="):
+        await TCPFactory(ssl_context=client_context).listen("tcp://127.0.0.1:0")
+    with pytest.raises(ConfigError, match="server-side ssl context"):
+        await WebSocketFactory(ssl_context=server_context).connect("wss://127.0.0.1:1")
+
+
+def test_factory_arguments_are_validated() -> None:
+    for factory_class in (TCPFactory, WebSocketFactory, MemoryFactory):
+        with pytest.raises(ConfigError, match="max_frame_size"):
+            factory_class(max_frame_size=0)
+    with pytest.raises(ConfigError, match="max_frame_size"):
+        TCPFactory(max_frame_size=2**32)  # the 4-byte header cannot announce more
+    with pytest.raises(ConfigError):
+        memory_transport_pair(max_frame_size=-1)
+
+
+# WebSocket specifics.
+
+
+async def test_websocket_text_message_is_a_broken_connection() -> None:
+    from websockets.asyncio.client import connect
+
+    async with await WebSocketFactory().listen("ws://127.0.0.1:0") as listener:
+        async with connect(listener.url) as raw:
+            server = await listener.accept()
+            await raw.send("hello")
+            with pytest.raises(ConnectionLost, match="sent a text message"):
+                await server.receive()
+            with pytest.raises(TransportClosed):
+                await server.receive()
+        await server.aclose()
+
+
+async def test_websocket_refuses_an_oversized_message() -> None:
+    small = WebSocketFactory(max_frame_size=100)
+    large = WebSocketFactory(max_frame_size=1000)
+    async with await small.listen("ws://127.0.0.1:0") as listener:
+        client = await large.connect(listener.url, timeout=5)
+        server = await listener.accept()
+        await client.send(b"x" * 100)
+        assert await server.receive() == b"x" * 100
+        await client.send(b"x" * 101)
+        with pytest.raises(FrameTooLarge) as info:
+            await server.receive()
+        assert info.value.limit == 100
+        assert info.value.size > 100
+        with pytest.raises((EndOfStream, ConnectionLost)):
+            await client.receive()
+        await client.aclose()
+        await server.aclose()
+
+
+async def test_websocket_to_a_server_that_is_not_one() -> None:
+    async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"garbage\r\n\r\n")
+        writer.close()
+
+    async with raw_server(not_http) as address:
+        with pytest.raises(ConnectError, match="cannot connect to") as info:
+            await WebSocketFactory().connect(f"ws://{address}/", timeout=5)
+        assert info.value.url == f"ws://{address}/"
+
+
+async def test_websocket_connect_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async with raw_server(silent) as address:
+        with pytest.raises(Timeout) as info:
+            await WebSocketFactory().connect(f"ws://{address}/", timeout=0.2)
+    assert info.value.operation == "connect"
+
+
+@pytest.mark.parametrize(
+    ("call", "url", "message"),
+    [
+        ("listen", "wss://127.0.0.1:0", "without a certificate"),
+        ("listen", "ws://127.0.0.1", "no port to listen on"),
+        ("connect", "ws://127.0.0.1:0/", "cannot connect to port 0"),
+        ("connect", "http://127.0.0.1:5/", "malformed"),
+        ("connect", "ws://[::1/", "malformed"),
+    ],
+)
+async def test_websocket_url_errors(call: str, url: str, message: str) -> None:
+    factory = WebSocketFactory()
+    with pytest.raises(ConfigError, match=message):
+        await (factory.listen(url) if call == "listen" else factory.connect(url))
+
+
+async def test_websocket_listener_keeps_the_path() -> None:
+    async with await WebSocketFactory().listen("ws://127.0.0.1:0/aps") as listener:
+        assert listener.url.endswith("/aps")
+        async with await aps.transports.connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                await server.send(b"hello")
+                assert await client.receive() == b"hello"
+
+
+# Memory specifics.
+
+
+async def test_memory_names() -> None:
+    factory = MemoryFactory()
+    first = await factory.listen("memory://")
+    second = await factory.listen("memory://")
+    assert first.url != second.url
+    assert first.url.startswith("memory://auto-")
+    named = await factory.listen("memory://learner")
+    assert named.url == "memory://learner"
+    with pytest.raises(ConnectError, match="already has the name 'learner'"):
+        await factory.listen("memory://learner")
+    for listener in (first, second, named):
+        await listener.aclose()
+    # Closing unbinds the name.
+    again = await factory.listen("memory://learner")
+    await again.aclose()
+    with pytest.raises(ConnectError, match="no memory listener is bound to 'learner'"):
+        await factory.connect("memory://learner")
+    with pytest.raises(ConfigError, match="memory://name"):
+        await factory.connect("learner")
+
+
+async def test_memory_listener_closes_unaccepted_connections() -> None:
+    factory = MemoryFactory()
+    listener = await factory.listen("memory://")
+    client = await factory.connect(listener.url)
+    await listener.aclose()
+    with pytest.raises(EndOfStream):
+        await client.receive()
+    with pytest.raises(ConnectionLost):
+        await client.send(b"x")
+
+
+# The registry.
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_factories", {})
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+        check=False,
+    )
+
+
+def test_importing_aps_imports_no_websockets() -> None:
+    result = _run_python(
+        """
+        import sys
+        import aps, aps.transports, aps.testing
+        assert "websockets" not in sys.modules, "websockets imported eagerly"
+        assert "aps.transports.websocket" not in sys.modules
+        factory = aps.transports.get_factory("ws")
+        assert "websockets" in sys.modules
+        assert aps.transports.get_factory("wss") is not None
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_missing_websockets_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    monkeypatch.setitem(sys.modules, "websockets", None)  # makes "import websockets" fail
+    for name in [m for m in sys.modules if m.startswith("websockets.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "aps.transports.websocket", raising=False)
+    with pytest.raises(MissingDependency, match=r"pip install 'aps\[websocket\]'") as info:
+        aps.transports.get_factory("ws")
+    assert isinstance(info.value, ImportError)
+
+
+def test_builtin_factories_are_cached(fresh_registry: None) -> None:
+    tcp = aps.transports.get_factory("tcp")
+    assert isinstance(tcp, TCPFactory)
+    assert aps.transports.get_factory("TCP") is tcp
+    assert isinstance(aps.transports.get_factory("memory"), MemoryFactory)
+
+
+class Dummy:
+    async def connect(self, url: str, *, timeout: float | None = None) -> Transport:
+        a, _ = memory_transport_pair()
+        return a
+
+    async def listen(self, url: str) -> Listener:
+        raise NotImplementedError
+
+
+def test_register(fresh_registry: None) -> None:
+    dummy = Dummy()
+    aps.transports.register("Dummy+v1", dummy)
+    assert aps.transports.get_factory("dummy+v1") is dummy
+    with pytest.raises(ConfigError, match="'dummy\\+v1' is already registered; pass replace=True"):
+        aps.transports.register("dummy+v1", Dummy())
+    other = Dummy()
+    aps.transports.register("dummy+v1", other, replace=True)
+    assert aps.transports.get_factory("dummy+v1") is other
+    with pytest.raises(ConfigError, match="already registered"):
+        aps.transports.register("tcp", Dummy())  # built-ins count as registered
+    aps.transports.register("tcp", other, replace=True)
+    assert aps.transports.get_factory("tcp") is other
+
+
+def test_register_checks_its_arguments(fresh_registry: None) -> None:
+    with pytest.raises(TypeError, match=r"is a class; pass an instance, for example Dummy\(\)"):
+        aps.transports.register("dummy", Dummy)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a transport factory"):
+        aps.transports.register("dummy", object())  # type: ignore[arg-type]
+    for bad in ("", "tcp://", "1abc", "a b", None):
+        with pytest.raises(ConfigError, match=r"scheme .* is invalid"):
+            aps.transports.register(bad, Dummy())  # type: ignore[arg-type]
+
+
+def test_unknown_scheme_says_how_to_register(fresh_registry: None) -> None:
+    with pytest.raises(ConfigError) as info:
+        aps.transports.get_factory("nosuchscheme")
+    message = str(info.value)
+    assert "unknown transport scheme 'nosuchscheme'" in message
+    assert "memory, tcp, ws, wss" in message
+    assert "aps.transports.register('nosuchscheme', factory)" in message
+    assert '[project.entry-points."aps.transports"]' in message
+
+
+def test_scheme_of() -> None:
+    assert aps.transports.scheme_of("TCP://127.0.0.1:5") == "tcp"
+    assert aps.transports.scheme_of("memory://") == "memory"
+    for bad in ("127.0.0.1:5", "", "/tmp/x"):
+        with pytest.raises(ConfigError, match="has no scheme; write it as tcp://host:port"):
+            aps.transports.scheme_of(bad)
+
+
+async def test_connect_and_listen_by_url() -> None:
+    async with await aps.transports.listen("memory://") as listener:
+        async with await aps.transports.connect(listener.url) as client:
+            async with await listener.accept() as server:
+                await client.send(b"ok")
+                assert await server.receive() == b"ok"
+    with pytest.raises(ConfigError, match="unknown transport scheme 'nope'"):
+        await aps.transports.connect("nope://x")
+
+
+def _install_plugin(root: pathlib.Path, dist: str, module: str, entry: str) -> None:
+    (root / f"{module}.py").write_text(
+        textwrap.dedent(
+            """
+            from aps.transports.memory import MemoryFactory
+
+            class PluginFactory(MemoryFactory):
+                pass
+
+            INSTANCE = PluginFactory()
+            """
+        )
+    )
+    info = root / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[aps.transports]\n{entry}\n")
+
+
+def test_entry_point_is_found_lazily(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    _install_plugin(
+        tmp_path, "aps_plugin_a", "aps_plugin_a", "pluginproto = aps_plugin_a:PluginFactory"
+    )
+    _install_plugin(tmp_path, "aps_plugin_b", "aps_plugin_b", "pluginobj = aps_plugin_b:INSTANCE")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("aps_plugin_a", "aps_plugin_b"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    assert "aps_plugin_a" not in sys.modules
+    factory = aps.transports.get_factory("pluginproto")  # a class: instantiated
+    assert type(factory).__name__ == "PluginFactory"
+    assert "aps_plugin_a" in sys.modules
+    assert aps.transports.get_factory("pluginproto") is factory
+    instance = aps.transports.get_factory("pluginobj")  # an instance: used as is
+    assert instance is sys.modules["aps_plugin_b"].INSTANCE
+
+
+def test_entry_point_problems(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    _install_plugin(tmp_path, "aps_dup_a", "aps_dup_a", "dupe = aps_dup_a:PluginFactory")
+    _install_plugin(tmp_path, "aps_dup_b", "aps_dup_b", "dupe = aps_dup_b:PluginFactory")
+    _install_plugin(tmp_path, "aps_bad", "aps_bad", "broken = aps_bad_missing_module:Factory")
+    _install_plugin(tmp_path, "aps_wrong", "aps_wrong", "wrong = textwrap:dedent")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="declared by several installed packages"):
+        aps.transports.get_factory("dupe")
+    with pytest.raises(ConfigError, match="failed to load"):
+        aps.transports.get_factory("broken")
+    with pytest.raises(TypeError, match="not a transport factory"):
+        aps.transports.get_factory("wrong")
+
+
+def test_conformance_suite_imports_no_pytest() -> None:
+    result = _run_python(
+        """
+        import sys
+        import aps.testing
+        assert "pytest" not in sys.modules
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_public_names() -> None:
+    assert set(aps.transports.__all__) == {
+        "Transport",
+        "Listener",
+        "TransportFactory",
+        "DEFAULT_MAX_FRAME_SIZE",
+        "register",
+        "get_factory",
+        "scheme_of",
+        "connect",
+        "listen",
+        "memory_transport_pair",
+    }
+    for name in aps.transports.__all__:
+        assert hasattr(aps.transports, name)
+    for name in aps.testing.__all__:
+        assert hasattr(aps.testing, name)
+    assert len(TRANSPORT_CHECKS) == len({check.__name__ for check in TRANSPORT_CHECKS})
