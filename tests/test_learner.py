@@ -222,10 +222,11 @@ BAD_FRAMES = {
 
 
 @pytest.mark.parametrize("name", list(BAD_FRAMES))
+@pytest.mark.parametrize("url", [TCP, "ws://127.0.0.1:0"], ids=["tcp", "ws"])
 async def test_bad_frames_close_only_the_offender(
-    workers: WorkerTasks, name: str, caplog: pytest.LogCaptureFixture
+    workers: WorkerTasks, url: str, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with aps.Learner(TCP, num_workers=1, timeouts=FAST) as learner:
+    async with aps.Learner(url, num_workers=1, timeouts=FAST) as learner:
         transport, _ = await raw_client(learner.url)
         await transport.send(BAD_FRAMES[name])
         sent = await expect_closed(transport)

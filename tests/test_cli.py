@@ -1,0 +1,117 @@
+"""The ``aps worker`` command line, run as a real subprocess against a real learner."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aps
+from tests.conftest import FAST
+
+
+def test_help_explains_every_option() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "aps", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for option in ("--env", "--num-envs", "--seed", "--token-file", "--env-kwargs", "--no-uvloop"):
+        assert option in out
+    assert "module:factory" in out and "path/to/envs.py:factory" in out
+
+
+async def run_cli_worker(
+    url: str, *args: str, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aps", "worker", url, *args,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+async def test_worker_with_token_file_and_env_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    env_file = tmp_path / "my_envs.py"
+    env_file.write_text(
+        textwrap.dedent(
+            """
+            import gymnasium as gym
+
+            def make(length=200):
+                return gym.make("Pendulum-v1", max_episode_steps=length)
+            """
+        )
+    )
+    async with aps.Learner(
+        "tcp://127.0.0.1:0", num_workers=1, token="s3cret", timeouts=FAST
+    ) as learner:
+        process = await run_cli_worker(
+            learner.url,
+            "--env", f"{env_file}:make",
+            "--num-envs", "3",
+            "--token-file", str(token_file),
+            "--env-kwargs", '{"length": 5}',
+        )  # fmt: skip
+        try:
+            await learner.reset(seed=0)
+            for t in range(1, 6):
+                _, _, _, truncated, _ = await learner.step(np.zeros((3, 1), np.float32))
+                # Pendulum never terminates: only the time limit from --env-kwargs ends it.
+                assert truncated.tolist() == [t == 5] * 3
+            assert learner.workers[0].env_id == f"{env_file}:make"
+            assert learner.workers[0].pid == process.pid
+        finally:
+            await learner.aclose()
+            assert await asyncio.wait_for(process.wait(), 10) == 0
+
+
+async def test_wrong_token_exits_nonzero_with_a_clear_message(tmp_path: Path) -> None:
+    async with aps.Learner(
+        "tcp://127.0.0.1:0", num_workers=1, token="right", timeouts=FAST
+    ) as learner:
+        process = await run_cli_worker(
+            learner.url, "--env", "CartPole-v1", env={"APS_TOKEN": "wrong"}
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 1
+    assert b"AuthError" in stderr and b"token" in stderr
+
+
+async def test_unreachable_learner_times_out() -> None:
+    process = await run_cli_worker(
+        "tcp://127.0.0.1:9", "--env", "CartPole-v1", "--connect-timeout", "0.5"
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 1
+    assert b"could not reach the learner" in stderr
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "not json"])
+def test_bad_env_kwargs(bad: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aps",
+            "worker",
+            "tcp://127.0.0.1:9",
+            "--env",
+            "X",
+            "--env-kwargs",
+            bad,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert "env-kwargs" in out.stderr
