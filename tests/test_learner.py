@@ -17,7 +17,7 @@ import pytest
 
 import aps
 from aps import codec, transports
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Reject
+from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, Welcome
 from tests.conftest import FAST, WorkerTasks
 
 TCP = "tcp://127.0.0.1:0"
@@ -269,3 +269,59 @@ async def test_silent_client_is_dropped_after_the_handshake_deadline(workers: Wo
         await expect_closed(transport)  # we never answer the challenge
         workers.start(learner.url)
         await learner.reset(seed=0)
+
+
+async def handshake_as_raw_worker(url: str) -> transports.Transport:
+    """Complete a real handshake by hand, then hand the transport to the test."""
+    transport, _ = await raw_client(url)
+    await transport.send(codec.encode(hello()))
+    welcome = codec.decode(await transport.receive())
+    assert type(welcome).__name__ == "Welcome"
+    space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    ready = Ready(observation_space=space, action_space=gym.spaces.Discrete(2), num_envs=1)
+    await transport.send(codec.encode(ready))
+    return transport
+
+
+async def test_a_worker_that_never_answers_times_out_the_step() -> None:
+    timeouts = aps.Timeouts(connect=5, handshake=2, step=0.5, heartbeat_interval=0.1)
+    async with aps.Learner(TCP, num_workers=1, timeouts=timeouts) as learner:
+        transport = await handshake_as_raw_worker(learner.url)
+        try:
+            with pytest.raises(aps.Timeout) as caught:
+                await learner.reset(seed=0)  # the raw worker reads nothing, answers nothing
+            assert caught.value.operation == "worker 0's reset" and caught.value.seconds == 0.5
+        finally:
+            await transport.aclose()
+
+
+async def test_a_silent_learner_times_out_the_worker() -> None:
+    factory = transports.get_factory("tcp")
+    listener = await factory.listen(TCP)
+    timeouts = aps.Timeouts(connect=5, handshake=2, heartbeat_timeout=0.5)
+    worker = asyncio.create_task(aps.Worker(listener.url, "CartPole-v1", timeouts=timeouts).run())
+    transport = await listener.accept()
+    try:
+        # Play a learner that welcomes the worker and then says nothing at all.
+        await transport.send(
+            codec.encode(Challenge(protocol_version=PROTOCOL_VERSION, nonce=b"n" * 32))
+        )
+        assert isinstance(codec.decode(await transport.receive()), Hello)
+        await transport.send(codec.encode(Welcome(worker_id=0, autoreset_mode="NextStep")))
+        assert isinstance(codec.decode(await transport.receive()), Ready)
+        with pytest.raises(aps.Timeout, match="nothing from"):
+            await asyncio.wait_for(worker, 10)
+    finally:
+        worker.cancel()
+        await transport.aclose()
+        await listener.aclose()
+
+
+async def test_heartbeats_keep_an_idle_worker_alive(workers: WorkerTasks) -> None:
+    timeouts = aps.Timeouts(connect=5, handshake=2, heartbeat_interval=0.05, heartbeat_timeout=0.3)
+    async with aps.Learner(TCP, num_workers=1, timeouts=timeouts) as learner:
+        task = workers.start(learner.url, timeouts=timeouts)
+        await learner.reset(seed=0)
+        await asyncio.sleep(1.0)  # idle for three worker timeouts: heartbeats must cover it
+        assert not task.done()
+        await learner.step(np.zeros(1, np.int64))
