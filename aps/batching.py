@@ -283,6 +283,11 @@ def merge_infos(parts: Sequence[tuple[int, Info]], num_envs: int) -> Info:
     object arrays) and a ``False`` mask, and nested dicts merge recursively with their mask
     at the parent level. Key order is the order of first appearance.
 
+    One difference cannot be undone: when envs give one key values of different types (an
+    int in one env, a float in the next), each worker's vector env has already cast its
+    values into its own first env's dtype, so a fraction that one vector env would have kept
+    or dropped may differ. Gymnasium's rule is lossy there itself; give a key one type.
+
     Args:
         parts: ``(env_offset, info)`` per worker, in env order.
         num_envs: the total number of envs.
@@ -306,7 +311,7 @@ def _merge_into(out: Info, parts: Sequence[tuple[int, Any]], num_envs: int, wher
     # First pass: check each part and collect, per data key, which parts carry it.
     order: dict[str, list[tuple[int, int, Any, Array]]] = {}
     for offset, info in parts:
-        if not isinstance(info, Mapping):
+        if not isinstance(info, dict):
             raise ProtocolError(f"{where} of the worker at env {offset} is not a dict")
         for key, value in info.items():
             if type(key) is not str:
@@ -330,7 +335,7 @@ def _merge_into(out: Info, parts: Sequence[tuple[int, Any]], num_envs: int, wher
                     f"{where}[{key!r}] covers envs {offset}..{offset + count - 1}, outside "
                     f"the {num_envs} envs"
                 )
-            if not isinstance(value, Mapping) and not (
+            if not isinstance(value, dict) and not (
                 isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == count
             ):
                 raise ProtocolError(
@@ -344,11 +349,11 @@ def _merge_into(out: Info, parts: Sequence[tuple[int, Any]], num_envs: int, wher
         for offset, count, _, mask in carriers:
             mask_out[offset : offset + count] = mask
         first = carriers[0][2]
-        if isinstance(first, Mapping):
+        if isinstance(first, dict):
             nested: Info = {}
             subparts = []
             for offset, _, value, _ in carriers:
-                if not isinstance(value, Mapping):
+                if not isinstance(value, dict):
                     raise ProtocolError(
                         f"{where}[{key!r}] is a dict for one worker but not for the worker at "
                         f"env {offset}"

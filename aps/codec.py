@@ -236,47 +236,59 @@ class _PathError(WireError):
         super().__init__(problem)
 
 
-# Values whose subtree needs no walk.
-_LEAVES = frozenset([type(None), bool, int, float, str, bytes])
+# Values whose subtree needs no walk: plain scalars and numpy scalars of wire dtypes.
+_LEAVES = frozenset(
+    [type(None), bool, int, float, str, bytes, *(np.dtype(name).type for name in DTYPES)]
+)
 
 
 def _check_tree(value: Any, depth: int) -> None:
-    """Refuse what msgpack would pack but the peer would refuse: non-str keys, deep nesting."""
-    kind = type(value)
-    if kind is np.ndarray:
+    """Refuse what msgpack would pack but the peer would refuse: non-str keys, deep nesting.
+
+    Only containers are walked; the inline tests skip leaves and numeric arrays without a
+    call, which matters for object arrays such as ``final_obs`` (one element per env).
+    """
+    if type(value) is np.ndarray:
         if value.dtype.hasobject:
             if depth >= MAX_OBJECT_DEPTH:
                 raise _PathError(
                     f"object arrays nest deeper than {MAX_OBJECT_DEPTH} levels; flatten the value"
                 )
             for index, item in enumerate(value.flat):
-                if type(item) not in _LEAVES:
-                    try:
-                        _check_tree(item, depth + 1)
-                    except _PathError as exc:
-                        exc.path.append(f"[{index}]")
-                        raise
-    elif isinstance(value, dict):
+                kind = type(item)
+                if kind in _LEAVES or (kind is np.ndarray and not item.dtype.hasobject):
+                    continue
+                try:
+                    _check_tree(item, depth + 1)
+                except _PathError as exc:
+                    exc.path.append(f"[{index}]")
+                    raise
+        return
+    if isinstance(value, dict):
         for key, item in value.items():
             if type(key) is not str:
                 raise _PathError(
                     f"has the map key {key!r} of type {type(key).__name__}; only str keys "
                     "travel; convert the keys with str()"
                 )
-            if type(item) not in _LEAVES:
-                try:
-                    _check_tree(item, depth)
-                except _PathError as exc:
-                    exc.path.append(f"[{key!r}]")
-                    raise
+            kind = type(item)
+            if kind in _LEAVES or (kind is np.ndarray and not item.dtype.hasobject):
+                continue
+            try:
+                _check_tree(item, depth)
+            except _PathError as exc:
+                exc.path.append(f"[{key!r}]")
+                raise
     elif isinstance(value, tuple | list):
         for index, item in enumerate(value):
-            if type(item) not in _LEAVES:
-                try:
-                    _check_tree(item, depth)
-                except _PathError as exc:
-                    exc.path.append(f"[{index}]")
-                    raise
+            kind = type(item)
+            if kind in _LEAVES or (kind is np.ndarray and not item.dtype.hasobject):
+                continue
+            try:
+                _check_tree(item, depth)
+            except _PathError as exc:
+                exc.path.append(f"[{index}]")
+                raise
 
 
 # --------------------------------------------------------------------------------------------
