@@ -398,6 +398,36 @@ async def test_tcp_end_of_stream_only_at_a_frame_boundary(
         await transport.aclose()
 
 
+async def test_tcp_aclose_unblocks_a_send_to_a_peer_that_never_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aps.transports import tcp
+
+    monkeypatch.setattr(tcp, "_CLOSE_TIMEOUT", 0.2)
+    stop = asyncio.Event()
+
+    async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await stop.wait()
+
+    async with raw_server(never_reads) as address:
+        transport = await TCPFactory(max_frame_size=LIMIT).connect(f"tcp://{address}", timeout=5)
+
+        async def flood() -> None:
+            while True:
+                await transport.send(bytes(LIMIT))
+
+        sender = asyncio.create_task(flood())
+        await asyncio.sleep(0.3)  # long enough for the socket buffers to fill
+        assert not sender.done()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await transport.aclose()
+        assert loop.time() - started < 2
+        with pytest.raises(TransportClosed):
+            await sender
+        stop.set()
+
+
 async def test_tcp_connect_errors() -> None:
     factory = TCPFactory()
     listener = await factory.listen("tcp://127.0.0.1:0")

@@ -259,9 +259,10 @@ async def check_buffer_types(make_pair: PairMaker) -> None:
                 bytes(range(0, 20, 2)),
             ),
         ]
-        for what, frame, expected in cases:
-            await b.send(frame)
-            _expect_frame(await a.receive(), expected, what)
+        for sender, receiver, direction in ((a, b, "a->b"), (b, a, "b->a")):
+            for what, frame, expected in cases:
+                await sender.send(frame)
+                _expect_frame(await receiver.receive(), expected, f"{direction} {what}")
 
 
 @_check

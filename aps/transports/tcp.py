@@ -167,6 +167,10 @@ class TCPTransport:
                 raise ConnectionLost(
                     f"connection to {self.peer} lost while sending: {_reason(exc)}"
                 ) from exc
+            if self._closed:
+                # aclose() ran while this frame waited for buffer space; an abort may have
+                # dropped it, so do not report success.
+                raise TransportClosed(f"cannot send to {self.peer}: this transport was closed")
 
     async def receive(self) -> bytes:
         """Wait for the next whole frame.
