@@ -541,8 +541,18 @@ def _unpack_array(data: bytes) -> np.ndarray[Any, Any]:
 _PARSED: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
 
 
+def _str_keys(mapping: dict[Any, Any]) -> dict[Any, Any]:
+    # strict_map_key lets bytes keys through as well; the encoder never sends them.
+    for key in mapping:
+        if type(key) is not str:
+            raise WireError(f"map key {key!r:.80} is not a str; maps on the wire have str keys")
+    return mapping
+
+
 def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> Any:
-    body = msgpack.unpackb(data, ext_hook=ext_hook, use_list=False, raw=False)
+    body = msgpack.unpackb(
+        data, ext_hook=ext_hook, object_hook=_str_keys, use_list=False, raw=False
+    )
     if not (type(body) is tuple and len(body) == 2 and type(body[1]) is tuple):
         raise WireError("object array must be [shape, [elements]]")
     shape, elements = body
@@ -627,6 +637,7 @@ def decode(
         body = msgpack.unpackb(
             frame,
             ext_hook=_TOP_HOOK,
+            object_hook=_str_keys,
             use_list=False,
             raw=False,
             strict_map_key=True,

@@ -488,6 +488,18 @@ def test_frames_over_the_limit_are_refused_before_parsing() -> None:
             "field 'nonce' must be bytes",
         ),
         (frame({"t": "heartbeat", 1: 2}), "not valid msgpack"),  # strict_map_key
+        (frame({"t": "heartbeat", b"t": 2}), "map key b't' is not a str"),
+        (frame({"t": "reset", "seed": None, "options": {"a": {b"k": 1}}}), "map key b'k'"),
+        (
+            frame(
+                {
+                    "t": "reset",
+                    "seed": None,
+                    "options": msgpack.ExtType(EXT_OBJECT_ARRAY, msgpack.packb([[1], [{b"k": 1}]])),
+                }
+            ),
+            "map key b'k'",
+        ),
         (
             frame({"t": "step", "actions": msgpack.ExtType(9, b"")}),
             "unknown msgpack extension code 9",
