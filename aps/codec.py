@@ -33,6 +33,7 @@ import gymnasium as gym
 import msgpack
 import numpy as np
 
+from aps._typing import Frame
 from aps.errors import FrameTooLarge, WireError
 from aps.messages import MESSAGE_TYPES, Message
 from aps.spaces import space_from_wire, space_to_wire
@@ -382,7 +383,7 @@ def _type_name(value: Any) -> str:
 def encode(message: Message) -> bytes:
     """Encode one message as one frame.
 
-    Arrays are copied once into the frame; the message may be reused or mutated afterwards.
+    Arrays are copied into the frame; the message may be reused or mutated afterwards.
 
     Args:
         message: an instance of one of the types in :data:`aps.messages.MESSAGE_TYPES`.
@@ -602,9 +603,7 @@ _EXT_HOOKS = [_make_ext_hook(depth) for depth in range(MAX_OBJECT_DEPTH + 1)]
 _TOP_HOOK = _EXT_HOOKS[0]
 
 
-def decode(
-    frame: bytes | bytearray | memoryview, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-) -> Message:
+def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Message:
     """Decode one frame into the message it holds.
 
     The contract: for any input this returns a valid message or raises :class:`WireError`;
