@@ -528,8 +528,10 @@ def test_factory_arguments_are_validated() -> None:
 async def test_websocket_text_message_is_a_broken_connection() -> None:
     from websockets.asyncio.client import connect
 
+    from aps.transports.websocket import _DIRECT
+
     async with await WebSocketFactory().listen("ws://127.0.0.1:0") as listener:
-        async with connect(listener.url) as raw:
+        async with connect(listener.url, **_DIRECT) as raw:
             server = await listener.accept()
             await raw.send("hello")
             with pytest.raises(ConnectionLost, match="sent a text message"):
@@ -594,6 +596,19 @@ async def test_websocket_url_errors(call: str, url: str, message: str) -> None:
     factory = WebSocketFactory()
     with pytest.raises(ConfigError, match=message):
         await (factory.listen(url) if call == "listen" else factory.connect(url))
+
+
+async def test_websocket_ignores_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    factory = WebSocketFactory()
+    async with await factory.listen("ws://127.0.0.1:0") as listener:
+        async with await factory.connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                await client.send(b"direct")
+                assert await server.receive() == b"direct"
 
 
 async def test_websocket_listener_keeps_the_path() -> None:

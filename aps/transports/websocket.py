@@ -13,15 +13,18 @@ A peer that sends a text message breaks the contract: ``receive`` closes the con
 WebSocket code 1003 and raises :class:`~aps.errors.ConnectionLost`.
 
 The server ignores the request path; :attr:`WebSocketListener.url` keeps the one it was given.
-Proxy settings in the environment (``HTTPS_PROXY``...) apply to clients as in ``websockets``.
+Clients connect directly: proxy settings in the environment (``HTTPS_PROXY``...), which
+``websockets`` 15 and later would honour, are ignored, so that a worker reaches a learner on
+the local network (or 127.0.0.1) whatever the shell exports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ssl
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from aps._typing import Frame
@@ -58,6 +61,11 @@ except ImportError as exc:  # pragma: no cover - exercised by hiding the package
     ) from exc
 
 __all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]
+
+# websockets 15 added proxy support, on by default; older releases lack the argument.
+_DIRECT: dict[str, Any] = (
+    {"proxy": None} if "proxy" in inspect.signature(ws_connect.__init__).parameters else {}
+)
 
 # Seconds websockets waits for the peer's half of the closing handshake before it drops the
 # TCP connection. A live peer answers in milliseconds.
@@ -321,6 +329,7 @@ class WebSocketFactory:
                     compression=None,
                     ping_interval=None,
                     close_timeout=_CLOSE_TIMEOUT,
+                    **_DIRECT,
                 )
         except TimeoutError as exc:
             if deadline.expired():
