@@ -854,3 +854,19 @@ def test_public_names() -> None:
     for name in aps.testing.__all__:
         assert hasattr(aps.testing, name)
     assert len(TRANSPORT_CHECKS) == len({check.__name__ for check in TRANSPORT_CHECKS})
+
+
+async def test_a_tls_scheme_by_registration(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], fresh_registry: None
+) -> None:
+    server_context, client_context = tls
+    aps.transports.register(
+        "tls", TCPFactory(server_ssl_context=server_context, client_ssl_context=client_context)
+    )
+    async with await aps.transports.listen("tls://127.0.0.1:0") as listener:
+        assert listener.url.startswith("tls://127.0.0.1:")
+        async with await aps.transports.connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                await client.send(b"secret")
+                assert await server.receive() == b"secret"
+                assert client.peer.startswith("tls://")
