@@ -61,7 +61,7 @@ from aps.messages import (
 )
 from aps.protocol import NONCE_SIZE, Role, check_hello
 from aps.session import Session, Timeouts
-from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Listener, TransportFactory
+from aps.transports.base import Listener, TransportFactory
 
 __all__ = ["Learner", "WorkerInfo"]
 
@@ -119,8 +119,9 @@ class Learner:
         autoreset_mode: Gymnasium's autoreset mode, applied on the workers.
         timeouts: the deadlines, see :class:`~aps.session.Timeouts`.
         insecure: allow a non-loopback address without a token.
-        factory: the transport factory to listen with, instead of the URL scheme's.
-        max_frame_size: the largest frame accepted, in bytes.
+        factory: the transport factory to listen with, instead of the URL scheme's; this is
+            where TLS and a frame size limit other than 256 MiB are set, e.g.
+            ``TCPFactory(ssl_context=..., max_frame_size=...)``.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -143,7 +144,6 @@ class Learner:
         timeouts: Timeouts | None = None,
         insecure: bool = False,
         factory: TransportFactory | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
@@ -165,7 +165,6 @@ class Learner:
         self._timeouts = timeouts or Timeouts()
         self._insecure = insecure
         self._factory = factory
-        self._max_frame_size = max_frame_size
 
         self._listener: Listener | None = None
         self._accept_task: asyncio.Task[None] | None = None
@@ -266,7 +265,6 @@ class Learner:
             session = Session(
                 transport,
                 Role.LEARNER,
-                max_frame_size=self._max_frame_size,
                 heartbeat_interval=self._timeouts.heartbeat_interval,
             )
             task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
@@ -304,7 +302,9 @@ class Learner:
             async with asyncio.timeout(timeouts.handshake):
                 await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
                 hello = await session.receive(timeout=None, operation="the worker's hello")
-        except TimeoutError:
+        except TimeoutError as exc:
+            if isinstance(exc, Timeout):
+                raise
             raise Timeout(
                 f"no hello from {session.peer} within {timeouts.handshake} s; dropped it",
                 operation="handshake",

@@ -76,12 +76,13 @@ class Session:
         transport: Transport,
         role: Role,
         *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         heartbeat_interval: float = 1.0,
     ) -> None:
         self._transport = transport
         self._connection = Connection(role)
-        self._max_frame_size = max_frame_size
+        # The transport enforces its own limit before allocating; decoding applies the same
+        # one so a plug-in without a limit is still bounded.
+        self._max_frame_size: int = getattr(transport, "max_frame_size", DEFAULT_MAX_FRAME_SIZE)
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()

@@ -51,7 +51,7 @@ from aps.messages import (
 )
 from aps.protocol import Role, prove
 from aps.session import Session, Timeouts
-from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport, TransportFactory
+from aps.transports.base import Transport, TransportFactory
 
 __all__ = ["EnvSpec", "Worker", "resolve_env"]
 
@@ -142,8 +142,8 @@ class Worker:
         token: the learner's shared secret, if it has one.
         env_kwargs: keyword arguments for the env factory.
         timeouts: deadlines; ``connect`` bounds how long the worker keeps dialing.
-        factory: a transport factory to dial with, instead of the URL scheme's registered one.
-        max_frame_size: the largest frame accepted, in bytes.
+        factory: a transport factory to dial with, instead of the URL scheme's registered one
+            (TLS and frame size limits are set there).
 
     Example:
         >>> worker = Worker("tcp://127.0.0.1:7000", "CartPole-v1", num_envs=8)  # doctest: +SKIP
@@ -161,7 +161,6 @@ class Worker:
         env_kwargs: dict[str, Any] | None = None,
         timeouts: Timeouts | None = None,
         factory: TransportFactory | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -175,7 +174,6 @@ class Worker:
         self._token = token.encode() if isinstance(token, str) else token
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
-        self._max_frame_size = max_frame_size
         self._envs: SyncVectorEnv | None = None
         self._pending_seed = seed
         self.worker_id: int | None = None
@@ -196,7 +194,6 @@ class Worker:
         session = Session(
             transport,
             Role.WORKER,
-            max_frame_size=self._max_frame_size,
             heartbeat_interval=self._timeouts.heartbeat_interval,
         )
         try:
@@ -235,29 +232,47 @@ class Worker:
                 delay = min(delay * 2, 1.0)
 
     async def _handshake(self, session: Session) -> None:
-        async with asyncio.timeout(self._timeouts.handshake):
-            challenge = await session.receive(timeout=None, operation="the learner's challenge")
-            assert isinstance(challenge, Challenge)  # the protocol table allows nothing else
-            if challenge.protocol_version != PROTOCOL_VERSION:
-                raise VersionMismatch(PROTOCOL_VERSION, challenge.protocol_version)
-            proof = prove(self._token, challenge.nonce) if self._token is not None else b""
-            await session.send(
-                Hello(
-                    protocol_version=PROTOCOL_VERSION,
-                    proof=proof,
-                    env_id=self._env_name,
-                    num_envs=self.num_envs,
-                    seed=self._seed,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                )
+        seconds = self._timeouts.handshake
+        try:
+            async with asyncio.timeout(seconds):
+                answer = await self._greet(session)
+        except TimeoutError as exc:
+            if isinstance(exc, Timeout):
+                raise
+            raise Timeout(
+                f"the learner at {session.peer} did not finish the handshake within {seconds} s; "
+                "is it an aps learner speaking the same transport (TLS or not)?",
+                operation="handshake",
+                seconds=seconds,
+            ) from None
+        await self._build_envs(session, answer)
+
+    async def _greet(self, session: Session) -> Welcome:
+        challenge = await session.receive(timeout=None, operation="the learner's challenge")
+        assert isinstance(challenge, Challenge)  # the protocol table allows nothing else
+        if challenge.protocol_version != PROTOCOL_VERSION:
+            raise VersionMismatch(PROTOCOL_VERSION, challenge.protocol_version)
+        proof = prove(self._token, challenge.nonce) if self._token is not None else b""
+        await session.send(
+            Hello(
+                protocol_version=PROTOCOL_VERSION,
+                proof=proof,
+                env_id=self._env_name,
+                num_envs=self.num_envs,
+                seed=self._seed,
+                host=socket.gethostname(),
+                pid=os.getpid(),
             )
-            answer = await session.receive(timeout=None, operation="the learner's welcome")
+        )
+        answer = await session.receive(timeout=None, operation="the learner's welcome")
         if isinstance(answer, Reject):
             raise _REJECTIONS.get(answer.kind, ProtocolError)(
                 f"the learner refused this worker: {answer.reason}"
             )
         assert isinstance(answer, Welcome)
+        return answer
+
+    async def _build_envs(self, session: Session, answer: Welcome) -> None:
         self.worker_id = answer.worker_id
         try:
             mode = AutoresetMode(answer.autoreset_mode)

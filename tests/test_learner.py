@@ -7,6 +7,7 @@ offending connection is closed, and that the learner keeps serving honest worker
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import aps
 from aps import codec, transports
 from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, Welcome
+from aps.transports.tcp import TCPFactory
 from tests.conftest import FAST, WorkerTasks
 
 TCP = "tcp://127.0.0.1:0"
@@ -325,3 +327,21 @@ async def test_heartbeats_keep_an_idle_worker_alive(workers: WorkerTasks) -> Non
         await asyncio.sleep(1.0)  # idle for three worker timeouts: heartbeats must cover it
         assert not task.done()
         await learner.step(np.zeros(1, np.int64))
+
+
+async def test_tls_with_token_end_to_end(
+    workers: WorkerTasks, tls: tuple[ssl.SSLContext, ssl.SSLContext]
+) -> None:
+    server, client = tls
+    learner_factory = TCPFactory(server_ssl_context=server)
+    async with aps.Learner(
+        TCP, num_workers=1, token="t", factory=learner_factory, timeouts=FAST
+    ) as learner:
+        worker_url = learner.url.replace("127.0.0.1", "localhost")
+        workers.start(worker_url, token="t", factory=TCPFactory(client_ssl_context=client))
+        obs, _ = await learner.reset(seed=0)
+        assert obs.shape == (1, 4)
+        # A worker that does not speak TLS never gets in.
+        plain = workers.start(learner.url, token="t", timeouts=aps.Timeouts(connect=1, handshake=1))
+        with pytest.raises((aps.Timeout, aps.TransportError)):
+            await asyncio.wait_for(plain, 10)
