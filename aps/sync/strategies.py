@@ -1,0 +1,226 @@
+"""The built-in sync strategies: two baselines, APS, combinators, and Never.
+
+Every built-in is a frozen dataclass that holds only its parameters, checks them when built
+(:class:`~aps.errors.ConfigError` naming the value), and answers ``False`` whenever the worker
+already holds the learner's version (``ctx.lag <= 0``). A worker that holds no version at all
+(``ctx.worker_version == -1``) is the role's business, not a strategy's: the learner always
+sends it the first version. If consulted anyway, every built-in but :class:`Never` answers
+``True`` for it without measuring a divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from aps.errors import ConfigError
+from aps.sync.base import SyncContext, SyncStrategy
+
+__all__ = ["APS", "AllOf", "AlwaysSync", "AnyOf", "FixedInterval", "Never"]
+
+
+def _check_count(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{owner}({name}=...) must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AlwaysSync:
+    """Send every new version to every worker: sync whenever ``ctx.lag > 0``.
+
+    The always-sync baseline. "Always" means after every learner update, not every step:
+    a worker that holds the current version gets nothing.
+    """
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``True`` exactly when the worker lacks the learner's current version."""
+        return ctx.lag > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Never:
+    """Never send weights after the first deployment.
+
+    Workers act with the version they received first for the whole run. Useful as the
+    zero-traffic end of a benchmark, and in tests.
+    """
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``False``, always."""
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class FixedInterval:
+    """The fixed-interval baseline: sync every ``versions`` versions or every ``steps`` steps.
+
+    Give exactly one of the two.
+
+    Args:
+        versions: sync when the worker is at least this many versions behind
+            (``ctx.lag >= versions``). ``1`` behaves like :class:`AlwaysSync`.
+        steps: sync when the worker took at least this many env steps (one per env per step)
+            since its last sync and a newer version exists (``ctx.lag > 0``).
+
+    Raises:
+        ConfigError: neither or both are given, or a value is not an int >= 1.
+    """
+
+    versions: int | None = None
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.versions is None) == (self.steps is None):
+            raise ConfigError(
+                f"FixedInterval needs exactly one of versions= or steps=, "
+                f"got versions={self.versions!r}, steps={self.steps!r}"
+            )
+        if self.versions is not None:
+            _check_count("FixedInterval", "versions", self.versions)
+        if self.steps is not None:
+            _check_count("FixedInterval", "steps", self.steps)
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``True`` when the interval has passed and the worker lacks the current version."""
+        lag = ctx.lag
+        if lag <= 0:
+            return False
+        if not ctx.holds_weights:
+            return True
+        if self.versions is not None:
+            return lag >= self.versions
+        assert self.steps is not None  # __post_init__ guarantees one of the two
+        return ctx.steps_since_sync >= self.steps
+
+
+@dataclass(frozen=True, slots=True)
+class APS:
+    """Adaptive Policy Synchronization: sync when the worker's policy drifted too far.
+
+    The decision, in order:
+
+    1. ``ctx.lag <= 0``: no sync, and the divergence is not measured (it is 0 by definition).
+    2. the worker holds no version: sync, without measuring.
+    3. ``max_lag`` is set and ``ctx.lag >= max_lag``: sync, without measuring.
+    4. otherwise: sync when ``ctx.divergence() > kl_threshold`` (strict).
+
+    The divergence the learner measures is the mean over the states the worker just acted on
+    of ``KL(pi_worker_version(.|s) || pi_learner(.|s))`` (see :meth:`aps.policy.Policy.kl`), so
+    ``kl_threshold`` is a per-state KL in nats, independent of how many envs a worker runs.
+
+    Args:
+        kl_threshold: the per-state mean KL, in nats, above which the worker is synced.
+            ``>= 0`` and finite; ``0`` syncs on any measurable drift.
+        max_lag: when set, a worker this many versions behind is synced whatever the
+            divergence, bounding staleness. An int ``>= 1``; ``None`` (the default) for no
+            bound.
+
+    Raises:
+        ConfigError: a negative, infinite or NaN threshold, or a ``max_lag`` that is not an
+            int >= 1.
+    """
+
+    kl_threshold: float
+    max_lag: int | None = None
+
+    def __post_init__(self) -> None:
+        threshold = self.kl_threshold
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, int | float)
+            or not math.isfinite(threshold)
+            or threshold < 0
+        ):
+            raise ConfigError(
+                f"APS(kl_threshold=...) must be a finite number >= 0 (a KL in nats, "
+                f"e.g. 0.01), got {threshold!r}"
+            )
+        object.__setattr__(self, "kl_threshold", float(threshold))
+        if self.max_lag is not None:
+            _check_count("APS", "max_lag", self.max_lag)
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``True`` when the worker is too stale or its divergence exceeds the threshold."""
+        lag = ctx.lag
+        if lag <= 0:
+            return False
+        if not ctx.holds_weights:
+            return True
+        if self.max_lag is not None and lag >= self.max_lag:
+            return True
+        return ctx.divergence() > self.kl_threshold
+
+
+def _check_members(owner: str, strategies: tuple[object, ...]) -> None:
+    if not strategies:
+        raise ConfigError(f"{owner}() needs at least one strategy, got none")
+    for index, strategy in enumerate(strategies):
+        if not isinstance(strategy, SyncStrategy):
+            raise ConfigError(
+                f"{owner} argument {index} is {strategy!r} ({type(strategy).__name__}), "
+                "not a sync strategy; pass objects with a should_sync(ctx) method"
+            )
+
+
+@dataclass(frozen=True, slots=True, init=False, repr=False)
+class AnyOf:
+    """Sync when any of the strategies says so.
+
+    The strategies are asked in the order given and the first ``True`` ends the decision,
+    so put cheap strategies first: ``AnyOf(FixedInterval(versions=16), APS(0.01))`` never
+    measures a divergence for a worker 16 or more versions behind. Answers ``False`` when
+    ``ctx.lag <= 0`` without asking anyone.
+
+    Args:
+        strategies: one or more strategies.
+
+    Raises:
+        ConfigError: no strategies, or an argument without a ``should_sync`` method.
+    """
+
+    strategies: tuple[SyncStrategy, ...]
+
+    def __init__(self, *strategies: SyncStrategy) -> None:
+        _check_members("AnyOf", strategies)
+        object.__setattr__(self, "strategies", strategies)
+
+    def __repr__(self) -> str:
+        return f"AnyOf({', '.join(map(repr, self.strategies))})"
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``True`` at the first strategy that does, asking them in order."""
+        if ctx.lag <= 0:
+            return False
+        return any(strategy.should_sync(ctx) for strategy in self.strategies)
+
+
+@dataclass(frozen=True, slots=True, init=False, repr=False)
+class AllOf:
+    """Sync only when every strategy says so; a rate limit for another strategy.
+
+    The strategies are asked in the order given and the first ``False`` ends the decision:
+    ``AllOf(FixedInterval(steps=1024), APS(0.01))`` measures the divergence only for workers
+    that took 1024 steps since their last sync, and syncs those that drifted. Answers
+    ``False`` when ``ctx.lag <= 0`` without asking anyone.
+
+    Args:
+        strategies: one or more strategies.
+
+    Raises:
+        ConfigError: no strategies, or an argument without a ``should_sync`` method.
+    """
+
+    strategies: tuple[SyncStrategy, ...]
+
+    def __init__(self, *strategies: SyncStrategy) -> None:
+        _check_members("AllOf", strategies)
+        object.__setattr__(self, "strategies", strategies)
+
+    def __repr__(self) -> str:
+        return f"AllOf({', '.join(map(repr, self.strategies))})"
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``False`` at the first strategy that does, asking them in order."""
+        if ctx.lag <= 0:
+            return False
+        return all(strategy.should_sync(ctx) for strategy in self.strategies)
