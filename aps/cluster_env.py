@@ -18,10 +18,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
+from aps.collect import Metrics, Rollout
 from aps.errors import ConfigError, InvalidState
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
 from aps.session import Timeouts
+from aps.sync import SyncStrategy
 from aps.transports.base import Listener
 from aps.worker import EnvSpec
 
@@ -82,6 +84,8 @@ class ClusterEnv(VectorEnv):
         timeouts: deadlines, see :class:`~aps.session.Timeouts`.
         insecure: allow a non-loopback address without a token.
         use_uvloop: run the private loop on uvloop (default: when installed).
+        policy: import path of a policy for worker-side inference (:meth:`rollout`).
+        sync: when workers get newly published versions (:mod:`aps.sync`).
 
     Raises:
         Timeout: the workers did not all arrive in time.
@@ -105,6 +109,8 @@ class ClusterEnv(VectorEnv):
         timeouts: Timeouts | None = None,
         insecure: bool = False,
         use_uvloop: bool | None = None,
+        policy: str | None = None,
+        sync: SyncStrategy | None = None,
         _launcher: LocalWorkers | None = None,
         _seed: int | None = None,
     ) -> None:
@@ -116,6 +122,8 @@ class ClusterEnv(VectorEnv):
             autoreset_mode=autoreset_mode,
             timeouts=timeouts,
             insecure=insecure,
+            policy=policy,
+            sync=sync,
         )
         self._launcher = _launcher
         self._default_seed = _seed
@@ -149,6 +157,8 @@ class ClusterEnv(VectorEnv):
         env_kwargs: dict[str, Any] | None = None,
         timeouts: Timeouts | None = None,
         use_uvloop: bool | None = None,
+        policy: str | None = None,
+        sync: SyncStrategy | None = None,
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -167,6 +177,8 @@ class ClusterEnv(VectorEnv):
             env_kwargs: keyword arguments for the env factory.
             timeouts: deadlines.
             use_uvloop: see the class.
+            policy: see the class.
+            sync: see the class.
         """
         if transport not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
@@ -189,6 +201,8 @@ class ClusterEnv(VectorEnv):
             autoreset_mode=autoreset_mode,
             timeouts=timeouts,
             use_uvloop=use_uvloop,
+            policy=policy,
+            sync=sync,
             _launcher=launcher,
             _seed=seed,
         )
@@ -234,6 +248,19 @@ class ClusterEnv(VectorEnv):
     def step(self, actions: Any) -> tuple[Any, Array, Array, Array, Info]:
         """Step every env; see :meth:`aps.Learner.step`."""
         return self._portal.call(self._learner.step(actions))
+
+    def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
+        """Make ``agent``'s weights a new policy version; see :meth:`aps.Learner.publish`."""
+        return self._portal.call(self._learner.publish(agent, epsilon=epsilon))
+
+    def rollout(self, num_steps: int) -> Rollout:
+        """Workers act ``num_steps`` times with their policies; see :meth:`aps.Learner.rollout`."""
+        return self._portal.call(self._learner.rollout(num_steps))
+
+    @property
+    def metrics(self) -> Metrics:
+        """Syncs, weight bytes, divergences and policy lag; see :attr:`aps.Learner.metrics`."""
+        return self._learner.metrics
 
     def close_extras(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones, and end the private loop."""

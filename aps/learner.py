@@ -17,7 +17,8 @@ import contextlib
 import ipaddress
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -31,6 +32,7 @@ from gymnasium.vector.utils import batch_space
 from aps import transports
 from aps._typing import Array, Info
 from aps.batching import check_batch, concat, merge_infos, split
+from aps.collect import Chunk, Metrics, PolicyVersions, Rollout, WorkerMetrics, sample_states
 from aps.errors import (
     ApsError,
     AuthError,
@@ -55,15 +57,22 @@ from aps.messages import (
     Reject,
     ResetRequest,
     ResetResult,
+    RolloutChunk,
+    RolloutRequest,
     StepRequest,
     StepResult,
+    Weights,
     Welcome,
 )
 from aps.protocol import NONCE_SIZE, Role, check_hello
 from aps.session import Session, Timeouts
+from aps.sync import AlwaysSync, SyncContext, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
 
 __all__ = ["Learner", "WorkerInfo"]
+
+MAX_IN_FLIGHT = 64
+"""The most rollout requests :meth:`Learner.chunks` keeps outstanding per worker."""
 
 log = logging.getLogger("aps.learner")
 
@@ -92,6 +101,11 @@ class WorkerInfo:
 class _Remote:
     info: WorkerInfo
     session: Session
+    metrics: WorkerMetrics
+    steps_since_sync: int = 0
+    synced_at: float = 0.0
+    last_chunk_version: int = 0
+    states: Array | None = None  # a sample of the states it acted on last, for divergence
 
 
 def _is_loopback(url: str) -> bool:
@@ -122,6 +136,11 @@ class Learner:
         factory: the transport factory to listen with, instead of the URL scheme's; this is
             where TLS and a frame size limit other than 256 MiB are set, e.g.
             ``TCPFactory(ssl_context=..., max_frame_size=...)``.
+        policy: import path of the policy workers act with (``"pkg.module:make_agent"`` or
+            ``"path/to/script.py:Agent"``, called with the single observation and action
+            spaces); enables :meth:`publish`, :meth:`rollout` and :meth:`chunks`.
+        sync: when a worker gets a newly published version (:mod:`aps.sync`); default
+            :class:`~aps.sync.AlwaysSync`.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -144,6 +163,8 @@ class Learner:
         timeouts: Timeouts | None = None,
         insecure: bool = False,
         factory: TransportFactory | None = None,
+        policy: str | None = None,
+        sync: SyncStrategy | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
@@ -165,6 +186,21 @@ class Learner:
         self._timeouts = timeouts or Timeouts()
         self._insecure = insecure
         self._factory = factory
+        if policy is not None and (not isinstance(policy, str) or ":" not in policy):
+            raise ConfigError(
+                f"policy must be an import path 'package.module:factory' or "
+                f"'path/to/file.py:factory', got {policy!r}"
+            )
+        self.policy = policy
+        sync = AlwaysSync() if sync is None else sync
+        if not isinstance(sync, SyncStrategy):
+            raise ConfigError(
+                f"sync must have a should_sync(ctx) method (see aps.sync), got {sync!r}"
+            )
+        self.sync = sync
+        self._versions: PolicyVersions | None = None
+        self._stream: AsyncGenerator[Chunk, None] | None = None
+        self._previous_stream: AsyncGenerator[Chunk, None] | None = None
 
         self._listener: Listener | None = None
         self._accept_task: asyncio.Task[None] | None = None
@@ -234,6 +270,9 @@ class Learner:
         """Say goodbye to every worker and stop listening; idempotent."""
         if self._closed:
             return
+        if self._stream is not None:
+            with contextlib.suppress(ApsError):
+                await self._stream.aclose()
         self._closed = True
         if self._accept_task is not None:
             self._accept_task.cancel()
@@ -330,14 +369,21 @@ class Learner:
             worker_id = self._next_id
             self._next_id += 1
             await session.send(
-                Welcome(worker_id=worker_id, autoreset_mode=self.autoreset_mode.value)
+                Welcome(
+                    worker_id=worker_id,
+                    autoreset_mode=self.autoreset_mode.value,
+                    policy=self.policy,
+                )
             )
             # Building envs runs user code and may take long: the step deadline bounds it.
             ready = await session.receive(
                 timeout=timeouts.step, operation="the worker to build its envs"
             )
             if isinstance(ready, ErrorReport):
-                raise ConfigError(f"the worker could not build its envs: {ready.message}")
+                raise ConfigError(
+                    f"the worker could not build its envs or policy: "
+                    f"{ready.remote_type}: {ready.message}"
+                )
             assert isinstance(ready, Ready)
             await self._check_spaces(session, ready, hello)
         finally:
@@ -380,7 +426,9 @@ class Learner:
             pid=hello.pid,
             peer=session.peer,
         )
-        self._remotes.append(_Remote(info=info, session=session))
+        self._remotes.append(
+            _Remote(info=info, session=session, metrics=WorkerMetrics(worker_id=worker_id))
+        )
         self._counts.append(ready.num_envs)
         self._offsets.append(offset)
         session.start_heartbeats()
@@ -516,10 +564,7 @@ class Learner:
         batch = check_batch(space, actions, self.num_envs)
         requests = [StepRequest(actions=part) for part in split(space, batch, self._counts)]
         results = await self._exchange(requests, StepResult, "step")
-        if len(results) == 1:  # one worker: its batch is the batch, no copies
-            only = results[0]
-            info = merge_infos([(0, only.info)], self.num_envs) if only.info else {}
-            return only.obs, only.reward, only.terminated, only.truncated, info
+        # Concatenating copies even a single worker's batch: users get writable arrays.
         return (
             concat(self.single_observation_space, [r.obs for r in results]),
             np.concatenate([r.reward for r in results]),
@@ -534,6 +579,8 @@ class Learner:
         self, requests: Sequence[Message], kind: type[_R], operation: str
     ) -> list[_R]:
         """Send one request per worker, then collect one reply from each, in worker order."""
+        if self._stream is not None:
+            await self._stream.aclose()  # a new operation ends an abandoned chunk stream
         if self._broken is not None:
             raise InvalidState(
                 f"this learner can no longer {operation}: {self._broken}; start a new one"
@@ -561,6 +608,8 @@ class Learner:
         remotes = self._remotes
         for remote, request in zip(remotes, requests, strict=True):
             try:
+                if isinstance(request, RolloutRequest):
+                    await self._maybe_sync(remote)
                 await remote.session.send(request)
             except TransportError as exc:
                 raise self._lost(remote, operation, exc) from exc
@@ -587,6 +636,320 @@ class Learner:
         if failure is not None:
             raise failure
         return results
+
+    # Worker-side inference (DETACH) and weight synchronization.
+
+    def _require_policy(self, operation: str) -> PolicyVersions:
+        if self.policy is None:
+            raise InvalidState(
+                f"{operation}() needs workers that act: create the learner with "
+                "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
+            )
+        if self._versions is None:
+            self._versions = PolicyVersions(self.single_observation_space, self.single_action_space)
+        return self._versions
+
+    @property
+    def version(self) -> int:
+        """The newest published policy version (0 before the first :meth:`publish`)."""
+        return 0 if self._versions is None else self._versions.current
+
+    @property
+    def metrics(self) -> Metrics:
+        """Syncs, weight bytes, divergences and policy lag, per worker and in total."""
+        return Metrics(
+            version=self.version, workers=tuple(r.metrics.snapshot() for r in self._remotes)
+        )
+
+    async def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
+        """Make ``agent``'s current weights a new policy version.
+
+        Workers that hold no version yet get it at once; for the others the sync strategy
+        decides, before each of their next rollouts, whether it travels.
+
+        Args:
+            agent: the ``nn.Module`` being trained (a CleanRL-style agent; see
+                :mod:`aps.policy`) or an :class:`aps.policy.Policy`.
+            epsilon: exploration rate for epsilon-greedy Q-policies (``None``: unchanged).
+
+        Returns:
+            The new version number (1, 2, ...).
+
+        Raises:
+            InvalidState: the learner has no ``policy``.
+            ConfigError: the agent is not a policy aps can run.
+            WorkerLost: a worker disconnected while receiving its first version.
+        """
+        await self.wait_for_workers()
+        versions = self._require_policy("publish")
+        version = versions.publish(agent, epsilon=epsilon)
+        for remote in self._remotes:
+            if remote.metrics.version < 0:
+                try:
+                    await self._send_weights(remote)
+                except TransportError as exc:
+                    self._broken = self._lost(remote, "publish", exc)
+                    raise self._broken from exc
+        self._prune()
+        return version
+
+    async def _maybe_sync(self, remote: _Remote) -> None:
+        versions = self._versions
+        if versions is None or versions.current == 0:
+            raise InvalidState("publish(agent) before the first rollout")
+        held = remote.metrics.version
+        if held == versions.current:
+            return
+        if held < 0:
+            await self._send_weights(remote)
+            return
+        measured: list[float] = []
+
+        def divergence() -> float:
+            if not measured:
+                states = remote.states
+                value = 0.0 if states is None else versions.divergence(held, states)
+                measured.append(value)
+                remote.metrics.divergences.append(value)
+            return measured[0]
+
+        context = SyncContext(
+            worker_id=remote.info.worker_id,
+            worker_version=held,
+            learner_version=versions.current,
+            steps_since_sync=remote.steps_since_sync,
+            seconds_since_sync=time.monotonic() - remote.synced_at,
+            measure_divergence=divergence,
+        )
+        if self.sync.should_sync(context):
+            await self._send_weights(remote)
+            self._prune()
+
+    async def _send_weights(self, remote: _Remote) -> None:
+        versions = self._versions
+        assert versions is not None
+        version = versions.current
+        await remote.session.send(
+            Weights(version=version, arrays=versions.weights(version), epsilon=versions.epsilon)
+        )
+        metrics = remote.metrics
+        metrics.version = version
+        metrics.syncs += 1
+        metrics.weight_bytes += versions.nbytes(version)
+        remote.steps_since_sync = 0
+        remote.synced_at = time.monotonic()
+
+    def _prune(self) -> None:
+        if self._versions is not None:
+            self._versions.prune({r.metrics.version for r in self._remotes})
+
+    def _accept_chunk(self, remote: _Remote, message: RolloutChunk) -> Chunk:
+        """Check a chunk against what this learner sent that worker, and account for it."""
+        info = remote.info
+        steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
+        expected = (steps, info.num_envs)
+        for name in ("reward", "terminated", "truncated", "logprob"):
+            shape = getattr(message, name).shape
+            if steps < 1 or shape != expected:
+                raise ProtocolError(
+                    f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
+                    f"expected (T, {info.num_envs}); the worker is not a compatible aps worker"
+                )
+        if not remote.last_chunk_version <= message.version <= remote.metrics.version:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent a chunk acted with version {message.version}, "
+                f"but it was sent versions up to {remote.metrics.version} and already used "
+                f"{remote.last_chunk_version}; refusing to attribute it"
+            )
+        remote.last_chunk_version = message.version
+        versions = self._versions
+        assert versions is not None
+        lag = versions.current - message.version
+        transitions = steps * info.num_envs
+        metrics = remote.metrics
+        metrics.chunks += 1
+        metrics.transitions += transitions
+        metrics.lag_sum += lag * transitions
+        metrics.lag_max = max(metrics.lag_max, lag)
+        remote.steps_since_sync += transitions
+        remote.states = sample_states(message.obs, versions.max_states)
+        return Chunk(
+            worker_id=info.worker_id,
+            env_offset=info.env_offset,
+            version=message.version,
+            lag=lag,
+            obs=message.obs,
+            actions=message.actions,
+            logprob=message.logprob,
+            value=message.value,
+            reward=message.reward,
+            terminated=message.terminated,
+            truncated=message.truncated,
+            next_obs=message.next_obs,
+            episode_return=message.episode_return,
+            episode_length=message.episode_length,
+            episode_env=message.episode_env + info.env_offset,
+        )
+
+    async def rollout(self, num_steps: int) -> Rollout:
+        """Have every worker act ``num_steps`` times with its policy copy; gather the batch.
+
+        Before asking a worker, the sync strategy decides whether it gets the newest version.
+        All workers act at once; the result is ``[num_steps, num_envs]`` in env order.
+
+        Raises:
+            InvalidState: no policy, nothing published, no reset yet, or another call running.
+            WorkerError: an env or the policy raised on a worker.
+            WorkerLost | Timeout | ProtocolError: a worker failed; the learner is unusable.
+        """
+        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+            raise ConfigError(f"num_steps must be an int >= 1, got {num_steps!r}")
+        await self.wait_for_workers()
+        self._require_policy("rollout")
+        if not self._was_reset:
+            raise InvalidState("call reset() before rollout()")
+        requests = [RolloutRequest(num_steps=num_steps)] * len(self._remotes)
+        results = await self._exchange(requests, RolloutChunk, "rollout")
+        try:
+            chunks = [self._accept_chunk(r, m) for r, m in zip(self._remotes, results, strict=True)]
+        except ProtocolError as exc:
+            self._broken = exc
+            raise
+        return Rollout.from_chunks(chunks)
+
+    def chunks(self, num_steps: int, *, max_in_flight: int = 2) -> AsyncGenerator[Chunk, None]:
+        """Stream chunks of ``num_steps`` steps from every worker, as they arrive.
+
+        Each worker keeps acting without waiting for the others: it has up to
+        ``max_in_flight`` requests outstanding, and a new one is sent when the caller takes
+        one of its chunks (so a slow consumer bounds the memory on both sides, and a chunk
+        is at most ``max_in_flight`` chunks older than the consumer). The sync strategy runs
+        before each request. Publish from inside the loop to train off-policy.
+
+        Leaving the loop (break, an error, or the next reset/step/rollout) stops the
+        stream; chunks still in flight are received and dropped (counted in
+        :attr:`metrics` as ``dropped_chunks``).
+
+        Raises:
+            InvalidState: no policy, nothing published, no reset yet, or another call running.
+            WorkerError: an env or the policy raised on a worker.
+            WorkerLost | Timeout | ProtocolError: a worker failed; the learner is unusable.
+        """
+        if not isinstance(max_in_flight, int) or not 1 <= max_in_flight <= MAX_IN_FLIGHT:
+            raise ConfigError(f"max_in_flight must be in 1..{MAX_IN_FLIGHT}, got {max_in_flight!r}")
+        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+            raise ConfigError(f"num_steps must be an int >= 1, got {num_steps!r}")
+        previous, self._stream = self._stream, self._chunk_stream(num_steps, max_in_flight)
+        self._previous_stream = previous
+        return self._stream
+
+    async def _chunk_stream(
+        self, num_steps: int, max_in_flight: int
+    ) -> AsyncGenerator[Chunk, None]:
+        previous, self._previous_stream = self._previous_stream, None
+        if previous is not None:
+            await previous.aclose()
+        await self.wait_for_workers()
+        self._require_policy("chunks")
+        if not self._was_reset:
+            raise InvalidState("call reset() before chunks()")
+        if self._broken is not None:
+            raise InvalidState(
+                f"this learner can no longer stream: {self._broken}; start a new one"
+            )
+        if self._busy:
+            raise InvalidState("chunks() called while another reset/step/rollout is running")
+        self._busy = True
+        this = self._stream
+        inbox: asyncio.Queue[tuple[_Remote, RolloutChunk | ErrorReport | BaseException]]
+        inbox = asyncio.Queue()
+        pumps: list[asyncio.Task[None]] = []
+        request = RolloutRequest(num_steps=num_steps)
+        try:
+            for remote in self._remotes:
+                for _ in range(max_in_flight):
+                    await self._request_chunk(remote, request)
+            pumps = [
+                asyncio.create_task(
+                    self._pump(remote, inbox), name=f"aps chunks {remote.info.worker_id}"
+                )
+                for remote in self._remotes
+            ]
+            while True:
+                remote, message = await inbox.get()
+                if isinstance(message, BaseException):
+                    raise message
+                if isinstance(message, ErrorReport):
+                    raise WorkerError(
+                        message.message,
+                        worker_id=remote.info.worker_id,
+                        remote_type=message.remote_type,
+                        remote_traceback=message.traceback,
+                    )
+                yield self._accept_chunk(remote, message)
+                await self._request_chunk(remote, request)
+        except (WorkerLost, Timeout, ProtocolError) as exc:
+            self._broken = exc
+            raise
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            if pumps:
+                await asyncio.wait(pumps)
+            await self._drain(inbox)
+            self._busy = False
+            if self._stream is this:
+                self._stream = None
+
+    async def _request_chunk(self, remote: _Remote, request: RolloutRequest) -> None:
+        try:
+            await self._maybe_sync(remote)
+            await remote.session.send(request)
+        except TransportError as exc:
+            raise self._lost(remote, "chunks", exc) from exc
+
+    async def _pump(
+        self,
+        remote: _Remote,
+        inbox: asyncio.Queue[tuple[_Remote, RolloutChunk | ErrorReport | BaseException]],
+    ) -> None:
+        """Move one worker's chunks into the shared inbox until cancelled or failed."""
+        operation = f"worker {remote.info.worker_id}'s chunk"
+        while True:
+            try:
+                message = await remote.session.receive(
+                    timeout=self._timeouts.step, operation=operation
+                )
+            except (EndOfStream, TransportError) as exc:
+                inbox.put_nowait((remote, self._lost(remote, "chunks", exc)))
+                return
+            except (Timeout, ProtocolError) as exc:
+                inbox.put_nowait((remote, exc))
+                return
+            assert isinstance(message, RolloutChunk | ErrorReport)
+            inbox.put_nowait((remote, message))
+
+    async def _drain(
+        self, inbox: asyncio.Queue[tuple[_Remote, RolloutChunk | ErrorReport | BaseException]]
+    ) -> None:
+        """Receive the replies still owed after a stream ends, so lockstep can resume."""
+        while not inbox.empty():
+            remote, message = inbox.get_nowait()
+            if isinstance(message, RolloutChunk):
+                remote.metrics.dropped_chunks += 1
+        if self._broken is not None:
+            return
+        try:
+            async with asyncio.timeout(self._timeouts.step):
+                for remote in self._remotes:
+                    while remote.session.rollouts_pending:
+                        message = await remote.session.receive(
+                            timeout=None, operation="the end of the chunk stream"
+                        )
+                        if isinstance(message, RolloutChunk):
+                            remote.metrics.dropped_chunks += 1
+        except (TimeoutError, ApsError) as exc:
+            self._broken = InvalidState(f"the chunk stream did not end cleanly ({exc!r})")
 
     def _lost(self, remote: _Remote, operation: str, exc: BaseException) -> WorkerLost:
         info = remote.info

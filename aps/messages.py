@@ -8,11 +8,16 @@ The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
     W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid)
-    L -> W  Welcome(worker_id, autoreset_mode)   or  Reject(kind, reason)
+    L -> W  Welcome(worker_id, autoreset_mode, policy)   or  Reject(kind, reason)
     W -> L  Ready(observation_space, action_space, num_envs)
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
+    L -> W  Weights(version, arrays)      no answer; applied before the next rollout
+    L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
     W -> L  ErrorReport(...)              instead of a result, when an env raised
+
+Resets and steps are lockstep: one request, one answer. Rollout requests may be pipelined:
+the learner may have several outstanding, and the worker answers them in order.
     either  Heartbeat()                   at any time after the handshake
     either  Goodbye(reason)               the sender is closing
 """
@@ -39,8 +44,11 @@ __all__ = [
     "Reject",
     "ResetRequest",
     "ResetResult",
+    "RolloutChunk",
+    "RolloutRequest",
     "StepRequest",
     "StepResult",
+    "Weights",
     "Welcome",
 ]
 
@@ -80,11 +88,16 @@ class Hello(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Welcome(Message):
-    """The learner accepts the worker: its id and the autoreset mode its vector env must use."""
+    """The learner accepts the worker.
+
+    It names the worker's id, the autoreset mode its vector env must use, and the import path
+    of the policy it acts with (``None``: the learner chooses the actions).
+    """
 
     TAG: ClassVar[str] = "welcome"
     worker_id: int
     autoreset_mode: str
+    policy: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +162,53 @@ class StepResult(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Weights(Message):
+    """A new policy version: parameter arrays by name (a torch state dict's names).
+
+    ``epsilon`` is the exploration rate of epsilon-greedy Q-policies (``None``: unchanged).
+    """
+
+    TAG: ClassVar[str] = "weights"
+    version: int
+    arrays: Any
+    epsilon: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutRequest(Message):
+    """Act ``num_steps`` times on every env with the local policy and send one chunk."""
+
+    TAG: ClassVar[str] = "rollout"
+    num_steps: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutChunk(Message):
+    """``T = num_steps`` steps of the worker's ``E`` envs, acted with policy ``version``.
+
+    Arrays lead with ``[T, E]``: ``obs`` (the observation each action was chosen on),
+    ``actions``, ``logprob`` (behaviour log-probabilities), ``value`` (the worker's critic, or
+    ``None``), ``reward``, ``terminated``, ``truncated``. ``next_obs`` ``[E, ...]`` is the
+    observation after the last step, for bootstrapping. ``episode_return``,
+    ``episode_length`` and ``episode_env`` describe the episodes that ended in the chunk.
+    """
+
+    TAG: ClassVar[str] = "chunk"
+    version: int
+    obs: Array
+    actions: Array
+    logprob: Array
+    value: Array | None
+    reward: Array
+    terminated: Array
+    truncated: Array
+    next_obs: Array
+    episode_return: Array
+    episode_length: Array
+    episode_env: Array
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReport(Message):
     """An env (or the worker) raised instead of answering the last request."""
 
@@ -185,6 +245,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ResetResult,
         StepRequest,
         StepResult,
+        Weights,
+        RolloutRequest,
+        RolloutChunk,
         ErrorReport,
         Heartbeat,
         Goodbye,

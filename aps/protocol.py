@@ -29,8 +29,11 @@ from aps.messages import (
     Reject,
     ResetRequest,
     ResetResult,
+    RolloutChunk,
+    RolloutRequest,
     StepRequest,
     StepResult,
+    Weights,
     Welcome,
 )
 
@@ -73,6 +76,7 @@ class State(enum.Enum):
     AWAIT_READY = "await_ready"
     AWAIT_RESET = "await_reset"
     AWAIT_STEP = "await_step"
+    COLLECTING = "collecting"  # rollout requests outstanding (both sides; counted)
     # Worker side.
     GOT_CHALLENGE = "got_challenge"
     AWAIT_WELCOME = "await_welcome"
@@ -100,6 +104,12 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.AWAIT_RESET, _R, ErrorReport): State.IDLE,
         (State.AWAIT_STEP, _R, StepResult): State.IDLE,
         (State.AWAIT_STEP, _R, ErrorReport): State.IDLE,
+        (State.IDLE, _S, Weights): State.IDLE,
+        (State.IDLE, _S, RolloutRequest): State.COLLECTING,
+        (State.COLLECTING, _S, Weights): State.COLLECTING,
+        (State.COLLECTING, _S, RolloutRequest): State.COLLECTING,
+        (State.COLLECTING, _R, RolloutChunk): State.COLLECTING,
+        (State.COLLECTING, _R, ErrorReport): State.COLLECTING,
     },
     Role.WORKER: {
         (State.START, _R, Challenge): State.GOT_CHALLENGE,
@@ -115,9 +125,19 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.RESETTING, _S, ErrorReport): State.IDLE,
         (State.STEPPING, _S, StepResult): State.IDLE,
         (State.STEPPING, _S, ErrorReport): State.IDLE,
+        (State.IDLE, _R, Weights): State.IDLE,
+        (State.IDLE, _R, RolloutRequest): State.COLLECTING,
+        (State.COLLECTING, _R, Weights): State.COLLECTING,
+        (State.COLLECTING, _R, RolloutRequest): State.COLLECTING,
+        (State.COLLECTING, _S, RolloutChunk): State.COLLECTING,
+        (State.COLLECTING, _S, ErrorReport): State.COLLECTING,
     },
 }
-"""``(state, direction, message type) -> next state`` for each role; anything else is refused."""
+"""``(state, direction, message type) -> next state`` for each role; anything else is refused.
+
+``COLLECTING`` also counts the rollout requests outstanding: each request adds one, each
+chunk (or error report) answers one, and the last answer returns the connection to ``IDLE``.
+"""
 
 _HANDSHAKING = frozenset(
     {State.START, State.SENT_CHALLENGE, State.GOT_HELLO, State.GOT_CHALLENGE, State.AWAIT_WELCOME}
@@ -135,6 +155,8 @@ class Connection:
     def __init__(self, role: Role) -> None:
         self.role = role
         self.state = State.START
+        self.rollouts_pending = 0
+        """Rollout requests sent (learner) or received (worker) and not answered yet."""
         self._table = TRANSITIONS[role]
 
     def send(self, message: Message) -> None:
@@ -173,6 +195,13 @@ class Connection:
         following = self._table.get((self.state, direction, kind))
         if following is None:
             return False
+        if following is State.COLLECTING:
+            if kind is RolloutRequest:
+                self.rollouts_pending += 1
+            elif kind is not Weights:  # a chunk or an error report answers one request
+                self.rollouts_pending -= 1
+                if self.rollouts_pending == 0:
+                    following = State.IDLE
         self.state = following
         return True
 

@@ -98,6 +98,11 @@ class Session:
         """The protocol state of this connection."""
         return self._connection.state
 
+    @property
+    def rollouts_pending(self) -> int:
+        """Rollout requests sent or received on this connection and not yet answered."""
+        return self._connection.rollouts_pending
+
     async def send(self, message: Message) -> None:
         """Encode ``message``, check the protocol allows it, and send it.
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from aps import transports
@@ -32,6 +33,7 @@ from aps.errors import (
     ConfigError,
     ConnectError,
     EndOfStream,
+    InvalidState,
     ProtocolError,
     Timeout,
     VersionMismatch,
@@ -45,8 +47,11 @@ from aps.messages import (
     Reject,
     ResetRequest,
     ResetResult,
+    RolloutChunk,
+    RolloutRequest,
     StepRequest,
     StepResult,
+    Weights,
     Welcome,
 )
 from aps.protocol import Role, prove
@@ -175,6 +180,8 @@ class Worker:
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
         self._envs: SyncVectorEnv | None = None
+        self._collector: _Collector | None = None
+        self._weights_error: ApsError | None = None
         self._pending_seed = seed
         self.worker_id: int | None = None
 
@@ -281,9 +288,12 @@ class Worker:
             self._envs = SyncVectorEnv(
                 [self._env_fn] * self.num_envs, copy=False, autoreset_mode=mode
             )
+            if answer.policy is not None:
+                self._collector = _Collector(self._envs, answer.policy, mode)
         except Exception as exc:
             await session.send(_report(exc))
-            raise ConfigError(f"could not build the envs {self._env_name!r}: {exc}") from exc
+            what = "envs" if self._envs is None else f"policy {answer.policy!r}"
+            raise ConfigError(f"could not build the {what} for {self._env_name!r}: {exc}") from exc
         await session.send(
             Ready(
                 observation_space=self._envs.single_observation_space,
@@ -304,6 +314,10 @@ class Worker:
                 return
             if isinstance(request, StepRequest):
                 await session.send(self._step(envs, request))
+            elif isinstance(request, RolloutRequest):
+                await session.send(self._rollout(request))
+            elif isinstance(request, Weights):
+                self._load_weights(request)
             elif isinstance(request, ResetRequest):
                 await session.send(self._reset(envs, request))
             else:  # Reject after Ready: the learner refused our spaces.
@@ -311,6 +325,35 @@ class Worker:
                 raise _REJECTIONS.get(request.kind, ProtocolError)(
                     f"the learner refused this worker: {request.reason}"
                 )
+
+    def _load_weights(self, weights: Weights) -> None:
+        # A bad weights message cannot be answered (weights have no reply); it is kept and
+        # reported by the next rollout, which then fails with the reason.
+        if self._collector is None:
+            self._weights_error = ProtocolError(
+                "the learner sent weights to a worker without a policy"
+            )
+            return
+        try:
+            self._collector.load(weights)
+            self._weights_error = None
+        except ApsError as exc:
+            self._weights_error = exc
+
+    def _rollout(self, request: RolloutRequest) -> RolloutChunk | ErrorReport:
+        if self._collector is None:
+            return _report(
+                ProtocolError(
+                    "the learner asked for a rollout but gave this worker no policy; "
+                    "create the learner with policy='module:factory'"
+                )
+            )
+        if self._weights_error is not None:
+            return _report(self._weights_error)
+        try:
+            return self._collector.collect(request.num_steps)
+        except Exception as exc:
+            return _report(exc)
 
     def _step(self, envs: SyncVectorEnv, request: StepRequest) -> StepResult | ErrorReport:
         try:
@@ -321,6 +364,8 @@ class Worker:
             obs, reward, terminated, truncated, info = envs.step(actions)
         except Exception as exc:
             return _report(exc)
+        if self._collector is not None:
+            self._collector.observe(obs, terminated | truncated)
         return StepResult(
             obs=obs, reward=reward, terminated=terminated, truncated=truncated, info=info
         )
@@ -333,7 +378,128 @@ class Worker:
             obs, info = envs.reset(seed=seed, options=options)
         except Exception as exc:
             return _report(exc)
+        if self._collector is not None:
+            self._collector.observe(obs, None)
         return ResetResult(obs=obs, info=info)
+
+
+MAX_ROLLOUT_STEPS = 1_000_000
+"""The most steps one rollout request may ask for (it bounds the worker's buffers)."""
+
+
+class _Collector:
+    """Worker-side inference (DETACH): act with the local policy copy, record chunks.
+
+    Keeps the current observations between requests (lockstep resets and steps update them
+    too), the policy version in use, and per-env episode returns and lengths. Under the
+    ``NextStep`` autoreset mode the step after an episode's end only resets that env; it is
+    recorded like any other (reward 0, not done) and not counted in episode lengths.
+    """
+
+    def __init__(self, envs: SyncVectorEnv, policy_path: str, mode: AutoresetMode) -> None:
+        from aps import policy  # torch is needed only by workers that act
+
+        policy.limit_threads(1)  # many workers share few cores; one thread each is fastest
+        self._envs = envs
+        self._policy = policy.Policy.from_import_path(
+            policy_path, envs.single_observation_space, envs.single_action_space
+        )
+        if not isinstance(envs.observation_space.sample(), np.ndarray):
+            raise ConfigError(
+                f"worker-side inference needs array observations, got "
+                f"{envs.single_observation_space}; use lockstep stepping for dict or tuple spaces"
+            )
+        self._next_step_reset = mode is AutoresetMode.NEXT_STEP
+        self.version = -1
+        num_envs = envs.num_envs
+        self._obs: np.ndarray[Any, Any] | None = None
+        self._pending_reset = np.zeros(num_envs, dtype=bool)
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+
+    def load(self, weights: Weights) -> None:
+        """Load a new version; raises ConfigError when the arrays do not fit the policy."""
+        if not isinstance(weights.arrays, dict):
+            raise ProtocolError(f"weights must map names to arrays, got {type(weights.arrays)}")
+        self._policy.set_weights(weights.arrays)
+        if weights.epsilon is not None:
+            self._policy.epsilon = weights.epsilon
+        self.version = weights.version
+
+    def observe(self, obs: Any, done: np.ndarray[Any, Any] | None) -> None:
+        """Track observations produced by a lockstep reset (``done=None``) or step."""
+        self._obs = obs
+        if done is None:
+            self._pending_reset[:] = False
+            self._episode_return[:] = 0.0
+            self._episode_length[:] = 0
+        else:
+            self._pending_reset = done.copy() if self._next_step_reset else self._pending_reset
+
+    def collect(self, num_steps: int) -> RolloutChunk:
+        """Act ``num_steps`` times on every env and return the chunk."""
+        if not 1 <= num_steps <= MAX_ROLLOUT_STEPS:
+            raise ConfigError(f"num_steps must be in 1..{MAX_ROLLOUT_STEPS}, got {num_steps}")
+        if self.version < 0:
+            raise ProtocolError("the learner asked for a rollout before sending any weights")
+        if self._obs is None:
+            raise InvalidState("reset the envs before the first rollout")
+        envs, policy = self._envs, self._policy
+        num_envs = envs.num_envs
+        obs = self._obs
+        obs_buf = np.empty((num_steps, *obs.shape), dtype=obs.dtype)
+        reward = np.empty((num_steps, num_envs), dtype=np.float64)
+        terminated = np.empty((num_steps, num_envs), dtype=np.bool_)
+        truncated = np.empty((num_steps, num_envs), dtype=np.bool_)
+        actions_buf: np.ndarray[Any, Any] | None = None
+        logprob = np.empty((num_steps, num_envs), dtype=np.float32)
+        value = np.empty((num_steps, num_envs), dtype=np.float32) if policy.has_critic else None
+        ended: list[tuple[float, int, int]] = []
+        for t in range(num_steps):
+            obs_buf[t] = obs
+            actions, logprob[t], values = policy.act(obs)
+            if actions_buf is None:
+                actions_buf = np.empty((num_steps, *actions.shape), dtype=actions.dtype)
+            actions_buf[t] = actions
+            if value is not None and values is not None:
+                value[t] = values
+            obs, reward[t], terminated[t], truncated[t], _ = envs.step(actions)
+            self._count_episodes(reward[t], terminated[t] | truncated[t], ended)
+        assert actions_buf is not None
+        self._obs = obs
+        returns, lengths, env_ids = zip(*ended, strict=True) if ended else ((), (), ())
+        return RolloutChunk(
+            version=self.version,
+            obs=obs_buf,
+            actions=actions_buf,
+            logprob=logprob,
+            value=value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            next_obs=np.array(obs),
+            episode_return=np.array(returns, dtype=np.float64),
+            episode_length=np.array(lengths, dtype=np.int64),
+            episode_env=np.array(env_ids, dtype=np.int64),
+        )
+
+    def _count_episodes(
+        self,
+        reward: np.ndarray[Any, Any],
+        done: np.ndarray[Any, Any],
+        ended: list[tuple[float, int, int]],
+    ) -> None:
+        self._episode_return += reward
+        self._episode_length += ~self._pending_reset
+        if done.any():
+            for env in np.flatnonzero(done):
+                ended.append(
+                    (float(self._episode_return[env]), int(self._episode_length[env]), int(env))
+                )
+            self._episode_return[done] = 0.0
+            self._episode_length[done] = 0
+        if self._next_step_reset:
+            self._pending_reset = done.copy()
 
 
 def _report(exc: BaseException) -> ErrorReport:

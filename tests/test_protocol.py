@@ -18,8 +18,11 @@ from aps.messages import (
     Reject,
     ResetRequest,
     ResetResult,
+    RolloutChunk,
+    RolloutRequest,
     StepRequest,
     StepResult,
+    Weights,
     Welcome,
 )
 from aps.protocol import Connection, Role, State, check_hello, prove
@@ -34,7 +37,7 @@ def hello(proof: bytes = b"", version: int = PROTOCOL_VERSION) -> Hello:
     )
 
 
-WELCOME = Welcome(worker_id=0, autoreset_mode="NextStep")
+WELCOME = Welcome(worker_id=0, autoreset_mode="NextStep", policy=None)
 READY = Ready(
     observation_space=gym.spaces.Discrete(3), action_space=gym.spaces.Discrete(2), num_envs=2
 )
@@ -165,3 +168,41 @@ def test_proof_is_hmac_and_checked() -> None:
 def test_version_mismatch_names_both_versions() -> None:
     with pytest.raises(VersionMismatch, match=f"version 99, this side speaks {PROTOCOL_VERSION}"):
         check_hello(hello(version=99), nonce=NONCE, token=None)
+
+
+def chunk() -> RolloutChunk:
+    z = np.zeros((2, 2))
+    return RolloutChunk(
+        version=1, obs=z, actions=z, logprob=z, value=None, reward=z, terminated=z, truncated=z,
+        next_obs=z, episode_return=z, episode_length=z, episode_env=z,
+    )  # fmt: skip
+
+
+def test_rollouts_may_be_pipelined_and_are_counted() -> None:
+    learner, worker = learner_at_idle(), worker_at_idle()
+    weights = Weights(version=1, arrays={}, epsilon=None)
+    for side, out in ((learner, learner.send), (worker, worker.receive)):
+        out(weights)
+        out(RolloutRequest(num_steps=4))
+        out(RolloutRequest(num_steps=4))
+        out(weights)  # weights between pipelined requests apply before the next chunk
+        assert side.state is State.COLLECTING and side.rollouts_pending == 2
+    learner.receive(chunk())
+    worker.send(chunk())
+    assert learner.state is State.COLLECTING and learner.rollouts_pending == 1
+    learner.receive(ERROR)
+    worker.send(ERROR)
+    assert learner.state is worker.state is State.IDLE
+    with pytest.raises(ProtocolError):
+        learner.receive(chunk())  # nothing outstanding
+
+
+def test_no_lockstep_step_while_rollouts_are_outstanding() -> None:
+    learner = learner_at_idle()
+    learner.send(RolloutRequest(num_steps=1))
+    with pytest.raises(InvalidState):
+        learner.send(STEP)
+    worker = worker_at_idle()
+    worker.receive(RolloutRequest(num_steps=1))
+    with pytest.raises(ProtocolError):
+        worker.receive(STEP)

@@ -1,0 +1,340 @@
+"""What worker-side inference (DETACH) hands the learner: chunks, rollouts and sync metrics.
+
+These are plain data: numpy arrays and counters, built by :class:`~aps.learner.Learner` from
+the workers' :class:`~aps.messages.RolloutChunk` messages.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aps._typing import Array
+
+__all__ = ["Chunk", "Metrics", "PolicyVersions", "Rollout", "WorkerMetrics", "sample_states"]
+
+DIVERGENCE_HISTORY = 1000
+"""How many recent divergence values each worker's metrics keep."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk:
+    """``T`` steps of one worker's ``E`` envs, acted with one policy version.
+
+    Arrays lead with ``[T, E]`` (``next_obs`` with ``[E]``). Under the ``NextStep`` autoreset
+    mode, a step right after an episode ended only reset that env: its action was ignored and
+    its reward is 0. Use ``SameStep`` for algorithms that treat every step as a transition.
+
+    Attributes:
+        worker_id: the worker that produced it.
+        env_offset: global index of the worker's first env.
+        version: the policy version every action in the chunk was chosen with.
+        lag: learner version when the chunk was delivered, minus ``version``.
+        obs: the observation each action was chosen on.
+        actions: the actions taken.
+        logprob: behaviour log-probabilities of those actions (float32).
+        value: the worker's critic values (float32), or ``None`` without a critic.
+        reward: rewards (float64).
+        terminated: termination flags.
+        truncated: truncation flags.
+        next_obs: observations after the last step, to bootstrap from.
+        episode_return: returns of the episodes that ended in this chunk.
+        episode_length: their lengths.
+        episode_env: their global env indices.
+    """
+
+    worker_id: int
+    env_offset: int
+    version: int
+    lag: int
+    obs: Array
+    actions: Array
+    logprob: Array
+    value: Array | None
+    reward: Array
+    terminated: Array
+    truncated: Array
+    next_obs: Array
+    episode_return: Array
+    episode_length: Array
+    episode_env: Array
+
+    @property
+    def num_steps(self) -> int:
+        """``T``."""
+        return int(self.reward.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        """``E``."""
+        return int(self.reward.shape[1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rollout:
+    """``T`` steps of every env, ``[T, num_envs]``, gathered from one chunk per worker.
+
+    The fields are those of :class:`Chunk` concatenated along the env axis, plus the policy
+    version and lag of every transition (workers may hold different versions).
+    """
+
+    obs: Array
+    actions: Array
+    logprob: Array
+    value: Array | None
+    reward: Array
+    terminated: Array
+    truncated: Array
+    next_obs: Array
+    policy_version: Array
+    lag: Array
+    episode_return: Array
+    episode_length: Array
+    episode_env: Array
+
+    @classmethod
+    def from_chunks(cls, chunks: list[Chunk]) -> Rollout:
+        """Concatenate chunks of equal ``T`` along the env axis, in the given order."""
+
+        def cat(name: str, axis: int = 1) -> Array:
+            return np.concatenate([getattr(c, name) for c in chunks], axis=axis)
+
+        steps = chunks[0].num_steps
+
+        def per_transition(name: str) -> Array:
+            return np.concatenate(
+                [np.full((steps, c.num_envs), getattr(c, name), dtype=np.int64) for c in chunks],
+                axis=1,
+            )
+
+        return cls(
+            obs=cat("obs"),
+            actions=cat("actions"),
+            logprob=cat("logprob"),
+            value=cat("value") if all(c.value is not None for c in chunks) else None,
+            reward=cat("reward"),
+            terminated=cat("terminated"),
+            truncated=cat("truncated"),
+            next_obs=cat("next_obs", axis=0),
+            policy_version=per_transition("version"),
+            lag=per_transition("lag"),
+            episode_return=cat("episode_return", axis=0),
+            episode_length=cat("episode_length", axis=0),
+            episode_env=cat("episode_env", axis=0),
+        )
+
+
+@dataclass(slots=True)
+class WorkerMetrics:
+    """Weight synchronization and staleness figures of one worker.
+
+    Attributes:
+        worker_id: the worker.
+        version: the policy version the worker holds (-1: none yet).
+        syncs: weight messages sent to it, the first deployment included.
+        weight_bytes: bytes of weight arrays sent to it.
+        divergences: the most recent divergence values measured for it (KL of its version
+            against the learner's, mean over states), oldest first.
+        transitions: env transitions received from it.
+        lag_sum: sum over those transitions of their policy lag (learner version minus
+            behaviour version).
+        lag_max: the largest lag of any of them.
+        chunks: chunks received from it.
+        dropped_chunks: chunks that arrived after their stream was closed and were discarded.
+    """
+
+    worker_id: int
+    version: int = -1
+    syncs: int = 0
+    weight_bytes: int = 0
+    divergences: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=DIVERGENCE_HISTORY)
+    )
+    transitions: int = 0
+    lag_sum: int = 0
+    lag_max: int = 0
+    chunks: int = 0
+    dropped_chunks: int = 0
+
+    @property
+    def lag_mean(self) -> float:
+        """Mean policy lag per transition (0 before any transition)."""
+        return self.lag_sum / self.transitions if self.transitions else 0.0
+
+    def snapshot(self) -> WorkerMetrics:
+        """An independent copy."""
+        copy = WorkerMetrics(
+            worker_id=self.worker_id,
+            version=self.version,
+            syncs=self.syncs,
+            weight_bytes=self.weight_bytes,
+            transitions=self.transitions,
+            lag_sum=self.lag_sum,
+            lag_max=self.lag_max,
+            chunks=self.chunks,
+            dropped_chunks=self.dropped_chunks,
+        )
+        copy.divergences.extend(self.divergences)
+        return copy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """Per worker and total synchronization figures of a learner."""
+
+    version: int
+    """The learner's newest policy version (0 before the first publish)."""
+    workers: tuple[WorkerMetrics, ...]
+
+    @property
+    def syncs(self) -> int:
+        """Weight messages sent, all workers."""
+        return sum(w.syncs for w in self.workers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weight arrays sent, all workers."""
+        return sum(w.weight_bytes for w in self.workers)
+
+    @property
+    def transitions(self) -> int:
+        """Transitions received, all workers."""
+        return sum(w.transitions for w in self.workers)
+
+    @property
+    def lag_mean(self) -> float:
+        """Mean policy lag per transition, all workers."""
+        total = self.transitions
+        return sum(w.lag_sum for w in self.workers) / total if total else 0.0
+
+    @property
+    def lag_max(self) -> int:
+        """Largest policy lag of any transition."""
+        return max((w.lag_max for w in self.workers), default=0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Totals and per-worker figures as plain numbers, for logs and JSON."""
+        return {
+            "version": self.version,
+            "syncs": self.syncs,
+            "weight_bytes": self.weight_bytes,
+            "transitions": self.transitions,
+            "lag_mean": self.lag_mean,
+            "lag_max": self.lag_max,
+            "workers": [
+                {
+                    "worker_id": w.worker_id,
+                    "version": w.version,
+                    "syncs": w.syncs,
+                    "weight_bytes": w.weight_bytes,
+                    "transitions": w.transitions,
+                    "lag_mean": w.lag_mean,
+                    "lag_max": w.lag_max,
+                    "chunks": w.chunks,
+                    "divergence_last": w.divergences[-1] if w.divergences else None,
+                    "divergence_max": max(w.divergences, default=None),
+                }
+                for w in self.workers
+            ],
+        }
+
+
+class PolicyVersions:
+    """The policy versions a learner has published and still needs, and the KL between them.
+
+    Only the newest version and versions some worker still holds are kept (:meth:`prune`), so
+    a learner that publishes faster than workers sync holds a bounded number of copies.
+    Divergence is measured on the learner with two scratch copies of the policy (one loaded
+    with the current version, one with the worker's): zero extra bytes on the wire.
+
+    torch is imported on the first :meth:`publish`, never before.
+    """
+
+    def __init__(
+        self,
+        observation_space: Any,
+        action_space: Any,
+        *,
+        max_states: int = 1024,
+    ) -> None:
+        self._spaces = (observation_space, action_space)
+        self.max_states = max_states
+        self.current = 0
+        self.epsilon: float | None = None
+        self._weights: dict[int, dict[str, Array]] = {}
+        self._nbytes: dict[int, int] = {}
+        self._live: Any = None  # Policy holding the current version
+        self._probe: Any = None  # Policy holding whichever old version was measured last
+        self._probe_version = -1
+
+    def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
+        """Snapshot ``agent``'s weights as a new version and return its number (1, 2, ...).
+
+        Args:
+            agent: an ``nn.Module`` the policy adapter understands, or an
+                :class:`aps.policy.Policy`.
+            epsilon: exploration rate for epsilon-greedy Q-policies (``None``: unchanged).
+
+        Raises:
+            ConfigError: the agent is not a policy aps can run.
+        """
+        from aps.policy import Policy
+
+        policy = agent if isinstance(agent, Policy) else Policy(agent, *self._spaces)
+        weights = policy.get_weights()
+        if self._live is None:
+            # Scratch copies: training goes on in the user's agent, these hold versions.
+            self._live, self._probe = policy.clone(), policy.clone()
+        self._live.set_weights(weights)
+        if epsilon is not None:
+            self.epsilon = epsilon
+            self._live.epsilon = epsilon
+        self.current += 1
+        self._weights[self.current] = weights
+        self._nbytes[self.current] = sum(a.nbytes for a in weights.values())
+        return self.current
+
+    def weights(self, version: int) -> dict[str, Array]:
+        """The arrays of ``version`` (which must still be kept)."""
+        return self._weights[version]
+
+    def nbytes(self, version: int) -> int:
+        """Bytes of ``version``'s arrays."""
+        return self._nbytes[version]
+
+    def divergence(self, version: int, obs: Array) -> float:
+        """Mean over ``obs`` of KL(pi_version(.|s) || pi_current(.|s)); 0 for the current one."""
+        if version == self.current:
+            return 0.0
+        if self._probe_version != version:
+            self._probe.set_weights(self._weights[version])
+            self._probe_version = version
+        if self.epsilon is not None:
+            self._probe.epsilon = self.epsilon
+        return float(self._probe.kl(self._live, obs, max_states=self.max_states))
+
+    def prune(self, held: set[int]) -> None:
+        """Forget every version but the current one and those in ``held``."""
+        keep = held | {self.current}
+        for version in [v for v in self._weights if v not in keep]:
+            del self._weights[version]
+            del self._nbytes[version]
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+
+def sample_states(obs: Array, max_states: int) -> Array:
+    """Flatten ``[T, E, ...]`` observations to states and keep at most ``max_states``.
+
+    The sample is evenly spaced (deterministic) and copied, so it outlives the frame it came
+    from.
+    """
+    states = obs.reshape(-1, *obs.shape[2:])
+    if states.shape[0] > max_states:
+        index = np.linspace(0, states.shape[0] - 1, max_states).round().astype(np.int64)
+        return states[index]
+    return states.copy()
