@@ -1,0 +1,884 @@
+"""The torch adapter: a CleanRL-style agent, used by aps without editing it.
+
+This is the only aps module that imports torch; nothing else imports it, so the remote-env
+path runs without torch installed.
+
+A policy reaches a worker as an import path (``"pkg.module:make_agent"`` or
+``"path/to/script.py:Agent"``, see :func:`load_policy_factory`) plus weights that travel as
+numpy arrays (:meth:`Policy.get_weights`, :meth:`Policy.set_weights`); no pickle anywhere.
+The factory is called with the single observation and action spaces, or, when it takes one
+positional argument like CleanRL's ``Agent(envs)``, with a small stand-in for a one-env vector
+env (:class:`VectorEnvSpaces`).
+
+:class:`Policy` recognises three kinds of agent by their attributes:
+
+- ``"categorical"``: ``actor`` maps observations to logits ``[B, n]``; optional ``critic``
+  maps them to values ``[B, 1]``. Needs a ``Discrete`` action space.
+- ``"gaussian"``: ``actor_mean`` maps observations to means ``[B, D]`` and ``actor_logstd`` is
+  a tensor (usually an ``nn.Parameter`` of shape ``[1, D]``) broadcastable to them; optional
+  ``critic``. Needs a float ``Box`` action space with ``D`` = the product of its shape.
+- ``"q"``: none of those attributes; ``module(obs)`` returns Q-values ``[B, n]`` (CleanRL's
+  ``QNetwork``). Needs a ``Discrete`` action space. The behaviour policy is epsilon-greedy
+  (default, ``epsilon=0.05``) or Boltzmann (``exploration="boltzmann"``, ``temperature``).
+
+The heads are called on the observations directly (as float tensors of the module's
+parameter dtype and device), so agents whose heads expect a shared trunk's output are not
+supported as is. The module's train/eval mode is left alone: put agents with dropout or batch
+norm in eval mode for acting.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector.utils import batch_space
+from torch import nn
+
+from aps.errors import ConfigError
+
+__all__ = [
+    "Exploration",
+    "Policy",
+    "PolicyKind",
+    "PolicySpec",
+    "VectorEnvSpaces",
+    "build_module",
+    "limit_threads",
+    "load_policy_factory",
+    "weights_nbytes",
+]
+
+PolicySpec = str | Callable[..., nn.Module]
+"""An import path (``"pkg.module:make_agent"``, ``"path/to/script.py:Agent"``) or a callable
+that builds the agent module."""
+
+PolicyKind = Literal["categorical", "gaussian", "q"]
+"""What :class:`Policy` found: a categorical actor, a Gaussian actor or a Q-network."""
+
+Exploration = Literal["epsilon", "boltzmann"]
+"""How a Q-network policy explores: epsilon-greedy or a softmax of ``Q / temperature``."""
+
+_OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
+_PROBE_BATCH = 2
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def limit_threads(n: int = 1) -> None:
+    """Limit torch's intra-op CPU threads in this process to ``n``.
+
+    Call it once in each worker process: many workers on few cores each running torch's
+    default thread pool (one thread per core) oversubscribe the machine. aps never calls it on
+    import.
+
+    Raises:
+        ConfigError: ``n`` is not an int >= 1.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"limit_threads needs an int >= 1, got {n!r}")
+    torch.set_num_threads(n)
+
+
+def weights_nbytes(weights: Mapping[str, np.ndarray]) -> int:
+    """The total size in bytes of the arrays of a weights dict (what a sync puts on the wire)."""
+    return sum(int(array.nbytes) for array in weights.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the factory and building the module.
+
+
+def load_policy_factory(spec: PolicySpec) -> Callable[..., nn.Module]:
+    """Resolve a policy import path to the callable that builds the agent.
+
+    Args:
+        spec: ``"pkg.module:attr"`` (imported with :func:`importlib.import_module`),
+            ``"path/to/script.py:attr"`` (the file is executed once per process as a module
+            under a private name, so its ``if __name__ == "__main__":`` block does not run; a
+            relative path is relative to the current directory), or a callable, returned as
+            is. ``attr`` may be dotted (``"pkg.module:Agents.small"``).
+
+    Returns:
+        The callable; :func:`build_module` calls it.
+
+    Raises:
+        ConfigError: the path is malformed, the module or file cannot be imported (the
+            original exception is chained), the attribute is missing or not callable.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise ConfigError(
+            f"a policy must be 'pkg.module:factory', 'path/to/script.py:Factory' or a "
+            f"callable, got {spec!r}"
+        )
+    location, _, name = spec.rpartition(":")
+    if not location or not name:
+        raise ConfigError(
+            f"policy {spec!r} is not an import path; write 'pkg.module:factory' or "
+            "'path/to/script.py:Factory'"
+        )
+    module = _import_file(location, spec) if location.endswith(".py") else _import(location, spec)
+    target: Any = module
+    for part in name.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(
+                f"{location!r} has no attribute {name!r} (from policy {spec!r})"
+            ) from None
+    if not callable(target):
+        raise ConfigError(
+            f"policy {spec!r} names a {type(target).__name__}, not a class or function"
+        )
+    return target  # type: ignore[no-any-return]
+
+
+def _import(location: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(location)
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot import module {location!r} (from policy {spec!r}): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _import_file(location: str, spec: str) -> Any:
+    path = Path(location).resolve()
+    if not path.is_file():
+        raise ConfigError(f"policy file {location!r} does not exist (from policy {spec!r})")
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    stem = re.sub(r"\W", "_", path.stem)
+    module_name = f"_aps_policy_{stem}_{digest}"
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ConfigError(f"cannot import {location!r} (from policy {spec!r})")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module  # dataclasses in the file look themselves up here
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise ConfigError(
+            f"importing policy file {location!r} (from policy {spec!r}) raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+@dataclass(frozen=True)
+class VectorEnvSpaces:
+    """The spaces of a one-env vector env, for factories written as ``Agent(envs)``.
+
+    CleanRL's agents read ``envs.single_observation_space`` and ``envs.single_action_space``
+    (and some ``envs.observation_space``); this object has those, and nothing else of a
+    vector env.
+
+    Attributes:
+        single_observation_space: the observation space of one env.
+        single_action_space: the action space of one env.
+        observation_space: ``single_observation_space`` batched for one env.
+        action_space: ``single_action_space`` batched for one env.
+        num_envs: always 1.
+    """
+
+    single_observation_space: gym.Space[Any]
+    single_action_space: gym.Space[Any]
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    num_envs: int = 1
+
+    @classmethod
+    def of(cls, observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> VectorEnvSpaces:
+        """Build the stand-in from the single spaces."""
+        return cls(
+            single_observation_space=observation_space,
+            single_action_space=action_space,
+            observation_space=batch_space(observation_space, 1),
+            action_space=batch_space(action_space, 1),
+        )
+
+
+def _takes_envs(factory: Callable[..., Any], given: Mapping[str, Any]) -> bool:
+    """Whether the factory has exactly one required positional parameter left to fill."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [
+        p
+        for p in signature.parameters.values()
+        if p.kind in positional and p.default is p.empty and p.name not in given
+    ]
+    variadic = any(
+        p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values()
+    )
+    return len(required) == 1 and not variadic
+
+
+def build_module(
+    factory: Callable[..., nn.Module],
+    observation_space: gym.Space[Any],
+    action_space: gym.Space[Any],
+    **kwargs: Any,
+) -> nn.Module:
+    """Call a policy factory and check that it built an ``nn.Module``.
+
+    When the factory has exactly one required positional parameter (CleanRL's
+    ``Agent(envs)``), it is called with a :class:`VectorEnvSpaces`; otherwise with
+    ``(observation_space, action_space)``. ``kwargs`` are passed through either way.
+
+    Args:
+        factory: a class or function, usually from :func:`load_policy_factory`.
+        observation_space: the observation space of one env.
+        action_space: the action space of one env.
+        kwargs: extra keyword arguments for the factory.
+
+    Raises:
+        ConfigError: the factory raised (the exception is chained) or returned something
+            other than an ``nn.Module``.
+    """
+    name = getattr(factory, "__qualname__", repr(factory))
+    try:
+        if _takes_envs(factory, kwargs):
+            module = factory(VectorEnvSpaces.of(observation_space, action_space), **kwargs)
+        else:
+            module = factory(observation_space, action_space, **kwargs)
+    except Exception as exc:
+        raise ConfigError(
+            f"policy factory {name} raised {type(exc).__name__}: {exc}; it is called as "
+            "factory(envs) with envs.single_observation_space/single_action_space, or as "
+            "factory(observation_space, action_space)"
+        ) from exc
+    if not isinstance(module, nn.Module):
+        raise ConfigError(
+            f"policy factory {name} returned {type(module).__name__}, not a torch.nn.Module"
+        )
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy.
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:  # bfloat16 and other types numpy lacks
+        return None
+
+
+def _check_fraction(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0.0 <= float(value) <= 1.0
+    ):
+        raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _check_temperature(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"temperature must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+class Policy:
+    """A CleanRL-style agent seen as a behaviour policy: act, compare, move weights.
+
+    Args:
+        module: the agent; its kind is detected from its attributes (see the module doc).
+        observation_space: the observation space of one env (``Box``, ``Discrete``,
+            ``MultiBinary`` or ``MultiDiscrete``; observations become float tensors).
+        action_space: the action space of one env: ``Discrete`` or a float ``Box``.
+        exploration: for Q-networks, ``"epsilon"`` (epsilon-greedy) or ``"boltzmann"``
+            (softmax of ``Q / temperature``). Ignored for actor policies.
+        epsilon: the epsilon-greedy random-action probability, in ``[0, 1]``.
+        temperature: the Boltzmann temperature, ``> 0``.
+        seed: seeds the private sampling generator; ``None`` seeds it from the OS.
+
+    The constructor runs the heads once on a batch of two zero observations (in eval mode,
+    without gradients, the modes restored after) to check the output shapes.
+
+    Raises:
+        ConfigError: an unsupported space or space/agent combination, missing or misshapen
+            heads, or a bad exploration parameter. The message names what was found and
+            what is supported.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        *,
+        exploration: Exploration = "epsilon",
+        epsilon: float = 0.05,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise ConfigError(f"a policy wraps a torch.nn.Module, got {type(module).__name__}")
+        if not isinstance(observation_space, _OBSERVATION_SPACES):
+            raise ConfigError(
+                f"observation space {observation_space} is not supported; a policy takes "
+                "Box, Discrete, MultiBinary or MultiDiscrete observations"
+            )
+        if exploration not in ("epsilon", "boltzmann"):
+            raise ConfigError(f"exploration must be 'epsilon' or 'boltzmann', got {exploration!r}")
+        self._module = module
+        self._observation_space = observation_space
+        self._action_space = action_space
+        self._obs_shape: tuple[int, ...] = tuple(observation_space.shape or ())
+        self._kind: PolicyKind = _detect_kind(module, action_space)
+        self._has_critic = self._kind != "q" and callable(getattr(module, "critic", None))
+        self._exploration: Exploration = exploration
+        self._epsilon = _check_fraction("epsilon", epsilon)
+        self._temperature = _check_temperature(temperature)
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self.seed(seed)
+        self._probe()
+
+    @classmethod
+    def load(
+        cls,
+        spec: PolicySpec,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        *,
+        exploration: Exploration = "epsilon",
+        epsilon: float = 0.05,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> Policy:
+        """Import, build and wrap: ``Policy(build_module(load_policy_factory(spec), ...))``.
+
+        This is what a worker does with the import path it is given. The keyword arguments
+        are those of :class:`Policy`.
+
+        Raises:
+            ConfigError: from any of the three steps.
+        """
+        factory = load_policy_factory(spec)
+        module = build_module(factory, observation_space, action_space)
+        return cls(
+            module,
+            observation_space,
+            action_space,
+            exploration=exploration,
+            epsilon=epsilon,
+            temperature=temperature,
+            seed=seed,
+        )
+
+    # -- what it is ------------------------------------------------------------------------
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped agent (not a copy)."""
+        return self._module
+
+    @property
+    def kind(self) -> PolicyKind:
+        """``"categorical"``, ``"gaussian"`` or ``"q"``."""
+        return self._kind
+
+    @property
+    def observation_space(self) -> gym.Space[Any]:
+        """The observation space of one env."""
+        return self._observation_space
+
+    @property
+    def action_space(self) -> gym.Space[Any]:
+        """The action space of one env."""
+        return self._action_space
+
+    @property
+    def has_critic(self) -> bool:
+        """Whether :meth:`act` returns values (an actor policy with a ``critic`` head)."""
+        return self._has_critic
+
+    @property
+    def exploration(self) -> Exploration:
+        """How a Q-network policy explores (meaningless for actor policies)."""
+        return self._exploration
+
+    @property
+    def epsilon(self) -> float:
+        """The epsilon-greedy random-action probability, in ``[0, 1]``.
+
+        Settable; setting it on an actor policy raises :class:`~aps.errors.ConfigError`.
+        """
+        return self._epsilon
+
+    @epsilon.setter
+    def epsilon(self, value: float) -> None:
+        self._require_q("epsilon")
+        self._epsilon = _check_fraction("epsilon", value)
+
+    @property
+    def temperature(self) -> float:
+        """The Boltzmann temperature, ``> 0``. Settable like :attr:`epsilon`."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._require_q("temperature")
+        self._temperature = _check_temperature(value)
+
+    def behaviour_params(self) -> dict[str, float]:
+        """The exploration parameters that shape the behaviour distribution, beside weights.
+
+        ``{"epsilon": ...}`` for an epsilon-greedy Q policy, ``{"temperature": ...}`` for a
+        Boltzmann one, ``{}`` for actor policies (their weights say everything). A version of a
+        Q policy is its weights plus these: send them along, keep them with stored versions.
+        """
+        if self._kind != "q":
+            return {}
+        if self._exploration == "epsilon":
+            return {"epsilon": self._epsilon}
+        return {"temperature": self._temperature}
+
+    def set_behaviour_params(self, params: Mapping[str, float]) -> None:
+        """Set what :meth:`behaviour_params` returned (all keys optional).
+
+        Raises:
+            ConfigError: a key this policy does not have, or a value out of range; nothing
+                is changed then.
+        """
+        allowed = set(self.behaviour_params())
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise ConfigError(
+                f"unknown behaviour parameters {unknown} for this {self._kind} policy; "
+                f"it has {sorted(allowed)}"
+            )
+        epsilon = _check_fraction("epsilon", params.get("epsilon", self._epsilon))
+        temperature = _check_temperature(params.get("temperature", self._temperature))
+        self._epsilon, self._temperature = epsilon, temperature
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.behaviour_params().items())
+        return (
+            f"Policy(kind={self._kind!r}, module={type(self._module).__name__}, "
+            f"action_space={self._action_space}, has_critic={self._has_critic}{extra})"
+        )
+
+    # -- acting ----------------------------------------------------------------------------
+
+    def seed(self, seed: int) -> None:
+        """Seed the private sampling generator (torch's global RNG is never touched).
+
+        Raises:
+            ConfigError: ``seed`` is not an int torch accepts.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an int, got {seed!r}")
+        try:
+            self._generator.manual_seed(seed)
+        except RuntimeError as exc:
+            raise ConfigError(f"seed {seed} is out of torch's range: {exc}") from exc
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Sample one action per observation from the behaviour policy, without gradients.
+
+        Args:
+            obs: observations ``[B, *observation_space.shape]``, ``B >= 1``, any numeric dtype
+                (converted to the module's float dtype; the array is not modified).
+
+        Returns:
+            ``(actions, log_probs, values)``:
+
+            - actions: ``[B]`` int64 for ``Discrete`` (offset by the space's ``start``), or
+              ``[B, *action_space.shape]`` float32 for ``Box``. Box actions are the raw
+              Gaussian samples, not clipped to the bounds (as in CleanRL, whose envs clip
+              with ``ClipAction``); clip a copy before stepping an env that needs it.
+            - log_probs: ``[B]`` float32, the log-probability of each action under the
+              behaviour policy (for Q policies, under the epsilon-greedy or Boltzmann
+              distribution; for Box, of the unclipped sample, summed over dimensions).
+            - values: ``[B]`` float32 from the critic, or ``None`` without a critic.
+
+        Raises:
+            ConfigError: ``obs`` has the wrong shape.
+        """
+        x = self._observations(obs, leading=1)
+        with torch.no_grad():
+            if self._kind == "gaussian":
+                mean, log_std = self._gaussian(x)
+                noise = torch.randn(mean.shape, generator=self._generator, dtype=mean.dtype)
+                sample = mean + log_std.exp() * noise
+                log_prob = (-0.5 * noise.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+                shape = (sample.shape[0], *(self._action_space.shape or ()))
+                actions = sample.to(torch.float32).reshape(shape).numpy()
+            else:
+                log_probs = self._categorical(x)
+                index = torch.multinomial(log_probs.exp(), 1, generator=self._generator)
+                log_prob = log_probs.gather(1, index).squeeze(1)
+                start = int(self._action_space.start)  # type: ignore[attr-defined]
+                actions = (index.squeeze(1) + start).to(torch.int64).numpy()
+            values = None
+            if self._has_critic:
+                values = self._values(x).numpy()
+        return actions, log_prob.to(torch.float32).numpy(), values
+
+    # -- comparing -------------------------------------------------------------------------
+
+    def kl(self, other: Policy, obs: np.ndarray, *, max_states: int | None = 1024) -> float:
+        """Mean over states of ``KL(self(.|s) || other(.|s))``, in nats, in closed form.
+
+        ``self`` is the behaviour policy (the version a worker acted with) and ``other`` the
+        learner's current one, the direction APS uses. Per state:
+
+        - categorical: ``sum_a p0(a) (log p0(a) - log p1(a))`` from ``log_softmax`` of the
+          logits;
+        - Gaussian: ``sum_d [log(s1/s0) + (s0^2 + (m0 - m1)^2) / (2 s1^2) - 1/2]``;
+        - Q policies: the categorical KL of the two behaviour distributions (epsilon-greedy:
+          ``epsilon/n`` on every action plus ``1 - epsilon`` on the first argmax; Boltzmann:
+          ``softmax(Q / temperature)``), each with its own parameters. With ``epsilon == 0``
+          on both sides, a state whose argmax differs has infinite KL, so the mean is
+          ``inf``.
+
+        Cost: one forward pass of each policy over at most ``max_states`` states, no gradients.
+        When there are more states than that, an evenly spaced, deterministic subsample of
+        ``max_states`` of them (the first and the last included) is used.
+
+        Args:
+            other: a policy of the same kind over the same spaces.
+            obs: observations ``[..., *observation_space.shape]`` with at least one state;
+                leading dimensions (``[T, E]`` for a chunk) are flattened.
+            max_states: the most states to evaluate; ``None`` for all of them.
+
+        Returns:
+            The mean KL, ``>= 0``; ``0.0`` for identical policies; may be ``inf``.
+
+        Raises:
+            ConfigError: ``other`` is of another kind or over other spaces, ``obs`` has the
+                wrong shape or no state, or ``max_states`` is not ``None`` or an int >= 1.
+        """
+        if not isinstance(other, Policy):
+            raise ConfigError(f"kl compares two Policy objects, got {type(other).__name__}")
+        if max_states is not None and (
+            isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1
+        ):
+            raise ConfigError(f"max_states must be None or an int >= 1, got {max_states!r}")
+        if (
+            other._kind != self._kind
+            or other._action_space != self._action_space
+            or other._obs_shape != self._obs_shape
+        ):
+            raise ConfigError(
+                f"cannot compare a {self._kind} policy over {self._action_space} with a "
+                f"{other._kind} policy over {other._action_space}; KL needs two versions of "
+                "the same agent"
+            )
+        flat = self._flatten(obs)
+        if max_states is not None and flat.shape[0] > max_states:
+            flat = flat[np.linspace(0, flat.shape[0] - 1, num=max_states).astype(np.int64)]
+        with torch.no_grad():
+            x0 = self._to_tensor(flat)
+            x1 = other._to_tensor(flat)
+            if self._kind == "gaussian":
+                m0, l0 = (t.double() for t in self._gaussian(x0))
+                m1, l1 = (t.double() for t in other._gaussian(x1))
+                per_state = (
+                    (l1 - l0) + ((2 * l0).exp() + (m0 - m1).square()) / (2 * (2 * l1).exp()) - 0.5
+                ).sum(-1)
+            else:
+                p0_log = self._categorical(x0).double()
+                p1_log = other._categorical(x1).double()
+                p0 = p0_log.exp()
+                terms = torch.where(p0 > 0, p0 * (p0_log - p1_log), torch.zeros_like(p0))
+                per_state = terms.sum(-1)
+            mean = float(per_state.mean())
+        return max(mean, 0.0)  # rounding may leave a tiny negative for near-equal policies
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The module's ``state_dict`` as numpy arrays.
+
+        Returns:
+            ``{name: array}`` with the ``state_dict`` names and order, each array a C-contiguous
+            copy (on the CPU) with the tensor's own dtype and shape, buffers included.
+
+        Raises:
+            ConfigError: a tensor has a dtype numpy lacks (``bfloat16``); convert the module
+                to float32 first.
+        """
+        weights: dict[str, np.ndarray] = {}
+        for name, tensor in self._module.state_dict().items():
+            if _numpy_dtype(tensor.dtype) is None:
+                raise ConfigError(
+                    f"weight {name!r} has dtype {tensor.dtype}, which numpy cannot hold; "
+                    "convert the module to float32 (module.float()) before publishing it"
+                )
+            weights[name] = np.array(tensor.detach().cpu().numpy(), copy=True, order="C")
+        return weights
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Load arrays from :meth:`get_weights` (of any module built by the same factory).
+
+        The round trip is exact: same names, shapes, dtypes and bits. Everything is checked
+        before anything is written, so a refused dict leaves the module unchanged. Read-only
+        arrays (decoded from the wire) are fine; they are copied into the module's tensors.
+
+        Raises:
+            ConfigError: missing or unexpected names, a value that is not an array, or a
+                shape or dtype that differs from the module's (no casting); the message lists
+                them.
+        """
+        state = self._module.state_dict()
+        problems: list[str] = []
+        missing = [name for name in state if name not in weights]
+        unexpected = [name for name in weights if name not in state]
+        if missing:
+            problems.append(f"missing {_names(missing)}")
+        if unexpected:
+            problems.append(f"unexpected {_names(unexpected)}")
+        for name, tensor in state.items():
+            array: object = weights.get(name)
+            if array is None:
+                continue
+            if not isinstance(array, np.ndarray):
+                problems.append(f"{name!r} is a {type(array).__name__}, not a numpy array")
+                continue
+            if array.shape != tuple(tensor.shape):
+                problems.append(
+                    f"{name!r} has shape {array.shape}, the module's is {tuple(tensor.shape)}"
+                )
+            expected = _numpy_dtype(tensor.dtype)
+            if array.dtype != expected:
+                problems.append(f"{name!r} has dtype {array.dtype}, the module's is {expected}")
+        if problems:
+            raise ConfigError(
+                f"cannot load weights into {type(self._module).__name__}: "
+                + "; ".join(problems)
+                + "; weights must come from get_weights of the same agent"
+            )
+        with torch.no_grad():
+            for name, tensor in state.items():
+                array = weights[name]
+                if tensor.device.type == "cpu":
+                    np.copyto(tensor.numpy(), array, casting="no")
+                else:
+                    tensor.copy_(torch.tensor(array))
+
+    def clone(self) -> Policy:
+        """An independent copy, for the learner's scratch copy that loads old versions.
+
+        The module is deep-copied; the spaces and exploration parameters are the same, and
+        the generator starts in the same state (so both sample the same actions next).
+        """
+        twin = copy.copy(self)
+        twin._module = copy.deepcopy(self._module)
+        twin._generator = torch.Generator()
+        twin._generator.set_state(self._generator.get_state())
+        return twin
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _require_q(self, name: str) -> None:
+        if self._kind != "q":
+            raise ConfigError(
+                f"{name} applies to Q-network policies only; this policy is {self._kind}"
+            )
+
+    def _placement(self) -> tuple[torch.device, torch.dtype]:
+        for tensor in _tensors(self._module):
+            if tensor.is_floating_point():
+                return tensor.device, tensor.dtype
+        return torch.device("cpu"), torch.float32
+
+    def _observations(self, obs: np.ndarray, *, leading: int) -> torch.Tensor:
+        array = np.asarray(obs)
+        expected = array.ndim == len(self._obs_shape) + leading and (
+            array.shape[leading:] == self._obs_shape
+        )
+        if not expected or array.shape[0] == 0:
+            raise ConfigError(
+                f"observations of shape {array.shape} do not match [batch, "
+                f"*{self._obs_shape}] with batch >= 1 for {self._observation_space}"
+            )
+        return self._to_tensor(array)
+
+    def _flatten(self, obs: np.ndarray) -> np.ndarray:
+        array = np.asarray(obs)
+        depth = len(self._obs_shape)
+        if array.ndim <= depth or array.shape[array.ndim - depth :] != self._obs_shape:
+            raise ConfigError(
+                f"observations of shape {array.shape} do not match [..., *{self._obs_shape}] "
+                f"for {self._observation_space}"
+            )
+        flat = array.reshape((-1, *self._obs_shape))
+        if flat.shape[0] == 0:
+            raise ConfigError(
+                f"kl needs at least one state, got observations of shape {array.shape}"
+            )
+        return flat
+
+    def _to_tensor(self, array: np.ndarray) -> torch.Tensor:
+        device, dtype = self._placement()
+        return torch.tensor(array, dtype=dtype, device=device)  # a copy: inputs may be read-only
+
+    def _gaussian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Means and log-stds ``[B, D]`` on the CPU."""
+        mean = _call(self._module, "actor_mean", x)
+        log_std = _attr(self._module, "actor_logstd")
+        return mean.cpu(), log_std.expand_as(mean).cpu()
+
+    def _categorical(self, x: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``[B, n]`` on the CPU (``-inf`` for impossible actions)."""
+        if self._kind == "categorical":
+            return torch.log_softmax(_call(self._module, "actor", x).cpu(), dim=-1)
+        q = self._module(x).cpu()
+        if self._exploration == "boltzmann":
+            return torch.log_softmax(q / self._temperature, dim=-1)
+        n = q.shape[-1]
+        probs = torch.full_like(q, self._epsilon / n)
+        greedy = q.argmax(dim=-1, keepdim=True)
+        probs.scatter_add_(1, greedy, torch.full_like(greedy, 1.0 - self._epsilon, dtype=q.dtype))
+        return probs.log()
+
+    def _values(self, x: torch.Tensor) -> torch.Tensor:
+        return _call(self._module, "critic", x).reshape(-1).to(torch.float32).cpu()
+
+    def _probe(self) -> None:
+        """Run the heads once on zeros and check the output shapes; modes are restored."""
+        modes = [(m, m.training) for m in self._module.modules()]
+        batch = np.zeros((_PROBE_BATCH, *self._obs_shape), dtype=np.float32)
+        what = type(self._module).__name__
+        try:
+            self._module.eval()
+            x = self._to_tensor(batch)
+            with torch.no_grad():
+                outputs = self._probe_outputs(x)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(
+                f"running {what} ({self._kind} policy) on a batch of {_PROBE_BATCH} "
+                f"observations of shape {self._obs_shape} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            for module, training in modes:
+                module.training = training
+        for head, shape, expected in outputs:
+            if shape != expected:
+                raise ConfigError(
+                    f"{what}.{head} returned shape {list(shape)} for a batch of "
+                    f"{_PROBE_BATCH} observations; a {self._kind} policy over "
+                    f"{self._action_space} needs {list(expected)}"
+                )
+
+    def _probe_outputs(self, x: torch.Tensor) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+        b = _PROBE_BATCH
+        outputs: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+        if self._kind == "gaussian":
+            dims = math.prod(self._action_space.shape or ())
+            mean = _call(self._module, "actor_mean", x)
+            outputs.append(("actor_mean", tuple(mean.shape), (b, dims)))
+            log_std = _attr(self._module, "actor_logstd")
+            if not isinstance(log_std, torch.Tensor):
+                raise ConfigError(
+                    f"{type(self._module).__name__}.actor_logstd is a "
+                    f"{type(log_std).__name__}; a Gaussian policy needs a tensor (an "
+                    f"nn.Parameter of shape [1, {dims}])"
+                )
+            try:
+                log_std.expand_as(mean)
+            except RuntimeError:
+                outputs.append(("actor_logstd", tuple(log_std.shape), (1, dims)))
+        else:
+            n = int(self._action_space.n)  # type: ignore[attr-defined]
+            head = "actor" if self._kind == "categorical" else "forward"
+            out = (
+                _call(self._module, "actor", x) if self._kind == "categorical" else self._module(x)
+            )
+            if not isinstance(out, torch.Tensor):
+                raise ConfigError(
+                    f"{type(self._module).__name__}.{head} returned {type(out).__name__}, "
+                    f"not a tensor of shape [batch, {n}]"
+                )
+            outputs.append((head, tuple(out.shape), (b, n)))
+        if self._has_critic:
+            value = _call(self._module, "critic", x)
+            shape = tuple(value.shape)
+            outputs.append(("critic", shape, shape if value.numel() == b else (b, 1)))
+        return outputs
+
+
+def _detect_kind(module: nn.Module, action_space: gym.Space[Any]) -> PolicyKind:
+    what = type(module).__name__
+    has = {name for name in ("actor", "actor_mean", "actor_logstd") if hasattr(module, name)}
+    supported = (
+        "aps.policy supports a categorical actor (actor -> logits) or a Q-network "
+        "(module(obs) -> Q-values) over Discrete, and a Gaussian actor (actor_mean, "
+        "actor_logstd) over a float Box"
+    )
+    if isinstance(action_space, spaces.Discrete):
+        if "actor_mean" in has or "actor_logstd" in has:
+            raise ConfigError(
+                f"{what} has a Gaussian head ({', '.join(sorted(has))}) but the action space "
+                f"is {action_space}; {supported}"
+            )
+        return "categorical" if "actor" in has else "q"
+    if isinstance(action_space, spaces.Box) and np.issubdtype(action_space.dtype, np.floating):
+        if {"actor_mean", "actor_logstd"} <= has:
+            return "gaussian"
+        found = f"found {', '.join(sorted(has))}" if has else "found no actor head"
+        raise ConfigError(
+            f"{what} over the action space {action_space}: {found}; a Box action space "
+            f"needs both actor_mean and actor_logstd; {supported}"
+        )
+    raise ConfigError(f"the action space {action_space} is not supported; {supported}")
+
+
+def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def _attr(module: nn.Module, name: str) -> Any:
+    return getattr(module, name)
+
+
+def _call(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    out = _attr(module, name)(x)
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(
+            f"{type(module).__name__}.{name} returned {type(out).__name__}, not a tensor"
+        )
+    return out
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{shown}{more}"
