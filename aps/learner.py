@@ -943,10 +943,10 @@ class Learner:
             async with asyncio.timeout(self._timeouts.step):
                 for remote in self._remotes:
                     while remote.session.rollouts_pending:
-                        message = await remote.session.receive(
+                        late = await remote.session.receive(
                             timeout=None, operation="the end of the chunk stream"
                         )
-                        if isinstance(message, RolloutChunk):
+                        if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
         except (TimeoutError, ApsError) as exc:
             self._broken = InvalidState(f"the chunk stream did not end cleanly ({exc!r})")

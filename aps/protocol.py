@@ -97,6 +97,7 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.GOT_HELLO, _S, Welcome): State.AWAIT_READY,
         (State.GOT_HELLO, _S, Reject): State.CLOSED,
         (State.AWAIT_READY, _R, Ready): State.IDLE,
+        (State.AWAIT_READY, _R, ErrorReport): State.CLOSED,
         (State.IDLE, _S, Reject): State.CLOSED,
         (State.IDLE, _S, ResetRequest): State.AWAIT_RESET,
         (State.IDLE, _S, StepRequest): State.AWAIT_STEP,

@@ -401,7 +401,7 @@ class _Collector:
 
         policy.limit_threads(1)  # many workers share few cores; one thread each is fastest
         self._envs = envs
-        self._policy = policy.Policy.from_import_path(
+        self._policy = policy.Policy.load(
             policy_path, envs.single_observation_space, envs.single_action_space
         )
         if not isinstance(envs.observation_space.sample(), np.ndarray):

@@ -206,3 +206,16 @@ def test_no_lockstep_step_while_rollouts_are_outstanding() -> None:
     worker.receive(RolloutRequest(num_steps=1))
     with pytest.raises(ProtocolError):
         worker.receive(STEP)
+
+
+def test_a_worker_that_cannot_build_its_envs_reports_and_closes() -> None:
+    learner, worker = Connection(Role.LEARNER), Connection(Role.WORKER)
+    learner.send(CHALLENGE)
+    worker.receive(CHALLENGE)
+    worker.send(hello())
+    learner.receive(hello())
+    learner.send(WELCOME)
+    worker.receive(WELCOME)
+    worker.send(ERROR)
+    learner.receive(ERROR)
+    assert learner.state is worker.state is State.CLOSED

@@ -1,0 +1,299 @@
+"""Worker-side inference (DETACH) with versioned weights and the sync strategies.
+
+Real workers (tasks over memory://, and worker processes over tcp://) act with CleanRL-shaped
+agents from tests/agents.py; the learner publishes versions and the strategies decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import aps  # noqa: E402
+from aps import sync  # noqa: E402
+from tests.agents import Agent, ContinuousAgent, QNetwork, WideAgent  # noqa: E402
+from tests.conftest import FAST, WorkerTasks  # noqa: E402
+
+AGENTS = str(Path(__file__).with_name("agents.py"))
+POLICY = f"{AGENTS}:Agent"
+
+
+class Spaces:
+    def __init__(self, env_id: str) -> None:
+        env = gym.make(env_id)
+        self.single_observation_space = env.observation_space
+        self.single_action_space = env.action_space
+
+
+def perturb(agent: torch.nn.Module, scale: float) -> None:
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(scale * torch.randn_like(p))
+
+
+async def start(
+    workers: WorkerTasks,
+    *,
+    policy: str = POLICY,
+    strategy: Any = None,
+    env: str = "CartPole-v1",
+    num_workers: int = 2,
+    num_envs: int = 3,
+    mode: str = "SameStep",
+) -> aps.Learner:
+    learner = aps.Learner(
+        "memory://",
+        num_workers=num_workers,
+        policy=policy,
+        sync=strategy,
+        autoreset_mode=mode,
+        timeouts=FAST,
+    )
+    await learner.start()
+    for _ in range(num_workers):
+        workers.start(learner.url, env=env, num_envs=num_envs)
+    await learner.reset(seed=0)
+    return learner
+
+
+@pytest.fixture
+async def learner_factory(workers: WorkerTasks) -> AsyncIterator[Any]:
+    made: list[aps.Learner] = []
+
+    async def make(**kwargs: Any) -> aps.Learner:
+        learner = await start(workers, **kwargs)
+        made.append(learner)
+        return learner
+
+    yield make
+    for learner in made:
+        await learner.aclose()
+
+
+async def test_rollout_shapes_versions_and_behaviour_logprobs(learner_factory: Any) -> None:
+    learner = await learner_factory()
+    agent = Agent(Spaces("CartPole-v1"))
+    assert await learner.publish(agent) == 1
+    batch = await learner.rollout(8)
+    assert batch.obs.shape == (8, 6, 4) and batch.obs.dtype == np.float32
+    assert batch.actions.shape == (8, 6) and batch.actions.dtype == np.int64
+    assert batch.logprob.shape == batch.value.shape == batch.reward.shape == (8, 6)
+    assert batch.next_obs.shape == (6, 4)
+    assert (batch.policy_version == 1).all() and (batch.lag == 0).all()
+    # The behaviour log-probs and values are what version 1 gives at those states.
+    with torch.no_grad():
+        obs = torch.as_tensor(batch.obs)
+        logp = torch.log_softmax(agent.actor(obs), -1)
+        expected = logp.gather(-1, torch.as_tensor(batch.actions)[..., None])[..., 0]
+        values = agent.critic(obs)[..., 0]
+    np.testing.assert_allclose(batch.logprob, expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batch.value, values.numpy(), rtol=1e-5, atol=1e-6)
+    # Consecutive rollouts continue the same episodes: next_obs is where the next one starts.
+    again = await learner.rollout(2)
+    np.testing.assert_array_equal(again.obs[0], batch.next_obs)
+
+
+async def test_episode_statistics_in_same_step_mode(learner_factory: Any) -> None:
+    learner = await learner_factory(num_workers=1, num_envs=4)
+    await learner.publish(Agent(Spaces("CartPole-v1")))
+    batch = await learner.rollout(200)
+    ends = batch.terminated | batch.truncated
+    assert len(batch.episode_return) == int(ends.sum()) > 0
+    np.testing.assert_array_equal(batch.episode_return, batch.episode_length)  # CartPole: +1/step
+    for env in range(4):
+        steps = np.flatnonzero(ends[:, env])
+        lengths = batch.episode_length[batch.episode_env == env]
+        np.testing.assert_array_equal(lengths[1:], np.diff(steps))
+
+
+async def test_always_sync_moves_every_version(learner_factory: Any) -> None:
+    learner = await learner_factory(strategy=sync.AlwaysSync())
+    agent = Agent(Spaces("CartPole-v1"))
+    for version in (1, 2, 3):
+        perturb(agent, 0.1)
+        assert await learner.publish(agent) == version
+        batch = await learner.rollout(4)
+        assert (batch.policy_version == version).all() and (batch.lag == 0).all()
+    metrics = learner.metrics
+    assert [w.syncs for w in metrics.workers] == [3, 3]
+    nbytes = sum(p.numel() * 4 for p in agent.state_dict().values())
+    assert metrics.weight_bytes == 2 * 3 * nbytes
+
+
+async def test_aps_syncs_on_divergence_and_max_lag(learner_factory: Any) -> None:
+    learner = await learner_factory(strategy=sync.APS(kl_threshold=1e9, max_lag=3))
+    agent = Agent(Spaces("CartPole-v1"))
+    await learner.publish(agent)  # the first version always travels
+    await learner.rollout(4)
+    for version in (2, 3):
+        perturb(agent, 0.5)
+        await learner.publish(agent)
+        batch = await learner.rollout(4)
+        assert (batch.policy_version == 1).all() and (batch.lag == version - 1).all()
+    perturb(agent, 0.5)
+    await learner.publish(agent)  # lag reaches max_lag: forced sync
+    batch = await learner.rollout(4)
+    assert (batch.policy_version == 4).all()
+    metrics = learner.metrics
+    assert [w.syncs for w in metrics.workers] == [2, 2]
+    assert metrics.lag_max == 2
+    # Divergence was measured twice per worker (versions 2 and 3), never at max_lag.
+    assert all(len(w.divergences) == 2 and min(w.divergences) > 0 for w in metrics.workers)
+
+
+async def test_aps_divergence_is_the_kl_on_the_states_acted_on(learner_factory: Any) -> None:
+    learner = await learner_factory(num_workers=1, strategy=sync.APS(kl_threshold=0.0))
+    agent = Agent(Spaces("CartPole-v1"))
+    await learner.publish(agent)
+    old = {k: v.clone() for k, v in agent.state_dict().items()}
+    batch = await learner.rollout(16)
+    perturb(agent, 0.3)
+    await learner.publish(agent)
+    await learner.rollout(1)
+    [measured] = learner.metrics.workers[0].divergences
+    behaviour = Agent(Spaces("CartPole-v1"))
+    behaviour.load_state_dict(old)
+    with torch.no_grad():
+        states = torch.as_tensor(batch.obs.reshape(-1, 4))
+        p = torch.distributions.Categorical(logits=behaviour.actor(states))
+        q = torch.distributions.Categorical(logits=agent.actor(states))
+        expected = torch.distributions.kl_divergence(p, q).mean().item()
+    assert measured == pytest.approx(expected, rel=1e-4)
+
+
+async def test_aps_never_measures_equal_versions(learner_factory: Any) -> None:
+    learner = await learner_factory(strategy=sync.APS(kl_threshold=0.0))
+    await learner.publish(Agent(Spaces("CartPole-v1")))
+    for _ in range(3):
+        await learner.rollout(2)
+    assert all(w.syncs == 1 and not w.divergences for w in learner.metrics.workers)
+
+
+async def test_fixed_interval_in_versions(learner_factory: Any) -> None:
+    learner = await learner_factory(strategy=sync.FixedInterval(versions=2))
+    agent = Agent(Spaces("CartPole-v1"))
+    seen = []
+    for _ in range(5):
+        await learner.publish(agent)
+        seen.append(int((await learner.rollout(1)).policy_version[0, 0]))
+    assert seen == [1, 1, 3, 3, 5]
+
+
+async def test_published_versions_stay_bounded(learner_factory: Any) -> None:
+    learner = await learner_factory(strategy=sync.APS(kl_threshold=1e9))
+    agent = Agent(Spaces("CartPole-v1"))
+    await learner.publish(agent)
+    await learner.rollout(1)
+    for _ in range(50):
+        await learner.publish(agent)
+    assert learner._versions is not None and len(learner._versions) == 2  # v1 (held) and v51
+    await learner.rollout(1)  # workers on a stale version keep producing valid chunks
+
+
+async def test_chunks_stream_with_publishing_inside_the_loop(learner_factory: Any) -> None:
+    learner = await learner_factory(
+        policy=f"{AGENTS}:QNetwork", strategy=sync.AlwaysSync(), num_envs=2
+    )
+    agent = QNetwork(Spaces("CartPole-v1"))
+    await learner.publish(agent, epsilon=0.5)
+    last: dict[int, int] = {}
+    count = 0
+    async for chunk in learner.chunks(5, max_in_flight=3):
+        assert chunk.obs.shape == (5, 2, 4) and chunk.value is None
+        assert chunk.version >= last.get(chunk.worker_id, 0)  # versions never go back
+        assert chunk.lag == learner.version - chunk.version >= 0
+        last[chunk.worker_id] = chunk.version
+        perturb(agent, 0.01)
+        await learner.publish(agent, epsilon=0.1)  # off-policy: publish after every update
+        count += 1
+        if count == 12:
+            break
+    assert set(last) == {0, 1}
+    # Leaving the loop ended the stream: lockstep calls work again.
+    batch = await learner.rollout(2)
+    assert (batch.policy_version == learner.version).all()
+    metrics = learner.metrics
+    assert sum(w.chunks for w in metrics.workers) == 12 + 2
+    assert metrics.lag_max >= 1  # pipelined chunks were acted with older versions
+
+
+async def test_gaussian_policy_on_a_box_env(learner_factory: Any) -> None:
+    learner = await learner_factory(
+        policy=f"{AGENTS}:ContinuousAgent", env="Pendulum-v1", strategy=sync.APS(kl_threshold=0.01)
+    )
+    agent = ContinuousAgent(Spaces("Pendulum-v1"))
+    await learner.publish(agent)
+    batch = await learner.rollout(4)
+    assert batch.actions.shape == (4, 6, 1) and batch.actions.dtype == np.float32
+    with torch.no_grad():
+        agent.actor_logstd.add_(1.0)  # the std grows e-fold: a large, known divergence
+    await learner.publish(agent)
+    batch = await learner.rollout(4)
+    assert (batch.policy_version == 2).all()
+    expected = 0.5 * (np.exp(-2.0) - 1.0) + 1.0  # KL(N(m,1) || N(m,e)) per dimension
+    assert learner.metrics.workers[0].divergences[-1] == pytest.approx(expected, rel=1e-5)
+
+
+async def test_misuse_is_refused_clearly(workers: WorkerTasks) -> None:
+    async with aps.Learner("memory://", num_workers=1, timeouts=FAST) as plain:
+        workers.start(plain.url)
+        await plain.reset(seed=0)
+        with pytest.raises(aps.InvalidState, match="policy="):
+            await plain.rollout(4)
+    async with aps.Learner("memory://", num_workers=1, policy=POLICY, timeouts=FAST) as learner:
+        workers.start(learner.url)
+        await learner.wait_for_workers()
+        with pytest.raises(aps.InvalidState, match="reset"):
+            await learner.rollout(4)
+        await learner.reset(seed=0)
+        with pytest.raises(aps.InvalidState, match="publish"):
+            await learner.rollout(4)
+        with pytest.raises(aps.ConfigError, match="num_steps"):
+            await learner.rollout(0)
+    with pytest.raises(aps.ConfigError, match="should_sync"):
+        aps.Learner("memory://", num_workers=1, policy=POLICY, sync=object())  # type: ignore[arg-type]
+
+
+async def test_weights_that_do_not_fit_fail_the_next_rollout(learner_factory: Any) -> None:
+    learner = await learner_factory(num_workers=1)
+    await learner.publish(WideAgent(Spaces("CartPole-v1")))
+    with pytest.raises(aps.WorkerError, match="critic"):
+        await learner.rollout(2)
+
+
+async def test_a_policy_that_cannot_load_refuses_the_worker(workers: WorkerTasks) -> None:
+    learner = aps.Learner("memory://", num_workers=1, policy=f"{AGENTS}:Nope", timeouts=FAST)
+    async with learner:
+        task = workers.start(learner.url)
+        with pytest.raises(aps.ConfigError, match="Nope"):
+            await asyncio.wait_for(task, 10)
+        with pytest.raises(aps.Timeout, match="could not build its envs or policy"):
+            await learner.wait_for_workers(timeout=0.5)
+
+
+def test_cluster_env_rollout_over_worker_processes() -> None:
+    envs = aps.ClusterEnv.local(
+        "CartPole-v1",
+        num_workers=2,
+        envs_per_worker=2,
+        policy=POLICY,
+        sync=sync.APS(kl_threshold=0.05),
+        autoreset_mode="SameStep",
+    )
+    try:
+        agent = Agent(envs)
+        envs.reset(seed=1)
+        envs.publish(agent)
+        batch = envs.rollout(16)
+        assert batch.obs.shape == (16, 4, 4) and (batch.policy_version == 1).all()
+        assert envs.metrics.syncs == 2
+    finally:
+        envs.close()
