@@ -397,7 +397,9 @@ def test_fields_are_checked_against_their_annotations_when_encoding() -> None:
 
 
 def test_encoding_a_non_message_is_refused() -> None:
-    with pytest.raises(WireError, match="not an aps message type; known tags: challenge, chunk, error"):
+    with pytest.raises(
+        WireError, match="not an aps message type; known tags: challenge, chunk, error"
+    ):
         codec.encode("hello")  # type: ignore[arg-type]
 
 
@@ -472,7 +474,10 @@ def test_frames_over_the_limit_are_refused_before_parsing() -> None:
         (b"", "not valid msgpack"),
         (b"\xc1", "not valid msgpack"),
         (msgpack.packb([1, 2]), "must hold a msgpack map, got tuple"),
-        (frame({"t": "nope"}), "unknown message tag 'nope'; known tags: challenge, chunk, error, goodbye"),
+        (
+            frame({"t": "nope"}),
+            "unknown message tag 'nope'; known tags: challenge, chunk, error, goodbye",
+        ),
         (frame({"x": 1}), "unknown message tag None"),
         (frame({"t": 3}), "unknown message tag 3"),
         (frame({"t": "goodbye"}), r"missing fields \['reason'\]"),

@@ -309,7 +309,9 @@ async def test_a_silent_learner_times_out_the_worker() -> None:
             codec.encode(Challenge(protocol_version=PROTOCOL_VERSION, nonce=b"n" * 32))
         )
         assert isinstance(codec.decode(await transport.receive()), Hello)
-        await transport.send(codec.encode(Welcome(worker_id=0, autoreset_mode="NextStep", policy=None)))
+        await transport.send(
+            codec.encode(Welcome(worker_id=0, autoreset_mode="NextStep", policy=None))
+        )
         assert isinstance(codec.decode(await transport.receive()), Ready)
         with pytest.raises(aps.Timeout, match="nothing from"):
             await asyncio.wait_for(worker, 10)
