@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -708,7 +709,8 @@ class Learner:
         def divergence() -> float:
             if not measured:
                 states = remote.states
-                value = 0.0 if states is None else versions.divergence(held, states)
+                # No chunk yet: nothing to measure on, so treat the worker as far away.
+                value = math.inf if states is None else versions.divergence(held, states)
                 measured.append(value)
                 remote.metrics.divergences.append(value)
             return measured[0]
