@@ -265,7 +265,9 @@ class PolicyVersions:
         self.current = 0
         self.epsilon: float | None = None
         self._weights: dict[int, dict[str, Array]] = {}
+        self._behaviour: dict[int, dict[str, float]] = {}
         self._nbytes: dict[int, int] = {}
+        self._wrapped: Any = None  # the Policy around the user's agent, built once
         self._live: Any = None  # Policy holding the current version
         self._probe: Any = None  # Policy holding whichever old version was measured last
         self._probe_version = -1
@@ -279,21 +281,29 @@ class PolicyVersions:
             epsilon: exploration rate for epsilon-greedy Q-policies (``None``: unchanged).
 
         Raises:
-            ConfigError: the agent is not a policy aps can run.
+            ConfigError: the agent is not a policy aps can run (or ``epsilon`` was given for
+                a policy that does not explore with it).
         """
         from aps.policy import Policy
 
-        policy = agent if isinstance(agent, Policy) else Policy(agent, *self._spaces)
+        if isinstance(agent, Policy):
+            policy = agent
+        elif self._wrapped is not None and self._wrapped.module is agent:
+            policy = self._wrapped  # wrapping checks the heads with a forward pass: once
+        else:
+            policy = self._wrapped = Policy(agent, *self._spaces)
         weights = policy.get_weights()
         if self._live is None:
             # Scratch copies: training goes on in the user's agent, these hold versions.
             self._live, self._probe = policy.clone(), policy.clone()
         self._live.set_weights(weights)
         if epsilon is not None:
-            self.epsilon = epsilon
             self._live.epsilon = epsilon
+            self.epsilon = epsilon
         self.current += 1
         self._weights[self.current] = weights
+        # The behaviour of a version includes its exploration rate, kept for its KL later.
+        self._behaviour[self.current] = self._live.behaviour_params()
         self._nbytes[self.current] = sum(a.nbytes for a in weights.values())
         return self.current
 
@@ -311,9 +321,8 @@ class PolicyVersions:
             return 0.0
         if self._probe_version != version:
             self._probe.set_weights(self._weights[version])
+            self._probe.set_behaviour_params(self._behaviour[version])
             self._probe_version = version
-        if self.epsilon is not None:
-            self._probe.epsilon = self.epsilon
         return float(self._probe.kl(self._live, obs, max_states=self.max_states))
 
     def prune(self, held: set[int]) -> None:
@@ -322,6 +331,7 @@ class PolicyVersions:
         for version in [v for v in self._weights if v not in keep]:
             del self._weights[version]
             del self._nbytes[version]
+            del self._behaviour[version]
 
     def __len__(self) -> int:
         return len(self._weights)

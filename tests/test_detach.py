@@ -297,3 +297,18 @@ def test_cluster_env_rollout_over_worker_processes() -> None:
         assert envs.metrics.syncs == 2
     finally:
         envs.close()
+
+
+async def test_epsilon_travels_with_its_version(learner_factory: Any) -> None:
+    learner = await learner_factory(
+        policy=f"{AGENTS}:QNetwork", num_workers=1, strategy=sync.APS(kl_threshold=0.0)
+    )
+    agent = QNetwork(Spaces("CartPole-v1"))
+    await learner.publish(agent, epsilon=0.5)
+    await learner.rollout(8)
+    await learner.publish(agent, epsilon=0.1)  # same weights, less exploration
+    await learner.rollout(1)
+    [measured] = learner.metrics.workers[0].divergences
+    p, q = 1 - 0.5 / 2, 1 - 0.1 / 2  # probability of the greedy action, 2 actions
+    expected = p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
+    assert measured == pytest.approx(expected, rel=1e-5)
