@@ -30,7 +30,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from aps import transports
+from aps import codec, transports
 from aps._typing import Array, Info
 from aps.batching import check_batch, concat, merge_infos, split
 from aps.collect import Chunk, Metrics, PolicyVersions, Rollout, WorkerMetrics, sample_states
@@ -200,6 +200,7 @@ class Learner:
             )
         self.sync = sync
         self._versions: PolicyVersions | None = None
+        self._weights_frame: tuple[int, bytes] = (0, b"")
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
 
@@ -731,9 +732,13 @@ class Learner:
         versions = self._versions
         assert versions is not None
         version = versions.current
-        await remote.session.send(
-            Weights(version=version, arrays=versions.weights(version), epsilon=versions.epsilon)
+        message = Weights(
+            version=version, arrays=versions.weights(version), epsilon=versions.epsilon
         )
+        if self._weights_frame[0] != version:
+            # One encoding per version, however many workers it goes to.
+            self._weights_frame = (version, codec.encode(message))
+        await remote.session.send(message, frame=self._weights_frame[1])
         metrics = remote.metrics
         metrics.version = version
         metrics.syncs += 1

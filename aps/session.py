@@ -103,15 +103,21 @@ class Session:
         """Rollout requests sent or received on this connection and not yet answered."""
         return self._connection.rollouts_pending
 
-    async def send(self, message: Message) -> None:
+    async def send(self, message: Message, *, frame: bytes | None = None) -> None:
         """Encode ``message``, check the protocol allows it, and send it.
+
+        Args:
+            message: what to send.
+            frame: ``message`` already encoded, when the caller sends the same message to
+                many peers (weights) and encodes it once.
 
         Raises:
             WireError: the message holds a value the codec cannot carry (nothing was sent).
             InvalidState: the protocol does not allow this message now.
             TransportError: the transport failed.
         """
-        frame = codec.encode(message)
+        if frame is None:
+            frame = codec.encode(message)
         self._connection.send(message)
         self._last_send = time.monotonic()
         await self._transport.send(frame)
