@@ -1,0 +1,69 @@
+"""Asynchronous policy-gradient aggregation: the pure parts of Rennala NIGT and Malenia NIGT.
+
+Workers sample trajectories at a point the learner broadcast, compute REINFORCE gradients
+``g_H`` there and report gradient sums with counts and the round id; the learner aggregates a
+round's reports with a rule and takes one NIGT step. This package holds the pieces that are
+pure functions of data (no event loop, no sockets, no clock reads), tested with tables:
+
+- :class:`NIGTUpdate` / :class:`NIGTState`: the NIGT outer loop (extrapolated point,
+  momentum, normalized ascent step) on flat float64 vectors; :func:`flatten`,
+  :func:`unflatten` and :class:`Layout` convert named arrays (torch state dicts) to and from
+  one vector.
+- :class:`Rennala`, :class:`Malenia`, :class:`Synchronous`: aggregation rules; each starts a
+  mutable :class:`Round` that the driver feeds with reports.
+- :func:`reward_to_go` and :func:`surrogate` (module :mod:`aps.pg.reinforce`): the estimator
+  ``g_H`` with absolute discount. They need torch, so they load on first use:
+  ``import aps.pg`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from aps.pg.aggregate import (
+    AggregationRule,
+    Malenia,
+    MaleniaRound,
+    Rennala,
+    RennalaRound,
+    Round,
+    Synchronous,
+    SynchronousRound,
+)
+from aps.pg.nigt import Layout, NIGTState, NIGTUpdate, flatten, unflatten
+
+if TYPE_CHECKING:
+    from aps.pg.reinforce import reward_to_go, surrogate
+
+__all__ = [
+    # The NIGT outer loop and flat vectors.
+    "Layout",
+    "NIGTState",
+    "NIGTUpdate",
+    "flatten",
+    "unflatten",
+    # Aggregation rules and their rounds.
+    "AggregationRule",
+    "Malenia",
+    "MaleniaRound",
+    "Rennala",
+    "RennalaRound",
+    "Round",
+    "Synchronous",
+    "SynchronousRound",
+    # The estimator g_H (loads torch on first use).
+    "reward_to_go",
+    "surrogate",
+]
+
+_LAZY = {"reward_to_go": "aps.pg.reinforce", "surrogate": "aps.pg.reinforce"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aps.pg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

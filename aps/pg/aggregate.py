@@ -1,0 +1,570 @@
+"""Gradient aggregation rules: when does a round end, and what is its gradient.
+
+A round collects gradients measured at one broadcast point. Workers report gradient *sums*
+with their *counts* (a worker may sum several trajectory gradients ``g_H`` before reporting)
+and the round id of the point they used. A rule is a frozen dataclass holding only its
+parameters; :meth:`~AggregationRule.start` gives a fresh mutable :class:`Round` that the driver
+owns and feeds, one call per arriving report::
+
+    round_ = rule.start(round_id, workers, size=layout.size)
+    for each report (worker_id, round_id, grad_sum, count), as it arrives:
+        round_.add(worker_id, round_id, grad_sum, count)
+        if round_.done:
+            g = round_.result()       # then broadcast the next point and start the next round
+    on losing a worker: round_.remove(worker_id), then check round_.can_finish
+
+Built-ins:
+
+- :class:`Rennala` (homogeneous environments): the first ``batch`` gradients from whichever
+  workers finish; the pooled mean. Slow workers are never waited for.
+- :class:`Malenia` (heterogeneous environments): at least one gradient from every worker and
+  a harmonic mean of the per-worker counts of at least ``batch / n``; the mean of per-worker
+  means, so every worker weighs the same whatever its speed.
+- :class:`Synchronous` (the synchronized baseline): the first report of every worker; the
+  pooled mean.
+
+Rules common to all rounds:
+
+- A report whose round id differs from the round's is never aggregated; ``add`` returns
+  ``False`` and counts its gradients in :attr:`Round.discarded` and :attr:`Round.stale`.
+- Once :attr:`Round.done` is ``True`` the round is closed and its result is fixed: later
+  reports are discarded (``add`` returns ``False``) and ``remove`` changes no figure but the
+  list of removed workers.
+- Only the driver's mistakes raise: an unknown worker id, a count that is not an int ``>= 1``,
+  a gradient of the wrong shape or with a non-finite entry (:class:`~aps.errors.ConfigError`),
+  and :meth:`Round.result` before the round is done (:class:`~aps.errors.InvalidState`).
+
+Losing a worker mid-round (:meth:`Round.remove`): :class:`Rennala` and :class:`Synchronous`
+keep the gradients it already sent (every finished trajectory is a valid sample of the one
+objective) and carry on with the others. :class:`Malenia` drops them and carries on as if the
+round had started without the worker: the estimate then weighs the remaining workers' objectives
+only, which changes the objective being optimized. Each rule says so in
+:attr:`~AggregationRule.survives_worker_loss`; a driver raises :class:`~aps.errors.WorkerLost`
+when it is ``False`` and the user has not allowed training on without the worker, and whenever
+:attr:`Round.can_finish` turns ``False`` (no worker left).
+
+Pure code: no event loop, no clock; arrays are numpy float64 vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar, Protocol, TypeGuard, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from aps.errors import ConfigError, InvalidState
+
+__all__ = [
+    "AggregationRule",
+    "Malenia",
+    "MaleniaRound",
+    "Rennala",
+    "RennalaRound",
+    "Round",
+    "Synchronous",
+    "SynchronousRound",
+]
+
+FloatVector = npt.NDArray[np.float64]
+
+
+def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _check_batch(owner: str, value: object) -> None:
+    if not _is_int(value) or value < 1:
+        raise ConfigError(f"{owner}(batch=...) must be an int >= 1, got {value!r}")
+
+
+class Round:
+    """The mutable state of one aggregation round; the driver owns it, the rule made it.
+
+    Subclasses decide when the round is done and what its gradient is (:meth:`_is_done`,
+    :meth:`_estimate`) and what removing a worker does to its gradients (:attr:`_keep_removed`).
+    Everything else (validation, stale reports, figures) is shared here.
+
+    Attributes:
+        round_id: the id reports must carry to be aggregated.
+        workers: the workers the round started with, in the order given.
+        size: the gradient length, or ``None`` until the first accepted report fixes it.
+    """
+
+    _keep_removed: ClassVar[bool] = True
+
+    def __init__(self, round_id: int, workers: Sequence[int], *, size: int | None = None) -> None:
+        if not _is_int(round_id):
+            raise ConfigError(f"round_id must be an int, got {round_id!r}")
+        ids = tuple(workers)
+        if not ids:
+            raise ConfigError("a round needs at least one worker, got none")
+        for worker in ids:
+            if not _is_int(worker):
+                raise ConfigError(f"worker ids must be ints, got {worker!r} in {ids}")
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"worker ids must be unique, got {ids}")
+        if size is not None and (not _is_int(size) or size < 1):
+            raise ConfigError(f"size must be None or an int >= 1, got {size!r}")
+        self.round_id = int(round_id)
+        self.workers: tuple[int, ...] = tuple(int(worker) for worker in ids)
+        self.size = None if size is None else int(size)
+        self._sums: dict[int, FloatVector] = {}
+        self._counts: dict[int, int] = dict.fromkeys(self.workers, 0)
+        self._removed: list[int] = []
+        self._discarded = 0
+        self._stale = 0
+        self._reports = 0
+        self._result: FloatVector | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(round_id={self.round_id}, done={self.done}, "
+            f"used={self.used}, discarded={self.discarded}, active={list(self.active)})"
+        )
+
+    # -- figures -------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether the stop rule held; then the round is closed and :meth:`result` is ready."""
+        return self._result is not None
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        """The workers still in the round (started with, not removed), in order."""
+        return tuple(worker for worker in self.workers if worker not in self._removed)
+
+    @property
+    def removed(self) -> tuple[int, ...]:
+        """The workers removed from this round, in the order they were removed."""
+        return tuple(self._removed)
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """Active workers that have not contributed a gradient yet (what a round waits on)."""
+        return tuple(worker for worker in self.active if self._counts[worker] == 0)
+
+    @property
+    def can_finish(self) -> bool:
+        """``False`` when the round is not done and no worker is left to finish it."""
+        return self.done or bool(self.active)
+
+    @property
+    def contributions(self) -> dict[int, int]:
+        """Gradients each worker contributed to the result, for every starting worker.
+
+        A worker whose gradients were dropped (by :class:`Malenia` on removal) shows ``0``.
+        The values sum to :attr:`used`.
+        """
+        return dict(self._counts)
+
+    @property
+    def used(self) -> int:
+        """Gradients (trajectories, counting a report of count ``k`` as ``k``) aggregated."""
+        return sum(self._counts.values())
+
+    @property
+    def discarded(self) -> int:
+        """Gradients refused or dropped, counting a report of count ``k`` as ``k``.
+
+        Stale reports, late ones (after the round closed), reports from a removed worker,
+        surplus reports (:class:`Synchronous`), and gradients dropped on removal
+        (:class:`Malenia`).
+        """
+        return self._discarded
+
+    @property
+    def stale(self) -> int:
+        """The part of :attr:`discarded` whose round id was not this round's."""
+        return self._stale
+
+    @property
+    def reports(self) -> int:
+        """Reports aggregated (each may carry several gradients)."""
+        return self._reports
+
+    # -- events --------------------------------------------------------------------------
+
+    def add(self, worker_id: int, round_id: int, grad_sum: npt.ArrayLike, count: int) -> bool:
+        """Offer one report: a sum of ``count`` gradients measured at round ``round_id``'s point.
+
+        The report is aggregated when its round id is this round's, the worker is still in
+        the round, the round is not closed, and the rule wants it (:class:`Synchronous` takes
+        one report per worker). Otherwise it is discarded: counted in :attr:`discarded` (and
+        in :attr:`stale` when the round id differs) and otherwise ignored. The array is
+        copied, never kept.
+
+        Args:
+            worker_id: one of :attr:`workers`.
+            round_id: the round id of the point the gradients were measured at.
+            grad_sum: the sum of the ``count`` gradients, a 1-d real vector of :attr:`size`
+                entries (float32 is fine; it is accumulated in float64).
+            count: how many gradients the sum holds, an int ``>= 1``.
+
+        Returns:
+            ``True`` when the report was aggregated, ``False`` when it was discarded.
+
+        Raises:
+            ConfigError: an unknown worker, a count that is not an int ``>= 1``, a gradient
+                that is not a 1-d real vector of the right length, or one with a non-finite
+                entry. These are checked for every report, stale or not; nothing changes.
+        """
+        if not _is_int(worker_id) or int(worker_id) not in self._counts:
+            raise ConfigError(
+                f"report from worker {worker_id!r}, which is not in round {self.round_id} "
+                f"(workers {list(self.workers)}); start each round with every worker"
+            )
+        if not _is_int(count) or count < 1:
+            raise ConfigError(
+                f"report from worker {worker_id} has count {count!r}; "
+                "a count is the number of gradients summed, an int >= 1"
+            )
+        vector = self._check_gradient(int(worker_id), grad_sum)
+        worker, n = int(worker_id), int(count)
+        if round_id != self.round_id:
+            self._discarded += n
+            self._stale += n
+            return False
+        if self.done or worker in self._removed or not self._wants(worker):
+            self._discarded += n
+            return False
+        if self.size is None:
+            self.size = int(vector.shape[0])
+        if worker in self._sums:
+            self._sums[worker] += vector
+        else:
+            self._sums[worker] = np.array(vector, dtype=np.float64, copy=True)
+        self._counts[worker] += n
+        self._reports += 1
+        self._close_if_done()
+        return True
+
+    def remove(self, worker_id: int) -> None:
+        """Take a worker that died out of the round.
+
+        Its later reports are discarded. Before the round closes, what happens to the
+        gradients it already sent depends on the rule (kept by :class:`Rennala` and
+        :class:`Synchronous`, dropped into :attr:`discarded` by :class:`Malenia`), and the
+        stop rule is checked again over the remaining workers (removing the last worker a
+        :class:`Synchronous` round waits on closes it). After the round closed, the result
+        stays as it is. Removing a worker twice is a no-op.
+
+        Check :attr:`can_finish` afterwards: with no worker left an open round never ends.
+
+        Raises:
+            ConfigError: the worker is not one of :attr:`workers`.
+        """
+        if not _is_int(worker_id) or int(worker_id) not in self._counts:
+            raise ConfigError(
+                f"cannot remove worker {worker_id!r}: it is not in round {self.round_id} "
+                f"(workers {list(self.workers)})"
+            )
+        worker = int(worker_id)
+        if worker in self._removed:
+            return
+        self._removed.append(worker)
+        if self.done:
+            return
+        if not self._keep_removed and self._counts[worker]:
+            self._discarded += self._counts[worker]
+            self._counts[worker] = 0
+            self._sums.pop(worker, None)
+        if self.active:
+            self._close_if_done()
+
+    def result(self) -> FloatVector:
+        """The round's aggregated gradient, fixed when the round closed.
+
+        Returns:
+            A read-only float64 vector (the same array on every call; copy it to modify).
+
+        Raises:
+            InvalidState: the round is not done yet; the message says what it waits for.
+        """
+        if self._result is None:
+            raise InvalidState(
+                f"round {self.round_id} is not done: {self._progress()}; "
+                "call result() only once done is True"
+            )
+        return self._result
+
+    # -- rule hooks ----------------------------------------------------------------------
+
+    def _wants(self, worker: int) -> bool:
+        """Whether a current-round report from this active worker is aggregated."""
+        return True
+
+    def _is_done(self) -> bool:
+        raise NotImplementedError
+
+    def _estimate(self) -> FloatVector:
+        raise NotImplementedError
+
+    def _progress(self) -> str:
+        return f"{self.used} gradients so far"
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _contributors(self) -> list[int]:
+        """Workers whose gradients are in the result, in starting order."""
+        return [worker for worker in self.workers if self._counts[worker] > 0]
+
+    def _pooled_mean(self) -> FloatVector:
+        contributors = self._contributors()
+        total = np.zeros_like(self._sums[contributors[0]])
+        for worker in contributors:
+            total += self._sums[worker]
+        total /= sum(self._counts[worker] for worker in contributors)
+        return total
+
+    def _close_if_done(self) -> None:
+        if self._result is None and self._is_done():
+            result = self._estimate()
+            result.setflags(write=False)
+            self._result = result
+
+    def _check_gradient(self, worker: int, grad_sum: npt.ArrayLike) -> FloatVector:
+        array = np.asarray(grad_sum)
+        if array.dtype.kind not in "biuf":
+            raise ConfigError(
+                f"gradient from worker {worker} has dtype {array.dtype}, not a real number type"
+            )
+        expected = f"({self.size},)" if self.size is not None else "a 1-d vector"
+        if array.ndim != 1 or (self.size is not None and array.shape[0] != self.size):
+            raise ConfigError(
+                f"gradient from worker {worker} has shape {array.shape}, expected {expected}; "
+                "flatten gradients with the layout of the weights"
+            )
+        if array.shape[0] == 0:
+            raise ConfigError(f"gradient from worker {worker} is empty")
+        if not np.isfinite(array).all():
+            raise ConfigError(
+                f"gradient from worker {worker} has a non-finite entry; "
+                "check its rewards and policy for overflow"
+            )
+        return np.asarray(array, dtype=np.float64)
+
+
+class RennalaRound(Round):
+    """A :class:`Rennala` round: done at ``batch`` gradients in total, from anyone."""
+
+    def __init__(
+        self, round_id: int, workers: Sequence[int], *, batch: int, size: int | None = None
+    ) -> None:
+        super().__init__(round_id, workers, size=size)
+        self.batch = batch
+
+    def _is_done(self) -> bool:
+        return self.used >= self.batch
+
+    def _estimate(self) -> FloatVector:
+        return self._pooled_mean()
+
+    def _progress(self) -> str:
+        return f"{self.used} of {self.batch} gradients"
+
+
+class MaleniaRound(Round):
+    """A :class:`Malenia` round: done when the harmonic mean of the counts reaches batch/n.
+
+    Every active worker must have contributed at least once; the result is the mean of
+    per-worker means.
+    """
+
+    _keep_removed = False
+
+    def __init__(
+        self, round_id: int, workers: Sequence[int], *, batch: int, size: int | None = None
+    ) -> None:
+        super().__init__(round_id, workers, size=size)
+        self.batch = batch
+
+    @property
+    def harmonic_mean(self) -> float:
+        """``((1/n) sum_i 1/M_i)^-1`` over the active workers; ``0.0`` while one has none."""
+        counts = [self._counts[worker] for worker in self.active]
+        if not counts or min(counts) == 0:
+            return 0.0
+        return float(len(counts) / sum(Fraction(1, c) for c in counts))
+
+    def _is_done(self) -> bool:
+        counts = [self._counts[worker] for worker in self.active]
+        if not counts or min(counts) == 0:
+            return False
+        # ((1/n) sum 1/M_i)^-1 >= M/n  <=>  n^2 >= M sum 1/M_i, exactly in rationals.
+        n = len(counts)
+        return n * n >= self.batch * sum(Fraction(1, c) for c in counts)
+
+    def _estimate(self) -> FloatVector:
+        active = self.active
+        total = np.zeros_like(self._sums[active[0]])
+        for worker in active:
+            total += self._sums[worker] / self._counts[worker]
+        total /= len(active)
+        return total
+
+    def _progress(self) -> str:
+        missing = self.missing
+        if missing:
+            return f"workers {list(missing)} have not contributed yet"
+        n = len(self.active)
+        return (
+            f"the harmonic mean of the counts is {self.harmonic_mean:.4g}, "
+            f"below batch/n = {self.batch}/{n}"
+        )
+
+
+class SynchronousRound(Round):
+    """A :class:`Synchronous` round: the first report of every active worker."""
+
+    def _wants(self, worker: int) -> bool:
+        return self._counts[worker] == 0
+
+    def _is_done(self) -> bool:
+        return not self.missing and self.used > 0
+
+    def _estimate(self) -> FloatVector:
+        return self._pooled_mean()
+
+    def _progress(self) -> str:
+        return f"workers {list(self.missing)} have not reported yet"
+
+
+@runtime_checkable
+class AggregationRule(Protocol):
+    """Starts rounds; a frozen object holding only parameters, safe to share.
+
+    Any object with these two members is a rule. Subclass :class:`Round` for a new stop
+    rule or estimator.
+    """
+
+    @property
+    def survives_worker_loss(self) -> bool:
+        """Whether removing a worker mid-run leaves the training objective unchanged.
+
+        ``True`` for rules whose workers all sample one objective (Rennala, Synchronous):
+        fewer workers only means fewer gradients. ``False`` for Malenia, whose objective is
+        the mean of the workers' objectives: a driver should raise
+        :class:`~aps.errors.WorkerLost` unless the user allowed training on without the
+        worker.
+        """
+        ...
+
+    def start(self, round_id: int, workers: Sequence[int], *, size: int | None = None) -> Round:
+        """A fresh round over ``workers`` (the ones the point was broadcast to).
+
+        Args:
+            round_id: the id the broadcast point carries; reports tagged otherwise are stale.
+            workers: the worker ids, unique, at least one.
+            size: the gradient length, checked on every report; ``None`` lets the first
+                accepted report fix it.
+
+        Raises:
+            ConfigError: no workers, duplicate or non-int ids, a non-int round id or a bad
+                size.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rennala:
+    """Rennala aggregation (homogeneous environments): the first ``batch`` gradients.
+
+    Accepts gradients from any worker, in any proportion; the round ends as soon as the
+    total count reaches ``batch`` (a report of count ``k`` counts ``k`` gradients and is taken
+    whole, so the total may exceed ``batch``). Result: the pooled mean,
+    ``sum of all gradient sums / total count``. Fast workers contribute more, which is right
+    when every worker samples the same objective, and slow workers are never waited for.
+
+    Removing a worker keeps the gradients it sent; the round finishes with the others.
+
+    Args:
+        batch: ``M``, the number of gradients (trajectories) per round, an int ``>= 1``. The
+            paper's grid is ``{20, 30, 50}``, the same for the initial round.
+
+    Raises:
+        ConfigError: ``batch`` is not an int ``>= 1``.
+    """
+
+    batch: int
+    survives_worker_loss: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_batch("Rennala", self.batch)
+        object.__setattr__(self, "batch", int(self.batch))
+
+    def start(
+        self, round_id: int, workers: Sequence[int], *, size: int | None = None
+    ) -> RennalaRound:
+        """A fresh round (see :meth:`AggregationRule.start`)."""
+        return RennalaRound(round_id, workers, batch=self.batch, size=size)
+
+
+@dataclass(frozen=True, slots=True)
+class Malenia:
+    """Malenia aggregation (heterogeneous environments): every worker weighs the same.
+
+    Keeps a gradient sum ``s_i`` and a count ``M_i`` per worker. The round ends when every
+    active worker contributed at least once and the harmonic mean of the counts reaches
+    ``batch / n``::
+
+        ((1/n) sum_i 1/M_i)^-1 >= batch / n      (checked exactly, in rationals)
+
+    with ``n`` the number of active workers. Result: the mean of per-worker means,
+    ``(1/n) sum_i s_i / M_i``, an unbiased estimate of the gradient of the average objective
+    ``(1/n) sum_i J_i`` however unequal the counts. With equal counts it equals the pooled
+    mean (:class:`Rennala`'s estimate). With ``batch <= n`` the round ends as soon as every
+    worker contributed once.
+
+    Removing a worker drops the gradients it sent (into :attr:`Round.discarded`) and the round
+    continues over the remaining workers, as if it had started without it; this changes the
+    objective, hence :attr:`survives_worker_loss` is ``False``.
+
+    Args:
+        batch: ``M``, an int ``>= 1``; with ``n`` equally fast workers a round takes about
+            ``M/n`` gradients from each.
+
+    Raises:
+        ConfigError: ``batch`` is not an int ``>= 1``.
+    """
+
+    batch: int
+    survives_worker_loss: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _check_batch("Malenia", self.batch)
+        object.__setattr__(self, "batch", int(self.batch))
+
+    def start(
+        self, round_id: int, workers: Sequence[int], *, size: int | None = None
+    ) -> MaleniaRound:
+        """A fresh round (see :meth:`AggregationRule.start`)."""
+        return MaleniaRound(round_id, workers, batch=self.batch, size=size)
+
+
+@dataclass(frozen=True, slots=True)
+class Synchronous:
+    """The synchronized baseline: wait for one report from every worker.
+
+    Takes the first current-round report of each worker and discards its later ones (so a
+    worker that keeps sampling, as under :class:`Rennala`, gives exactly one report). The
+    round ends when every active worker reported. Result: the pooled mean
+    ``sum of gradient sums / total count``; when every report holds one gradient, as in the
+    paper's synchronized NIGT (``M = n``, one per worker), that is the average of the ``n``
+    gradients.
+
+    Removing a worker keeps its report if it sent one; the round then waits only for the
+    others (removing the last worker it waited on closes it).
+    """
+
+    survives_worker_loss: ClassVar[bool] = True
+
+    def start(
+        self, round_id: int, workers: Sequence[int], *, size: int | None = None
+    ) -> SynchronousRound:
+        """A fresh round (see :meth:`AggregationRule.start`)."""
+        return SynchronousRound(round_id, workers, size=size)
