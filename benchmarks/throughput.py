@@ -824,7 +824,6 @@ def machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "load_average_at_end": list(os.getloadavg()),
-        "aps_location": str(Path(aps.__file__).resolve().parent),
         "uvloop": os.environ.get("APS_UVLOOP", "1") not in ("0", "false", "no")
         and "uvloop" in versions,
         "versions": versions,
