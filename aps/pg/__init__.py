@@ -11,15 +11,12 @@ pure functions of data (no event loop, no sockets, no clock reads), tested with 
   one vector.
 - :class:`Rennala`, :class:`Malenia`, :class:`Synchronous`: aggregation rules; each starts a
   mutable :class:`Round` that the driver feeds with reports.
-- :func:`reward_to_go` and :func:`surrogate` (module :mod:`aps.pg.reinforce`): the estimator
-  ``g_H`` with absolute discount. They need torch, so they load on first use:
-  ``import aps.pg`` never imports torch.
+- :mod:`aps.pg.reinforce` (``reward_to_go``, ``surrogate``): the estimator ``g_H`` with
+  absolute discount. It needs torch, so it is a submodule to import explicitly
+  (``from aps.pg.reinforce import surrogate``): ``import aps.pg`` never imports torch.
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
 
 from aps.pg.aggregate import (
     AggregationRule,
@@ -32,9 +29,6 @@ from aps.pg.aggregate import (
     SynchronousRound,
 )
 from aps.pg.nigt import Layout, NIGTState, NIGTUpdate, flatten, unflatten
-
-if TYPE_CHECKING:
-    from aps.pg.reinforce import reward_to_go, surrogate
 
 __all__ = [
     # The NIGT outer loop and flat vectors.
@@ -52,18 +46,4 @@ __all__ = [
     "Round",
     "Synchronous",
     "SynchronousRound",
-    # The estimator g_H (loads torch on first use).
-    "reward_to_go",
-    "surrogate",
 ]
-
-_LAZY = {"reward_to_go": "aps.pg.reinforce", "surrogate": "aps.pg.reinforce"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aps.pg' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

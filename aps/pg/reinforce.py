@@ -16,7 +16,7 @@ parameters. A trajectory must start at the env's reset (``h = 0``); a worker tha
 new point abandons unfinished trajectories instead of continuing them.
 
 :func:`reward_to_go` is numpy only; :func:`surrogate` needs torch, which is why this module is
-not imported by ``import aps.pg`` (its names load on first use).
+not imported by ``import aps.pg``; import it explicitly.
 """
 
 from __future__ import annotations
