@@ -48,6 +48,7 @@ Pure code: no event loop, no clock; arrays are numpy float64 vectors.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -81,12 +82,13 @@ def _check_batch(owner: str, value: object) -> None:
         raise ConfigError(f"{owner}(batch=...) must be an int >= 1, got {value!r}")
 
 
-class Round:
+class Round(ABC):
     """The mutable state of one aggregation round; the driver owns it, the rule made it.
 
     Subclasses decide when the round is done and what its gradient is (:meth:`_is_done`,
-    :meth:`_estimate`) and what removing a worker does to its gradients (:attr:`_keep_removed`).
-    Everything else (validation, stale reports, figures) is shared here.
+    :meth:`_estimate`), which current reports of an active worker they take (:meth:`_wants`),
+    and what removing a worker does to its gradients (:attr:`_keep_removed`). Everything else
+    (validation, stale reports, closing, figures) is shared here.
 
     Attributes:
         round_id: the id reports must carry to be aggregated.
@@ -298,11 +300,13 @@ class Round:
         """Whether a current-round report from this active worker is aggregated."""
         return True
 
+    @abstractmethod
     def _is_done(self) -> bool:
-        raise NotImplementedError
+        """Whether the stop rule holds now (called after every change while open)."""
 
+    @abstractmethod
     def _estimate(self) -> FloatVector:
-        raise NotImplementedError
+        """The round's gradient, a fresh float64 vector (called once, when it closes)."""
 
     def _progress(self) -> str:
         return f"{self.used} gradients so far"

@@ -132,8 +132,8 @@ class NIGTUpdate:
             g = aggregated gradient of round state.t (all measured at state.point)
             state = rule.step(state, g)
 
-    Round 0 is the initial batch (``M_init`` gradients at ``theta_0``); its gradient becomes
-    the direction as is.
+    Round 0 is the initial batch (``M_init`` gradients at ``theta_0``, e.g. a round of
+    ``Rennala(batch=M_init)``); its gradient becomes the direction as is.
 
     Args:
         lr: the step length ``alpha`` (every step moves ``theta`` by exactly this Euclidean
