@@ -321,6 +321,10 @@ class Learner:
             self._refuse(session, exc)
         except asyncio.CancelledError:
             raise
+        except Exception as exc:
+            # A bug must not leave a silent task behind: refuse the worker and say why.
+            log.exception("admitting %s failed unexpectedly", session.peer)
+            self._refuse(session, exc)
         finally:
             if not admitted:
                 await session.aclose()

@@ -68,6 +68,7 @@ class LocalWorkers:
         token: the learner's token, handed to subprocesses through their environment.
         timeouts: deadlines for in-process workers.
         use_uvloop: forwarded to subprocess workers (``--no-uvloop`` when ``False``).
+        log_level: subprocess workers' log level (they share the caller's terminal).
     """
 
     def __init__(
@@ -80,8 +81,10 @@ class LocalWorkers:
         token: str | None = None,
         timeouts: Timeouts | None = None,
         use_uvloop: bool | None = None,
+        log_level: str = "WARNING",
     ) -> None:
         self._env = env
+        self._log_level = log_level
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
         self._env_kwargs = env_kwargs or {}
@@ -112,8 +115,10 @@ class LocalWorkers:
 
     def _start_processes(self, url: str) -> None:
         spec = env_import_path(self._env)
-        command = [sys.executable, "-m", "aps", "worker", url, "--env", spec]
-        command += ["--num-envs", str(self.envs_per_worker)]
+        # -P: the current directory must not shadow the aps this process runs (the workers
+        # get this process's import path through PYTHONPATH instead).
+        command = [sys.executable, "-P", "-m", "aps", "worker", url, "--env", spec]
+        command += ["--num-envs", str(self.envs_per_worker), "--log-level", self._log_level]
         if self._env_kwargs:
             import json
 
