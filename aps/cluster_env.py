@@ -12,7 +12,7 @@ import atexit
 import queue
 import secrets
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -31,6 +31,11 @@ from aps.worker import EnvSpec
 __all__ = ["ClusterEnv"]
 
 T = TypeVar("T")
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
 
 _LOCAL_URLS = {"tcp": "tcp://127.0.0.1:0", "ws": "ws://127.0.0.1:0", "memory": "memory://"}
 
@@ -269,6 +274,14 @@ class ClusterEnv(VectorEnv):
     def rollout(self, num_steps: int) -> Rollout:
         """Workers act ``num_steps`` times with their policies; see :meth:`aps.Learner.rollout`."""
         return self._portal.call(self._learner.rollout(num_steps))
+
+    def call(self, function: Callable[[Learner], Awaitable[T]]) -> T:
+        """Run an await-based routine against this env's learner, blocking until it returns.
+
+        For algorithms written for :class:`aps.Learner` (``aps.pg.NIGT``'s blocking ``run``
+        uses it): ``envs.call(lambda learner: learner.rollout(8))``.
+        """
+        return self._portal.call(_awaited(function(self._learner)))
 
     @property
     def metrics(self) -> Metrics:

@@ -52,6 +52,8 @@ from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
     ErrorReport,
+    GradientReport,
+    GradientRound,
     Hello,
     Message,
     Ready,
@@ -62,10 +64,11 @@ from aps.messages import (
     RolloutRequest,
     StepRequest,
     StepResult,
+    StopGradients,
     Weights,
     Welcome,
 )
-from aps.protocol import NONCE_SIZE, Role, check_hello
+from aps.protocol import NONCE_SIZE, Role, State, check_hello
 from aps.session import Session, Timeouts
 from aps.sync import AlwaysSync, SyncContext, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -201,6 +204,12 @@ class Learner:
         self.sync = sync
         self._versions: PolicyVersions | None = None
         self._weights_frame: tuple[int, bytes] = (0, b"")
+        self._gradient_mode = False
+        self._gradient_remotes: list[_Remote] = []
+        self._gradient_pumps: list[asyncio.Task[None]] = []
+        self._gradient_inbox: asyncio.Queue[
+            tuple[_Remote, GradientReport | ErrorReport | BaseException]
+        ] = asyncio.Queue()
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
 
@@ -275,6 +284,8 @@ class Learner:
         if self._stream is not None:
             with contextlib.suppress(ApsError):
                 await self._stream.aclose()
+        if self._gradient_mode:
+            await self.stop_gradients()
         self._closed = True
         if self._accept_task is not None:
             self._accept_task.cancel()
@@ -961,6 +972,133 @@ class Learner:
                             remote.metrics.dropped_chunks += 1
         except (TimeoutError, ApsError) as exc:
             self._broken = InvalidState(f"the chunk stream did not end cleanly ({exc!r})")
+
+    # Policy-gradient rounds (Rennala / Malenia NIGT); aps.pg.NIGT drives these.
+
+    @property
+    def gradient_workers(self) -> tuple[WorkerInfo, ...]:
+        """The workers taking part in gradient rounds (all, minus those dropped)."""
+        return tuple(r.info for r in self._gradient_remotes)
+
+    async def start_round(
+        self, round_id: int, arrays: dict[str, Array], *, horizon: int, gamma: float
+    ) -> int:
+        """Broadcast a gradient round: every worker samples at ``arrays`` from now on.
+
+        The first call enters gradient mode (reports start flowing, see :meth:`next_report`);
+        later calls replace the round. Reports of earlier rounds may still arrive: they carry
+        their round id.
+
+        Returns:
+            The bytes put on the wire (the encoded round, once per worker).
+
+        Raises:
+            InvalidState: no policy, or another operation is running.
+            WorkerLost: a worker disconnected (see :meth:`drop_worker`).
+        """
+        await self.wait_for_workers()
+        self._require_policy("start_round")
+        if not self._gradient_mode:
+            if self._stream is not None:
+                await self._stream.aclose()
+            if self._broken is not None:
+                raise InvalidState(f"this learner can no longer train: {self._broken}")
+            if self._busy:
+                raise InvalidState("start_round() called while another operation is running")
+            self._busy = self._gradient_mode = True
+            self._gradient_remotes = list(self._remotes)
+            self._gradient_pumps = [
+                asyncio.create_task(self._pump_reports(r), name=f"aps reports {r.info.worker_id}")
+                for r in self._gradient_remotes
+            ]
+        message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
+        frame = codec.encode(message)
+        for remote in self._gradient_remotes:
+            try:
+                await remote.session.send(message, frame=frame)
+            except TransportError as exc:
+                raise self._lost(remote, "start_round", exc) from exc
+        return len(frame) * len(self._gradient_remotes)
+
+    async def next_report(self) -> tuple[int, GradientReport]:
+        """Wait for the next gradient report from any worker: ``(worker_id, report)``.
+
+        Raises:
+            InvalidState: not in gradient mode.
+            WorkerError: sampling or differentiating raised on a worker.
+            WorkerLost: a worker disconnected; :meth:`drop_worker` it to go on without it.
+            Timeout: no report for ``timeouts.step`` seconds.
+        """
+        if not self._gradient_mode:
+            raise InvalidState("call start_round() before next_report()")
+        try:
+            async with asyncio.timeout(self._timeouts.step):
+                remote, message = await self._gradient_inbox.get()
+        except TimeoutError:
+            raise Timeout(
+                f"no gradient report from any worker for {self._timeouts.step} s; raise "
+                "Timeouts.step if trajectories are that slow",
+                operation="next_report",
+                seconds=self._timeouts.step,
+            ) from None
+        if isinstance(message, BaseException):
+            raise message
+        if isinstance(message, ErrorReport):
+            raise WorkerError(
+                message.message,
+                worker_id=remote.info.worker_id,
+                remote_type=message.remote_type,
+                remote_traceback=message.traceback,
+            )
+        return remote.info.worker_id, message
+
+    def drop_worker(self, worker_id: int) -> None:
+        """Leave a lost worker out of the rest of gradient mode.
+
+        The learner's env batch no longer matches its workers afterwards, so lockstep calls
+        (reset, step, rollout) refuse from then on.
+        """
+        for remote in self._gradient_remotes:
+            if remote.info.worker_id == worker_id:
+                self._gradient_remotes.remove(remote)
+                self._broken = WorkerLost(f"worker {worker_id} was dropped", worker_id=worker_id)
+                return
+        raise ConfigError(f"worker {worker_id} is not taking part in gradient rounds")
+
+    async def stop_gradients(self) -> None:
+        """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
+        if not self._gradient_mode:
+            return
+        for pump in self._gradient_pumps:
+            pump.cancel()
+        await asyncio.wait(self._gradient_pumps)
+        try:
+            async with asyncio.timeout(self._timeouts.step):
+                for remote in self._gradient_remotes:
+                    await remote.session.send(StopGradients())
+                    while remote.session.state is State.STOPPING:
+                        await remote.session.receive(timeout=None, operation="gradients to stop")
+        except (TimeoutError, ApsError) as exc:
+            self._broken = InvalidState(f"gradient mode did not end cleanly ({exc!r})")
+        finally:
+            self._gradient_mode = self._busy = False
+            self._gradient_inbox = asyncio.Queue()
+
+    async def _pump_reports(self, remote: _Remote) -> None:
+        inbox = self._gradient_inbox
+        while True:
+            try:
+                message = await remote.session.receive(
+                    timeout=None, operation=f"worker {remote.info.worker_id}'s gradients"
+                )
+            except (EndOfStream, TransportError) as exc:
+                inbox.put_nowait((remote, self._lost(remote, "gradient rounds", exc)))
+                return
+            except ApsError as exc:
+                inbox.put_nowait((remote, exc))
+                return
+            assert isinstance(message, GradientReport | ErrorReport)
+            inbox.put_nowait((remote, message))
 
     def _lost(self, remote: _Remote, operation: str, exc: BaseException) -> WorkerLost:
         info = remote.info

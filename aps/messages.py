@@ -14,10 +14,14 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
     L -> W  Weights(version, arrays)      no answer; applied before the next rollout
     L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
+    L -> W  GradientRound(round, arrays)  W -> L  GradientReport(round, gradient, count), ...
+    L -> W  StopGradients()               W -> L  GradientsStopped()
     W -> L  ErrorReport(...)              instead of a result, when an env raised
 
 Resets and steps are lockstep: one request, one answer. Rollout requests may be pipelined:
-the learner may have several outstanding, and the worker answers them in order.
+the learner may have several outstanding, and the worker answers them in order. Gradient
+rounds are a mode: after the first ``GradientRound`` the worker keeps sampling trajectories
+and reporting gradients, each new round replaces the last, until ``StopGradients``.
     either  Heartbeat()                   at any time after the handshake
     either  Goodbye(reason)               the sender is closing
 """
@@ -37,6 +41,9 @@ __all__ = [
     "Challenge",
     "ErrorReport",
     "Goodbye",
+    "GradientReport",
+    "GradientRound",
+    "GradientsStopped",
     "Heartbeat",
     "Hello",
     "Message",
@@ -48,6 +55,7 @@ __all__ = [
     "RolloutRequest",
     "StepRequest",
     "StepResult",
+    "StopGradients",
     "Weights",
     "Welcome",
 ]
@@ -209,6 +217,50 @@ class RolloutChunk(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GradientRound(Message):
+    """Start (or replace) a policy-gradient round at the point ``arrays``.
+
+    The worker drops unfinished trajectories, loads ``arrays`` (parameters by name), resets
+    its envs, and from then on samples trajectories of at most ``horizon`` steps with that
+    policy and reports REINFORCE gradients computed at the same point (discount ``gamma``).
+    """
+
+    TAG: ClassVar[str] = "gradient_round"
+    round: int
+    arrays: Any
+    horizon: int
+    gamma: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientReport(Message):
+    """The sum of ``count`` trajectory gradients (by parameter name) sampled in ``round``.
+
+    ``episode_return`` holds those trajectories' undiscounted returns.
+    """
+
+    TAG: ClassVar[str] = "gradient_report"
+    round: int
+    gradient: Any
+    count: int
+    episode_return: Array
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopGradients(Message):
+    """Leave gradient mode; the worker answers with :class:`GradientsStopped`."""
+
+    TAG: ClassVar[str] = "stop_gradients"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientsStopped(Message):
+    """The worker left gradient mode; nothing more of it will follow."""
+
+    TAG: ClassVar[str] = "gradients_stopped"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReport(Message):
     """An env (or the worker) raised instead of answering the last request."""
 
@@ -248,6 +300,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Weights,
         RolloutRequest,
         RolloutChunk,
+        GradientRound,
+        GradientReport,
+        StopGradients,
+        GradientsStopped,
         ErrorReport,
         Heartbeat,
         Goodbye,

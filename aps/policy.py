@@ -548,6 +548,40 @@ class Policy:
                 values = self._values(x).numpy()
         return actions, log_prob.to(torch.float32).numpy(), values
 
+    def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> torch.Tensor:
+        """Log-probabilities of ``actions`` at ``obs`` under this policy, WITH gradients.
+
+        For policy-gradient estimators: ``log_prob(...)`` is differentiable with respect to
+        the module's parameters. Box actions are the raw (unclipped) samples.
+
+        Args:
+            obs: observations ``[B, *observation_space.shape]``.
+            actions: ``[B]`` integer actions (``Discrete``) or ``[B, *action_space.shape]``.
+
+        Returns:
+            A float tensor ``[B]`` (summed over action dimensions for Box).
+
+        Raises:
+            ConfigError: shapes that do not fit.
+        """
+        x = self._observations(obs, leading=1)
+        batch = x.shape[0]
+        if self._kind == "gaussian":
+            mean, log_std = self._gaussian(x)
+            a = torch.as_tensor(np.asarray(actions), dtype=mean.dtype).reshape(batch, -1)
+            if a.shape != mean.shape:
+                raise ConfigError(
+                    f"actions of shape {tuple(a.shape)} do not fit means {tuple(mean.shape)}"
+                )
+            z = (a - mean) / log_std.exp()
+            return (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+        index = np.asarray(actions).reshape(-1).astype(np.int64)
+        if index.shape[0] != batch:
+            raise ConfigError(f"got {index.shape[0]} actions for {batch} observations")
+        start = int(self._action_space.start)  # type: ignore[attr-defined]
+        log_probs = self._categorical(x)
+        return log_probs.gather(1, torch.as_tensor(index - start)[:, None]).squeeze(1)
+
     # -- comparing -------------------------------------------------------------------------
 
     def kl(self, other: Policy, obs: np.ndarray, *, max_states: int | None = 1024) -> float:

@@ -22,6 +22,9 @@ from aps.messages import (
     Challenge,
     ErrorReport,
     Goodbye,
+    GradientReport,
+    GradientRound,
+    GradientsStopped,
     Heartbeat,
     Hello,
     Message,
@@ -33,6 +36,7 @@ from aps.messages import (
     RolloutRequest,
     StepRequest,
     StepResult,
+    StopGradients,
     Weights,
     Welcome,
 )
@@ -77,6 +81,8 @@ class State(enum.Enum):
     AWAIT_RESET = "await_reset"
     AWAIT_STEP = "await_step"
     COLLECTING = "collecting"  # rollout requests outstanding (both sides; counted)
+    GRADIENTS = "gradients"  # gradient rounds running (both sides)
+    STOPPING = "stopping"  # gradient mode asked to end, the worker's last reports may follow
     # Worker side.
     GOT_CHALLENGE = "got_challenge"
     AWAIT_WELCOME = "await_welcome"
@@ -111,6 +117,14 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.COLLECTING, _S, RolloutRequest): State.COLLECTING,
         (State.COLLECTING, _R, RolloutChunk): State.COLLECTING,
         (State.COLLECTING, _R, ErrorReport): State.COLLECTING,
+        (State.IDLE, _S, GradientRound): State.GRADIENTS,
+        (State.GRADIENTS, _S, GradientRound): State.GRADIENTS,
+        (State.GRADIENTS, _R, GradientReport): State.GRADIENTS,
+        (State.GRADIENTS, _R, ErrorReport): State.GRADIENTS,
+        (State.GRADIENTS, _S, StopGradients): State.STOPPING,
+        (State.STOPPING, _R, GradientReport): State.STOPPING,
+        (State.STOPPING, _R, ErrorReport): State.STOPPING,
+        (State.STOPPING, _R, GradientsStopped): State.IDLE,
     },
     Role.WORKER: {
         (State.START, _R, Challenge): State.GOT_CHALLENGE,
@@ -132,6 +146,12 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.COLLECTING, _R, RolloutRequest): State.COLLECTING,
         (State.COLLECTING, _S, RolloutChunk): State.COLLECTING,
         (State.COLLECTING, _S, ErrorReport): State.COLLECTING,
+        (State.IDLE, _R, GradientRound): State.GRADIENTS,
+        (State.GRADIENTS, _R, GradientRound): State.GRADIENTS,
+        (State.GRADIENTS, _S, GradientReport): State.GRADIENTS,
+        (State.GRADIENTS, _S, ErrorReport): State.GRADIENTS,
+        (State.GRADIENTS, _R, StopGradients): State.STOPPING,
+        (State.STOPPING, _S, GradientsStopped): State.IDLE,
     },
 }
 """``(state, direction, message type) -> next state`` for each role; anything else is refused.

@@ -38,11 +38,16 @@ from aps.errors import (
     Timeout,
     VersionMismatch,
 )
+from aps.gradients import GradientSampler
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
     ErrorReport,
+    GradientReport,
+    GradientRound,
+    GradientsStopped,
     Hello,
+    Message,
     Ready,
     Reject,
     ResetRequest,
@@ -51,6 +56,7 @@ from aps.messages import (
     RolloutRequest,
     StepRequest,
     StepResult,
+    StopGradients,
     Weights,
     Welcome,
 )
@@ -149,6 +155,10 @@ class Worker:
         timeouts: deadlines; ``connect`` bounds how long the worker keeps dialing.
         factory: a transport factory to dial with, instead of the URL scheme's registered one
             (TLS and frame size limits are set there).
+        compute_delay: seconds to sleep after every env step of a gradient round, to simulate
+            a slower machine (heterogeneous workers, e.g. ``sqrt(i) * base``).
+        comm_delay: seconds to sleep before sending each gradient report, to simulate a
+            slower link.
 
     Example:
         >>> worker = Worker("tcp://127.0.0.1:7000", "CartPole-v1", num_envs=8)  # doctest: +SKIP
@@ -166,6 +176,8 @@ class Worker:
         env_kwargs: dict[str, Any] | None = None,
         timeouts: Timeouts | None = None,
         factory: TransportFactory | None = None,
+        compute_delay: float = 0.0,
+        comm_delay: float = 0.0,
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -179,6 +191,11 @@ class Worker:
         self._token = token.encode() if isinstance(token, str) else token
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
+        for name, delay in (("compute_delay", compute_delay), ("comm_delay", comm_delay)):
+            if not isinstance(delay, int | float) or not 0 <= delay < 3600:
+                raise ConfigError(f"{name} must be a number of seconds in [0, 3600), got {delay!r}")
+        self._compute_delay = float(compute_delay)
+        self._comm_delay = float(comm_delay)
         self._envs: SyncVectorEnv | None = None
         self._collector: _Collector | None = None
         self._weights_error: ApsError | None = None
@@ -318,6 +335,8 @@ class Worker:
                 await session.send(self._rollout(request))
             elif isinstance(request, Weights):
                 self._load_weights(request)
+            elif isinstance(request, GradientRound):
+                await self._gradient_mode(session, request)
             elif isinstance(request, ResetRequest):
                 await session.send(self._reset(envs, request))
             else:  # Reject after Ready: the learner refused our spaces.
@@ -325,6 +344,78 @@ class Worker:
                 raise _REJECTIONS.get(request.kind, ProtocolError)(
                     f"the learner refused this worker: {request.reason}"
                 )
+
+    async def _gradient_mode(self, session: Session, first: GradientRound) -> None:
+        """Sample and report gradients until the learner stops gradient mode.
+
+        A reader task moves the learner's messages into a queue so that new rounds are seen
+        between env steps; each new round replaces the current one at once.
+        """
+        inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_until_stop(session, inbox))
+        sampler: GradientSampler | None = None
+        message: Message | BaseException = first
+        try:
+            while True:
+                if isinstance(message, BaseException):
+                    raise message
+                if isinstance(message, StopGradients):
+                    await session.send(GradientsStopped())
+                    return
+                sampling = False
+                if isinstance(message, GradientRound):
+                    try:
+                        sampler = sampler or self._gradient_sampler()
+                        sampler.start(message)
+                        sampling = True
+                    except Exception as exc:  # the learner hears why; the next round may do
+                        await session.send(_report(exc))
+                while sampling and sampler is not None and inbox.empty():
+                    report = self._sample(sampler)
+                    if isinstance(report, ErrorReport):
+                        await session.send(report)
+                        break
+                    if report is not None:
+                        if self._comm_delay:
+                            await asyncio.sleep(self._comm_delay)
+                        await session.send(report)
+                    # Simulated slowness (heterogeneous workers); also lets the reader run.
+                    await asyncio.sleep(self._compute_delay)
+                message = await inbox.get()
+        finally:
+            reader.cancel()
+            await asyncio.wait([reader])
+
+    def _gradient_sampler(self) -> GradientSampler:
+        if self._collector is None:
+            raise ProtocolError(
+                "the learner started gradient rounds but gave this worker no policy; create "
+                "the learner with policy='module:factory'"
+            )
+        assert self._envs is not None
+        return GradientSampler(self._envs, self._collector.policy)
+
+    @staticmethod
+    def _sample(sampler: GradientSampler) -> GradientReport | ErrorReport | None:
+        try:
+            return sampler.step()
+        except Exception as exc:
+            return _report(exc)
+
+    async def _read_until_stop(
+        self, session: Session, inbox: asyncio.Queue[Message | BaseException]
+    ) -> None:
+        while True:
+            try:
+                message = await session.receive(
+                    timeout=self._timeouts.heartbeat_timeout, operation="the next round"
+                )
+            except Exception as exc:
+                inbox.put_nowait(exc)
+                return
+            inbox.put_nowait(message)
+            if isinstance(message, StopGradients):
+                return
 
     def _load_weights(self, weights: Weights) -> None:
         # A bad weights message cannot be answered (weights have no reply); it is kept and
@@ -421,6 +512,11 @@ class _Collector:
         self._pending_reset = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
+
+    @property
+    def policy(self) -> Any:
+        """The worker's :class:`aps.policy.Policy`."""
+        return self._policy
 
     def load(self, weights: Weights) -> None:
         """Load a new version; raises ConfigError when the arrays do not fit the policy."""

@@ -12,6 +12,9 @@ from aps.messages import (
     Challenge,
     ErrorReport,
     Goodbye,
+    GradientReport,
+    GradientRound,
+    GradientsStopped,
     Heartbeat,
     Hello,
     Ready,
@@ -22,6 +25,7 @@ from aps.messages import (
     RolloutRequest,
     StepRequest,
     StepResult,
+    StopGradients,
     Weights,
     Welcome,
 )
@@ -219,3 +223,26 @@ def test_a_worker_that_cannot_build_its_envs_reports_and_closes() -> None:
     worker.send(ERROR)
     learner.receive(ERROR)
     assert learner.state is worker.state is State.CLOSED
+
+
+def test_gradient_mode_until_stopped() -> None:
+    learner, worker = learner_at_idle(), worker_at_idle()
+    round_ = GradientRound(round=0, arrays={}, horizon=5, gamma=0.9)
+    report = GradientReport(round=0, gradient={}, count=1, episode_return=np.zeros(1))
+    learner.send(round_)
+    worker.receive(round_)
+    for _ in range(3):
+        worker.send(report)
+        learner.receive(report)
+    learner.send(round_)  # a new round replaces the last
+    worker.receive(round_)
+    with pytest.raises(InvalidState):
+        learner.send(STEP)  # no lockstep during gradient mode
+    learner.send(StopGradients())
+    worker.receive(StopGradients())
+    learner.receive(report)  # late reports may still arrive
+    worker.send(GradientsStopped())
+    learner.receive(GradientsStopped())
+    assert learner.state is worker.state is State.IDLE
+    with pytest.raises(ProtocolError):
+        learner.receive(report)

@@ -11,6 +11,8 @@ pure functions of data (no event loop, no sockets, no clock reads), tested with 
   one vector.
 - :class:`Rennala`, :class:`Malenia`, :class:`Synchronous`: aggregation rules; each starts a
   mutable :class:`Round` that the driver feeds with reports.
+- :class:`NIGT` (in :mod:`aps.pg.trainer`, the one module here that does I/O): the trainer
+  that drives a :class:`~aps.learner.Learner`'s workers with the pieces above.
 - :mod:`aps.pg.reinforce` (``reward_to_go``, ``surrogate``): the estimator ``g_H`` with
   absolute discount. It needs torch, so it is a submodule to import explicitly
   (``from aps.pg.reinforce import surrogate``): ``import aps.pg`` never imports torch.
@@ -29,8 +31,12 @@ from aps.pg.aggregate import (
     SynchronousRound,
 )
 from aps.pg.nigt import Layout, NIGTState, NIGTUpdate, flatten, unflatten
+from aps.pg.trainer import NIGT, RoundStats
 
 __all__ = [
+    # The trainer (drives an aps Learner; the rest of this package is pure).
+    "NIGT",
+    "RoundStats",
     # The NIGT outer loop and flat vectors.
     "Layout",
     "NIGTState",

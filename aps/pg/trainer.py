@@ -1,0 +1,206 @@
+"""The NIGT trainer: drives Rennala, Malenia or synchronized NIGT over an aps learner.
+
+This module is the I/O side of :mod:`aps.pg`: it lives in the roles layer (it talks to a
+:class:`~aps.learner.Learner`), while the rules it applies (:class:`~aps.pg.NIGTUpdate`,
+the aggregation rounds) stay pure.
+
+Each iteration broadcasts the extrapolated point, collects gradient reports from whichever
+workers finish trajectories (workers sample *and* differentiate at that point), lets the
+aggregation rule decide when the round ends (reports tagged with an older round are never
+aggregated), and takes one normalized momentum step. Under Rennala the learner never waits
+for a slow worker; under Malenia every worker weighs the same whatever its speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from aps.errors import ConfigError, WorkerLost
+from aps.learner import Learner
+from aps.pg.aggregate import AggregationRule, Malenia, Rennala
+from aps.pg.nigt import NIGTUpdate, flatten, unflatten
+
+__all__ = ["NIGT", "RoundStats"]
+
+
+class _Portal(Protocol):
+    def call(self, function: Callable[[Learner], Awaitable[Any]]) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundStats:
+    """What one NIGT iteration did.
+
+    Attributes:
+        iteration: 0, 1, ... (0 is the initial batch at the starting point).
+        used: trajectory gradients aggregated.
+        discarded: gradients dropped (tagged with an older round, or late).
+        contributions: gradients used per worker id.
+        seconds: wall time of the round.
+        elapsed: wall time since training started.
+        bytes_sent: bytes of the round's broadcast (the point, once per worker).
+        bytes_received: bytes of gradient arrays received during the round.
+        mean_return: mean undiscounted return of the trajectories used (NaN if none).
+        direction_norm: the norm of the momentum direction after the step.
+    """
+
+    iteration: int
+    used: int
+    discarded: int
+    contributions: dict[int, int]
+    seconds: float
+    elapsed: float
+    bytes_sent: int
+    bytes_received: int
+    mean_return: float
+    direction_norm: float
+
+
+class NIGT:
+    """Normalized Implicit Gradient Transport over asynchronous workers.
+
+    Args:
+        policy: the agent being trained (an ``nn.Module`` the policy adapter understands, or
+            an :class:`aps.policy.Policy`); its parameters are updated in place after every
+            iteration. The learner's ``policy=`` import path must build the same
+            architecture on the workers.
+        aggregator: :class:`~aps.pg.Rennala` (default, batch 8), :class:`~aps.pg.Malenia` or
+            :class:`~aps.pg.Synchronous`.
+        lr: the step length alpha (every step moves the parameters by exactly ``lr``).
+        momentum: eta in (0, 1]; 1 gives normalized minibatch policy gradient.
+        horizon: H, the most steps per trajectory.
+        gamma: the discount (absolute: ``gamma^h r_h``).
+        initial_batch: the batch of iteration 0 (default: the aggregator's).
+        on_worker_lost: ``"raise"`` (default): a worker lost mid-round ends training with
+            :class:`~aps.errors.WorkerLost`. ``"continue"``: drop it and go on with the
+            others (Rennala and Synchronous only: Malenia's objective is the average over
+            all workers' environments, which a lost worker changes).
+
+    Example:
+        >>> trainer = NIGT(agent, aggregator=Rennala(batch=16), lr=0.02)  # doctest: +SKIP
+        >>> async for stats in trainer.train(learner, iterations=100):  # doctest: +SKIP
+        ...     print(stats.iteration, stats.mean_return)
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        aggregator: AggregationRule | None = None,
+        lr: float = 0.01,
+        momentum: float = 0.1,
+        horizon: int = 200,
+        gamma: float = 0.99,
+        initial_batch: int | None = None,
+        on_worker_lost: Literal["raise", "continue"] = "raise",
+    ) -> None:
+        self.aggregator: AggregationRule = aggregator or Rennala(batch=8)
+        self.update = NIGTUpdate(lr=lr, momentum=momentum)
+        if not isinstance(horizon, int) or horizon < 1:
+            raise ConfigError(f"horizon must be an int >= 1, got {horizon!r}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ConfigError(f"gamma must be in [0, 1], got {gamma!r}")
+        if on_worker_lost not in ("raise", "continue"):
+            raise ConfigError(
+                f"on_worker_lost must be 'raise' or 'continue', got {on_worker_lost!r}"
+            )
+        if on_worker_lost == "continue" and not self.aggregator.survives_worker_loss:
+            raise ConfigError(
+                f"{self.aggregator!r} cannot continue without a worker: its objective is the "
+                "average over every worker's environment; use on_worker_lost='raise'"
+            )
+        self.initial = self.aggregator
+        if initial_batch is not None and isinstance(self.aggregator, Rennala | Malenia):
+            self.initial = dataclasses.replace(self.aggregator, batch=initial_batch)
+        self.policy = policy
+        self.horizon = horizon
+        self.gamma = gamma
+        self.on_worker_lost = on_worker_lost
+
+    def _wrap(self, learner: Learner) -> Any:
+        from aps.policy import Policy
+
+        if isinstance(self.policy, Policy):
+            return self.policy
+        return Policy(self.policy, learner.single_observation_space, learner.single_action_space)
+
+    async def train(self, learner: Learner, iterations: int) -> AsyncIterator[RoundStats]:
+        """Run ``iterations`` NIGT iterations on ``learner``'s workers, yielding each one's stats.
+
+        The learner must have a ``policy`` and ``autoreset_mode="SameStep"``. Gradient mode
+        ends when the iterator finishes or is closed.
+
+        Raises:
+            WorkerLost: a worker was lost and ``on_worker_lost`` is ``"raise"``, or no
+                worker is left.
+            WorkerError: sampling or differentiating raised on a worker.
+        """
+        await learner.wait_for_workers()
+        policy = self._wrap(learner)
+        vector, layout = flatten(policy.get_weights())
+        state = self.update.start(vector)
+        started = time.monotonic()
+        try:
+            for iteration in range(iterations):
+                rule = self.initial if iteration == 0 else self.aggregator
+                workers = [w.worker_id for w in learner.gradient_workers] or [
+                    w.worker_id for w in learner.workers
+                ]
+                round_ = rule.start(state.t, workers, size=layout.size)
+                round_began = time.monotonic()
+                sent = await learner.start_round(
+                    state.t, unflatten(state.point, layout), horizon=self.horizon, gamma=self.gamma
+                )
+                received = 0
+                returns: list[float] = []
+                while not round_.done:
+                    try:
+                        worker_id, report = await learner.next_report()
+                    except WorkerLost as exc:
+                        if self.on_worker_lost == "raise":
+                            raise
+                        learner.drop_worker(exc.worker_id)
+                        round_.remove(exc.worker_id)
+                        if not round_.can_finish:
+                            raise WorkerLost(
+                                f"no worker is left to finish round {state.t}",
+                                worker_id=exc.worker_id,
+                            ) from exc
+                        continue
+                    gradient = layout.flatten(report.gradient, fill_missing=True)
+                    received += sum(int(a.nbytes) for a in report.gradient.values())
+                    if round_.add(worker_id, report.round, gradient, report.count):
+                        returns.extend(float(r) for r in report.episode_return)
+                state = self.update.step(state, round_.result())
+                policy.set_weights(unflatten(state.theta, layout))
+                now = time.monotonic()
+                yield RoundStats(
+                    iteration=iteration,
+                    used=round_.used,
+                    discarded=round_.discarded,
+                    contributions=dict(round_.contributions),
+                    seconds=now - round_began,
+                    elapsed=now - started,
+                    bytes_sent=sent,
+                    bytes_received=received,
+                    mean_return=float(np.mean(returns)) if returns else math.nan,
+                    direction_norm=state.direction_norm,
+                )
+        finally:
+            await learner.stop_gradients()
+
+    def run(self, envs: _Portal, iterations: int) -> list[RoundStats]:
+        """The blocking form of :meth:`train`: on an :class:`aps.ClusterEnv`, return all stats."""
+
+        async def every_round(learner: Learner) -> list[RoundStats]:
+            return [stats async for stats in self.train(learner, iterations)]
+
+        result: list[RoundStats] = envs.call(every_round)
+        return result
