@@ -77,6 +77,21 @@ def _parser() -> argparse.ArgumentParser:
         help="keep dialing a learner that is not up yet for this long (default %(default)s)",
     )
     worker.add_argument(
+        "--compute-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sleep this long after every env step of a policy-gradient round, to simulate a "
+        "slower machine (default 0)",
+    )
+    worker.add_argument(
+        "--comm-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sleep this long before sending each gradient report, to simulate a slower link",
+    )
+    worker.add_argument(
         "--no-uvloop",
         action="store_true",
         help="use asyncio's own event loop even if uvloop is installed",
@@ -116,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             token=_read_token(args.token_file),
             env_kwargs=args.env_kwargs,
             timeouts=Timeouts(connect=args.connect_timeout),
+            compute_delay=args.compute_delay,
+            comm_delay=args.comm_delay,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

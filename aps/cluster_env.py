@@ -12,7 +12,7 @@ import atexit
 import queue
 import secrets
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Literal, TypeVar
 
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -172,7 +172,7 @@ class ClusterEnv(VectorEnv):
         transport: Literal["tcp", "ws", "memory"] = "tcp",
         seed: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        env_kwargs: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         timeouts: Timeouts | None = None,
         use_uvloop: bool | None = None,
         policy: str | None = None,
@@ -192,7 +192,8 @@ class ClusterEnv(VectorEnv):
             seed: the seed of the first :meth:`reset` that is given none, so that
                 ``local(..., seed=s).reset()`` equals ``reset(seed=s)``.
             autoreset_mode: Gymnasium's autoreset mode.
-            env_kwargs: keyword arguments for the env factory.
+            env_kwargs: keyword arguments for the env factory, or one dict per worker
+                (heterogeneous environments; the spaces must still agree).
             timeouts: deadlines.
             use_uvloop: see the class.
             policy: see the class.

@@ -134,3 +134,24 @@ def test_worker_that_cannot_start_fails_fast() -> None:
 def test_lambda_needs_memory_transport() -> None:
     with pytest.raises(aps.ConfigError, match="module-level"):
         aps.ClusterEnv.local(lambda: gym.make("CartPole-v1"), num_workers=1, transport="tcp")
+
+
+@pytest.mark.parametrize("transport", ["memory", "tcp"])
+def test_each_worker_can_get_its_own_env_kwargs(transport: str) -> None:
+    envs = aps.ClusterEnv.local(
+        "Pendulum-v1",
+        num_workers=2,
+        envs_per_worker=1,
+        transport=transport,  # type: ignore[arg-type]
+        env_kwargs=[{"max_episode_steps": 2}, {"max_episode_steps": 3}],
+    )
+    try:
+        envs.reset(seed=0)
+        truncations = [envs.step(np.zeros((2, 1), np.float32))[3].tolist() for _ in range(3)]
+        # Workers register in any order; which one got which kwargs, only the data tells.
+        assert truncations in (
+            [[False, False], [True, False], [False, True]],
+            [[False, False], [False, True], [True, False]],
+        )
+    finally:
+        envs.close()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,11 @@ class LocalWorkers:
         env: what each worker runs.
         num_workers: how many workers.
         envs_per_worker: envs hosted by each worker.
-        env_kwargs: keyword arguments for the env factory.
+        env_kwargs: keyword arguments for the env factory; a list gives each worker its own
+            (heterogeneous environments, e.g. ``[{"g": 9.8}, {"g": 4.0}]``).
+        compute_delays: per-worker seconds slept after each env step of a gradient round
+            (simulated heterogeneous speeds, e.g. ``[sqrt(i) * 0.01 for i in range(1, n + 1)]``).
+        comm_delays: per-worker seconds slept before each gradient report.
         token: the learner's token, handed to subprocesses through their environment.
         timeouts: deadlines for in-process workers.
         use_uvloop: forwarded to subprocess workers (``--no-uvloop`` when ``False``).
@@ -77,7 +83,9 @@ class LocalWorkers:
         *,
         num_workers: int,
         envs_per_worker: int,
-        env_kwargs: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
+        compute_delays: Sequence[float] | None = None,
+        comm_delays: Sequence[float] | None = None,
         token: str | None = None,
         timeouts: Timeouts | None = None,
         use_uvloop: bool | None = None,
@@ -87,7 +95,21 @@ class LocalWorkers:
         self._log_level = log_level
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
-        self._env_kwargs = env_kwargs or {}
+        kwargs = (
+            [env_kwargs or {}] * num_workers if not isinstance(env_kwargs, Sequence) else env_kwargs
+        )
+        self._env_kwargs = [dict(k) for k in kwargs]
+        self._compute_delays = [float(d) for d in compute_delays or [0.0] * num_workers]
+        self._comm_delays = [float(d) for d in comm_delays or [0.0] * num_workers]
+        for name, values in (
+            ("env_kwargs", self._env_kwargs),
+            ("compute_delays", self._compute_delays),
+            ("comm_delays", self._comm_delays),
+        ):
+            if len(values) != num_workers:
+                raise ConfigError(
+                    f"{name} has {len(values)} entries for {num_workers} workers; give one each"
+                )
         self._token = token
         self._timeouts = timeouts
         self._use_uvloop = use_uvloop
@@ -107,9 +129,11 @@ class LocalWorkers:
                 url,
                 self._env,
                 num_envs=self.envs_per_worker,
-                env_kwargs=self._env_kwargs,
+                env_kwargs=self._env_kwargs[index],
                 token=self._token,
                 timeouts=self._timeouts,
+                compute_delay=self._compute_delays[index],
+                comm_delay=self._comm_delays[index],
             )
             self._tasks.append(asyncio.create_task(worker.run(), name=f"aps worker {index}"))
 
@@ -119,10 +143,6 @@ class LocalWorkers:
         # get this process's import path through PYTHONPATH instead).
         command = [sys.executable, "-P", "-m", "aps", "worker", url, "--env", spec]
         command += ["--num-envs", str(self.envs_per_worker), "--log-level", self._log_level]
-        if self._env_kwargs:
-            import json
-
-            command += ["--env-kwargs", json.dumps(self._env_kwargs)]
         if self._use_uvloop is False:
             command.append("--no-uvloop")
         environ = dict(os.environ)
@@ -131,8 +151,15 @@ class LocalWorkers:
         # The workers import the same code as this process: give them its import path.
         paths = [p or os.getcwd() for p in sys.path]
         environ["PYTHONPATH"] = os.pathsep.join(paths)
-        for _ in range(self.num_workers):
-            self._processes.append(subprocess.Popen(command, env=environ))
+        for index in range(self.num_workers):
+            extra = []
+            if self._env_kwargs[index]:
+                extra += ["--env-kwargs", json.dumps(self._env_kwargs[index])]
+            if self._compute_delays[index]:
+                extra += ["--compute-delay", repr(self._compute_delays[index])]
+            if self._comm_delays[index]:
+                extra += ["--comm-delay", repr(self._comm_delays[index])]
+            self._processes.append(subprocess.Popen(command + extra, env=environ))
 
     async def watch(self) -> None:
         """Return never while the workers live; raise when one of them ends early.
