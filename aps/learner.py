@@ -75,6 +75,9 @@ from aps.transports.base import Listener, TransportFactory
 
 __all__ = ["Learner", "WorkerInfo"]
 
+MAX_HANDSHAKES = 64
+"""The most connections a learner admits at once; more are closed at once."""
+
 MAX_IN_FLIGHT = 64
 """The most rollout requests :meth:`Learner.chunks` keeps outstanding per worker."""
 
@@ -313,6 +316,14 @@ class Learner:
             except TransportError as exc:
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.05)
+                continue
+            if len(self._admissions) >= MAX_HANDSHAKES:
+                # A flood of connections that never finish their handshake must not hold
+                # unbounded resources; each pending one already ends at the handshake deadline.
+                log.warning(
+                    "refused %s: %d handshakes already in progress", transport.peer, MAX_HANDSHAKES
+                )
+                await transport.aclose()
                 continue
             session = Session(
                 transport,

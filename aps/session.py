@@ -193,8 +193,8 @@ class Session:
         self._closed = True
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat_task
+            # wait() rather than await: a cancellation of *this* task must not be swallowed.
+            await asyncio.wait([self._heartbeat_task])
         if self._connection.state not in (State.CLOSED, State.START):
             with contextlib.suppress(TransportError, InvalidState, WireError, TimeoutError):
                 # A peer that stopped reading must not hold this close up.
