@@ -347,3 +347,27 @@ async def test_tls_with_token_end_to_end(
         plain = workers.start(learner.url, token="t", timeouts=aps.Timeouts(connect=1, handshake=1))
         with pytest.raises((aps.Timeout, aps.TransportError)):
             await asyncio.wait_for(plain, 10)
+
+
+async def test_a_flood_of_silent_connections_is_capped(workers: WorkerTasks) -> None:
+    from aps.learner import MAX_HANDSHAKES
+
+    timeouts = aps.Timeouts(connect=10, handshake=1.0, step=10)
+    async with aps.Learner(TCP, num_workers=1, timeouts=timeouts) as learner:
+        silent = [await transports.connect(learner.url, timeout=5) for _ in range(MAX_HANDSHAKES)]
+        for transport in silent:  # each got its challenge and holds a handshake slot
+            assert isinstance(codec.decode(await transport.receive()), Challenge)
+        extra = await transports.connect(learner.url, timeout=5)
+        with pytest.raises((aps.EndOfStream, aps.ConnectionLost)):
+            async with asyncio.timeout(5):
+                await extra.receive()  # closed at once, no challenge
+        await extra.aclose()
+        # The silent ones are dropped at the handshake deadline; then honest workers get in.
+        for transport in silent:
+            with pytest.raises((aps.EndOfStream, aps.ConnectionLost)):
+                async with asyncio.timeout(5):
+                    while True:
+                        await transport.receive()
+            await transport.aclose()
+        workers.start(learner.url)
+        await learner.reset(seed=0)
