@@ -1,0 +1,310 @@
+"""CleanRL's PPO on aps.ClusterEnv: the envs step on worker processes, the learner acts.
+
+This is CleanRL's ``ppo.py`` (discrete actions) with the vector env swapped: the learner
+computes every action and ``envs.step(actions)`` sends them to the workers (remote-step
+mode). Look for ``# aps:`` to find the one line that differs from a ``SyncVectorEnv`` script.
+
+Autoreset: the envs use Gymnasium's ``SameStep`` mode, the semantics CleanRL's loop was
+written for (gym < 1.0): when a step ends an episode it returns the first observation of the
+next one, so ``obs[t + 1]`` after ``dones[t + 1]`` belongs to a new episode and the GAE mask
+``1 - dones[t + 1]`` cuts the bootstrap there. Under Gymnasium 1.x's default ``NextStep`` the
+step after an episode's end would be a reset step whose action is ignored, which this loop
+would wrongly train on.
+
+    python examples/ppo_vector.py --workers 2 --envs-per-worker 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+from torch.distributions.categorical import Categorical
+
+import aps
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--exp-name", default=Path(__file__).stem, help="the name of this experiment")
+    add("--seed", type=int, default=1, help="seed of the experiment")
+    add("--torch-threads", type=int, default=1, help="torch CPU threads of the learner")
+    add("--track-tb", action="store_true", help="log to TensorBoard (needs tensorboard)")
+    add("--logdir", default="runs", help="where TensorBoard runs are written")
+    add("--env-id", default="CartPole-v1", help="the id of the environment")
+    add("--workers", type=int, default=2, help="number of worker processes")
+    add("--envs-per-worker", type=int, default=2, help="environments per worker")
+    add("--transport", default="tcp", choices=["tcp", "ws", "memory"], help="the transport")
+    add("--total-timesteps", type=int, default=100_000, help="total env steps")
+    add("--learning-rate", type=float, default=2.5e-4, help="the learning rate")
+    add("--num-steps", type=int, default=128, help="steps per env per rollout")
+    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True)
+    add("--gamma", type=float, default=0.99, help="the discount factor")
+    add("--gae-lambda", type=float, default=0.95, help="the lambda of GAE")
+    add("--num-minibatches", type=int, default=4, help="the number of minibatches")
+    add("--update-epochs", type=int, default=4, help="the number of epochs per update")
+    add("--norm-adv", action=argparse.BooleanOptionalAction, default=True)
+    add("--clip-coef", type=float, default=0.2, help="the surrogate clipping coefficient")
+    add("--clip-vloss", action=argparse.BooleanOptionalAction, default=True)
+    add("--ent-coef", type=float, default=0.01, help="coefficient of the entropy")
+    add("--vf-coef", type=float, default=0.5, help="coefficient of the value function")
+    add("--max-grad-norm", type=float, default=0.5, help="the maximum norm of the gradient")
+    add("--target-kl", type=float, default=None, help="the target KL divergence threshold")
+    args = parser.parse_args(argv)
+    args.num_envs = args.workers * args.envs_per_worker
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = max(args.batch_size // args.num_minibatches, 1)
+    args.num_iterations = max(args.total_timesteps // args.batch_size, 1)
+    return args
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+        super().__init__()
+        obs_size = int(np.array(envs.single_observation_space.shape).prod())
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, envs.single_action_space.n), std=0.01),
+        )
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.actor(x)
+        probs = Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    writer = None
+    if args.track_tb:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(f"{args.logdir}/{run_name}")
+        except ImportError:
+            print("tensorboard is not installed (pip install tensorboard); not logging to it")
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = True
+    torch.set_num_threads(args.torch_threads)
+
+    # env setup
+    # was: envs = gym.make_vec(args.env_id, args.num_envs, vector_kwargs={"autoreset_mode": SAME})
+    envs = aps.ClusterEnv.local(  # aps: the only line that differs from CleanRL
+        args.env_id,
+        num_workers=args.workers,
+        envs_per_worker=args.envs_per_worker,
+        transport=args.transport,
+        autoreset_mode="SameStep",
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    assert isinstance(envs.single_action_space, gym.spaces.Discrete), "discrete actions only"
+
+    try:
+        agent = Agent(envs)
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+        # ALGO Logic: Storage setup
+        obs = torch.zeros((args.num_steps, args.num_envs, *envs.single_observation_space.shape))
+        actions = torch.zeros((args.num_steps, args.num_envs, *envs.single_action_space.shape))
+        logprobs = torch.zeros((args.num_steps, args.num_envs))
+        rewards = torch.zeros((args.num_steps, args.num_envs))
+        dones = torch.zeros((args.num_steps, args.num_envs))
+        values = torch.zeros((args.num_steps, args.num_envs))
+
+        # TRY NOT TO MODIFY: start the game
+        global_step = 0
+        episode_returns: list[float] = []
+        start_time = time.time()
+        next_obs_np, _ = envs.reset(seed=args.seed)
+        next_obs = torch.Tensor(next_obs_np)
+        next_done = torch.zeros(args.num_envs)
+
+        for iteration in range(1, args.num_iterations + 1):
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                dones[step] = next_done
+
+                # ALGO LOGIC: action logic
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                    values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
+
+                # TRY NOT TO MODIFY: execute the game and log data.
+                next_obs_np, reward, terminations, truncations, infos = envs.step(action.numpy())
+                next_done_np = np.logical_or(terminations, truncations)
+                rewards[step] = torch.tensor(reward).view(-1)
+                next_obs, next_done = torch.Tensor(next_obs_np), torch.Tensor(next_done_np)
+
+                if "episode" in infos:
+                    for i in np.flatnonzero(infos["_episode"]):
+                        episode_returns.append(float(infos["episode"]["r"][i]))
+                        if writer is not None:
+                            writer.add_scalar(
+                                "charts/episodic_return", infos["episode"]["r"][i], global_step
+                            )
+                            writer.add_scalar(
+                                "charts/episodic_length", infos["episode"]["l"][i], global_step
+                            )
+
+            # bootstrap value if not done
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs).reshape(1, -1)
+                advantages = torch.zeros_like(rewards)
+                lastgaelam = 0
+                for t in reversed(range(args.num_steps)):
+                    if t == args.num_steps - 1:
+                        nextnonterminal = 1.0 - next_done
+                        nextvalues = next_value
+                    else:
+                        nextnonterminal = 1.0 - dones[t + 1]
+                        nextvalues = values[t + 1]
+                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                    advantages[t] = lastgaelam = (
+                        delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                    )
+                returns = advantages + values
+
+            # flatten the batch
+            b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape((-1, *envs.single_action_space.shape))
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # Optimizing the policy and value network
+            b_inds = np.arange(args.batch_size)
+            clipfracs = []
+            for _epoch in range(args.update_epochs):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    end = start + args.minibatch_size
+                    mb_inds = b_inds[start:end]
+
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                        b_obs[mb_inds], b_actions.long()[mb_inds]
+                    )
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
+
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (
+                            mb_advantages.std() + 1e-8
+                        )
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(
+                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
+                    )
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    newvalue = newvalue.view(-1)
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                        )
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+
+            y_pred, y_true = b_values.numpy(), b_returns.numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+            sps = int(global_step / (time.time() - start_time))
+            recent = np.mean(episode_returns[-20:]) if episode_returns else float("nan")
+            if iteration % 10 == 0 or iteration == args.num_iterations:
+                print(f"iteration {iteration}: step {global_step}, return {recent:.1f}, SPS {sps}")
+            if writer is not None:
+                lr = optimizer.param_groups[0]["lr"]
+                writer.add_scalar("charts/learning_rate", lr, global_step)
+                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+                writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+                writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+                writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
+                writer.add_scalar("losses/explained_variance", explained_var, global_step)
+                writer.add_scalar("charts/SPS", sps, global_step)
+    finally:
+        envs.close()
+        if writer is not None:
+            writer.close()
+
+    final = np.mean(episode_returns[-50:]) if episode_returns else float("nan")
+    elapsed = time.time() - start_time
+    print(
+        f"summary: final mean return {final:.1f} over the last {min(len(episode_returns), 50)} "
+        f"episodes | {global_step:,} env-steps in {elapsed:.1f} s, "
+        f"{global_step / elapsed:,.0f} env-steps/s"
+    )
+
+
+if __name__ == "__main__":
+    main()
