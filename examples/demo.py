@@ -1,68 +1,132 @@
-"""Demo: step CartPole-v1 on 2 local worker processes over TCP and report steps/second.
+"""Demo: PPO with Adaptive Policy Synchronization on CartPole-v1 over 2 local worker processes.
 
-python examples/demo.py [--workers 2] [--envs-per-worker 64] [--seconds 10]
+The workers act with their own copy of the policy; after every PPO update the learner
+publishes a new version, and APS sends it to a worker only when that worker's copy has
+drifted too far from it (KL over the states the worker just visited above a threshold).
+The return rises as usual while most versions never cross the wire. At the end the demo
+compares the weight traffic with always-sync, measured by a second, identical run that
+sends every version to every worker (``--no-compare`` skips it and shows the computed figure
+only).
+
+    python examples/demo.py [--total-timesteps 50000] [--kl-threshold 0.01] [--no-compare]
+
+The training code is examples/ppo_cluster.py, imported here.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import sys
-import time
+from pathlib import Path
+from typing import Any
 
-import numpy as np
+HERE = Path(__file__).resolve().parent
 
-import aps
+
+def load_ppo_cluster() -> Any:
+    """Import examples/ppo_cluster.py by path (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("ppo_cluster", HERE / "ppo_cluster.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ppo_cluster"] = module  # its dataclasses look themselves up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--total-timesteps", type=int, default=50_000)
+    parser.add_argument("--kl-threshold", type=float, default=0.05)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--envs-per-worker", type=int, default=64)
+    parser.add_argument("--envs-per-worker", type=int, default=8)
+    parser.add_argument("--num-steps", type=int, default=32)
     parser.add_argument("--transport", default="tcp", choices=["tcp", "ws", "memory"])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--compare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure always-sync with a second run of the same budget (default: on)",
+    )
+    options = parser.parse_args()
+    ppo = load_ppo_cluster()
+
+    def args_for(sync: str) -> Any:
+        return ppo.parse_args(
+            [
+                f"--sync={sync}",
+                f"--kl-threshold={options.kl_threshold}",
+                f"--total-timesteps={options.total_timesteps}",
+                f"--workers={options.workers}",
+                f"--envs-per-worker={options.envs_per_worker}",
+                f"--num-steps={options.num_steps}",
+                f"--transport={options.transport}",
+                f"--seed={options.seed}",
+                "--no-progress",
+            ]
+        )
+
+    args = args_for("aps")
+    batch = args.workers * args.envs_per_worker * args.num_steps
+    every = max(args.total_timesteps // batch // 25, 1)  # about 25 lines
+
+    def report(it: dict[str, Any]) -> None:
+        if it["iteration"] % every and it["iteration"] != it["num_iterations"]:
+            return
+        ret = it["mean_return"]
+        print(
+            f"iteration {it['iteration']:>4}/{it['num_iterations']}  "
+            f"step {it['global_step']:>7,}  "
+            f"return {'   n/a' if math.isnan(ret) else f'{ret:6.1f}'}  "
+            f"syncs {it['syncs']:>4}  "
+            f"{it['sps']:>6,.0f} env-steps/s",
+            flush=True,
+        )
 
     print(
-        f"starting {args.workers} workers x {args.envs_per_worker} {args.env} over {args.transport}"
+        f"PPO on {args.env_id}: {args.workers} worker processes x {args.envs_per_worker} envs "
+        f"over {args.transport}, APS with kl_threshold={args.kl_threshold}"
     )
-    envs = aps.ClusterEnv.local(
-        args.env,
-        num_workers=args.workers,
-        envs_per_worker=args.envs_per_worker,
-        transport=args.transport,
-        seed=0,
+    aps_run = ppo.train(args, on_iteration=report)
+    print(ppo.summary_line(aps_run))
+
+    versions, workers = aps_run["versions"], aps_run["workers"]
+    computed = aps_run["always_sync_weight_bytes"]
+    print()
+    print(f"APS sent          {aps_run['syncs']:>5} syncs, {megabytes(aps_run['weight_bytes'])}")
+    print(
+        f"always-sync would {versions * workers:>5} syncs, {megabytes(computed)} "
+        f"(computed: {versions} versions x {workers} workers x "
+        f"{aps_run['bytes_per_version']:,} bytes; every rollout waits for every worker)"
     )
-    try:
-        for w in envs.workers:
-            last = w.env_offset + w.num_envs - 1
-            print(f"  worker {w.worker_id}: pid {w.pid}, envs {w.env_offset}..{last}")
-        envs.reset()
-        envs.action_space.seed(0)
-        rng = np.random.default_rng(0)
-        n = envs.single_action_space.n  # type: ignore[attr-defined]
-        steps = episodes = 0
-        start = last = time.perf_counter()
-        while (now := time.perf_counter()) - start < args.seconds:
-            actions = rng.integers(0, n, size=envs.num_envs)
-            _, _, terminated, truncated, _ = envs.step(actions)
-            steps += envs.num_envs
-            episodes += int(np.count_nonzero(terminated | truncated))
-            if now - last >= 0.5:
-                last = now
-                done = min((now - start) / args.seconds, 1.0)
-                bar = "#" * int(30 * done)
-                print(
-                    f"\r[{bar:<30}] {steps:>9,} env-steps  {episodes:>6,} episodes  "
-                    f"{steps / (now - start):>9,.0f} steps/s",
-                    end="",
-                    flush=True,
-                )
-        elapsed = time.perf_counter() - start
-    finally:
-        envs.close()
-    print(f"\n{steps:,} env-steps in {elapsed:.1f} s: {steps / elapsed:,.0f} env-steps/second")
+    always = None
+    if options.compare:
+        print("measuring always-sync: the same run, every version to every worker ...", flush=True)
+        always = ppo.train(args_for("always"))
+        print(ppo.summary_line(always))
+    print()
+    reference = always["weight_bytes"] if always else computed
+    source = "measured" if always else "computed"
+    share = aps_run["weight_bytes"] / reference if reference else math.nan
+    final = aps_run["final_return"]
+    print(
+        f"summary: APS final return {'n/a' if final is None else f'{final:.1f}'}"
+        + (
+            f" (always-sync: {always['final_return']:.1f})"
+            if always and always["final_return"] is not None
+            else ""
+        )
+        + f"; APS sent {megabytes(aps_run['weight_bytes'])} of weights in {aps_run['syncs']} "
+        f"syncs, {share:.0%} of always-sync's {megabytes(reference)} ({source}); "
+        f"{aps_run['sps']:,.0f} env-steps/s"
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
