@@ -187,7 +187,7 @@ class Progress:
             filled = int(30 * min(self.done / self.total, 1.0))
             text = " ".join(f"{k}={v}" for k, v in postfix.items())
             line = f"\r[{'#' * filled:<30}] {self.done:,}/{self.total:,} {text}"
-            print(line, end="", file=sys.stderr, flush=True)
+            print(line.ljust(100), end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -226,6 +226,9 @@ async def train(args: Args) -> dict[str, Any]:
     """Run the experiment; return the final figures."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.sync}__{args.seed}__{int(time.time())}"
     writer = make_writer(args, run_name)
+    # Seeding: the learner (torch, numpy, replay sampling) and the envs (reset(seed=...)). The
+    # workers sample actions with generators aps seeds from the OS, and chunks arrive in the
+    # order the workers finish them, so runs do not repeat exactly.
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

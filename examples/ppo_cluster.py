@@ -182,8 +182,8 @@ class Progress:
         elif self.enabled:
             filled = int(30 * min(self.done / self.total, 1.0))
             text = " ".join(f"{k}={v}" for k, v in postfix.items())
-            print(f"\r[{'#' * filled:<30}] {self.done:,}/{self.total:,} {text}", end="",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            line = f"\r[{'#' * filled:<30}] {self.done:,}/{self.total:,} {text}"
+            print(line.ljust(100), end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -229,8 +229,8 @@ def train(
     run_name = f"{args.env_id}__{args.exp_name}__{args.sync}__{args.seed}__{int(time.time())}"
     writer = make_writer(args, run_name)
 
-    # Seeding. The envs are seeded by reset(seed=...); the workers sample their actions with
-    # their own generators, so runs repeat the learner's side exactly, not every action.
+    # Seeding: the learner (torch, numpy) and the envs (reset(seed=...)). The workers sample
+    # their actions with generators aps seeds from the OS, so runs do not repeat exactly.
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
