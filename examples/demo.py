@@ -96,35 +96,39 @@ def main() -> None:
     aps_run = ppo.train(args, on_iteration=report)
     print(ppo.summary_line(aps_run))
 
-    versions, workers = aps_run["versions"], aps_run["workers"]
-    computed = aps_run["always_sync_weight_bytes"]
-    print()
-    print(f"APS sent          {aps_run['syncs']:>5} syncs, {megabytes(aps_run['weight_bytes'])}")
-    print(
-        f"always-sync would {versions * workers:>5} syncs, {megabytes(computed)} "
-        f"(computed: {versions} versions x {workers} workers x "
-        f"{aps_run['bytes_per_version']:,} bytes; every rollout waits for every worker)"
-    )
     always = None
     if options.compare:
-        print("measuring always-sync: the same run, every version to every worker ...", flush=True)
+        print(
+            "\nmeasuring always-sync: the same run, every version to every worker ...", flush=True
+        )
         always = ppo.train(args_for("always"))
         print(ppo.summary_line(always))
-    print()
+
+    # In this loop every rollout waits for every worker, so always-sync sends each published
+    # version to each worker: versions x workers x bytes per version, exactly.
+    versions, workers = aps_run["versions"], aps_run["workers"]
+    computed = aps_run["always_sync_weight_bytes"]
     reference = always["weight_bytes"] if always else computed
-    source = "measured" if always else "computed"
+    rows = [(f"APS (kl_threshold={args.kl_threshold})", aps_run["syncs"], aps_run["weight_bytes"])]
+    if always:
+        rows.append(("always-sync, measured", always["syncs"], always["weight_bytes"]))
+    rows.append(("always-sync, computed", versions * workers, computed))
+    print(f"\nweights sent over {versions} published versions:")
+    for label, syncs, nbytes in rows:
+        print(f"  {label:<26} {syncs:>5} syncs {megabytes(nbytes):>10}")
+    print(
+        f"  (computed: {versions} versions x {workers} workers x "
+        f"{aps_run['bytes_per_version']:,} bytes per version)"
+    )
     share = aps_run["weight_bytes"] / reference if reference else math.nan
     final = aps_run["final_return"]
+    versus = ""
+    if always and always["final_return"] is not None:
+        versus = f" (always-sync: {always['final_return']:.1f})"
     print(
-        f"summary: APS final return {'n/a' if final is None else f'{final:.1f}'}"
-        + (
-            f" (always-sync: {always['final_return']:.1f})"
-            if always and always["final_return"] is not None
-            else ""
-        )
-        + f"; APS sent {megabytes(aps_run['weight_bytes'])} of weights in {aps_run['syncs']} "
-        f"syncs, {share:.0%} of always-sync's {megabytes(reference)} ({source}); "
-        f"{aps_run['sps']:,.0f} env-steps/s"
+        f"\nsummary: APS final return {'n/a' if final is None else f'{final:.1f}'}{versus}; "
+        f"APS sent {share:.0%} of always-sync's weight bytes "
+        f"({'measured' if always else 'computed'}); {aps_run['sps']:,.0f} env-steps/s"
     )
 
 
