@@ -29,7 +29,8 @@ def run(script: str, *args: str, cwd: Path) -> str:
 
 def test_every_example_is_tested() -> None:
     tested = {"ppo_cluster.py", "dqn_async.py", "ppo_vector.py", "demo.py", "custom_transport.py"}
-    assert {p.name for p in EXAMPLES.glob("*.py")} == tested
+    found = {p.name for p in EXAMPLES.glob("*.py")}
+    assert found == tested, f"examples without a test here: {sorted(found - tested)}"
 
 
 @pytest.mark.timeout(120)
