@@ -18,6 +18,8 @@ The tree::
     ├── AuthError(ApsError)                       a token proof was wrong or missing
     ├── WorkerError(ApsError)                     an env raised on a worker (remote type, traceback)
     ├── WorkerLost(ApsError)                      a worker vanished mid-operation (.worker_id)
+    ├── LaunchError(ApsError)                     a launcher could not start or keep its workers
+    │                                             (.stderr: the cluster engine's own words)
     └── Timeout(ApsError, TimeoutError)           a deadline passed (.operation, .seconds)
 
 Messages are lowercase, show the offending value and the limit, and name the fix.
@@ -34,6 +36,7 @@ __all__ = [
     "EndOfStream",
     "FrameTooLarge",
     "InvalidState",
+    "LaunchError",
     "MissingDependency",
     "ProtocolError",
     "Timeout",
@@ -156,6 +159,24 @@ class WorkerLost(ApsError):
     def __init__(self, message: str, *, worker_id: int) -> None:
         self.worker_id = worker_id
         super().__init__(message)
+
+
+class LaunchError(ApsError):
+    """A launcher could not start its workers, or the cluster job holding them failed.
+
+    ``stderr`` holds what the cluster engine said (``sbatch``'s error output, the tail of a
+    failed job's log), verbatim, so that the fix the engine suggests is not lost.
+    """
+
+    def __init__(self, message: str, *, stderr: str = "") -> None:
+        self.stderr = stderr
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        head = super().__str__()
+        if not self.stderr.strip():
+            return head
+        return f"{head}\n\nit said:\n{self.stderr.rstrip()}"
 
 
 class Timeout(ApsError, TimeoutError):
