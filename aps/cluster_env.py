@@ -21,6 +21,7 @@ from aps._loop import new_event_loop
 from aps._typing import Array, Info
 from aps.collect import Metrics, Rollout
 from aps.errors import ConfigError, InvalidState
+from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
 from aps.session import Timeouts
@@ -104,6 +105,9 @@ class ClusterEnv(VectorEnv):
         use_uvloop: run the private loop on uvloop (default: when installed).
         policy: import path of a policy for worker-side inference (:meth:`rollout`).
         sync: when workers get newly published versions (:mod:`aps.sync`).
+        launcher: starts the workers (``aps.launch.ray(...)``, ``aps.launch.slurm(...)``,
+            ``aps.launch.local(...)``); they are stopped when the env closes. See
+            :class:`aps.Learner`.
 
     Raises:
         Timeout: the workers did not all arrive in time.
@@ -129,7 +133,7 @@ class ClusterEnv(VectorEnv):
         use_uvloop: bool | None = None,
         policy: str | None = None,
         sync: SyncStrategy | None = None,
-        _launcher: LocalWorkers | None = None,
+        launcher: Launcher | None = None,
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
@@ -142,8 +146,8 @@ class ClusterEnv(VectorEnv):
             insecure=insecure,
             policy=policy,
             sync=sync,
+            launcher=launcher,
         )
-        self._launcher = _launcher
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
         try:
@@ -222,34 +226,16 @@ class ClusterEnv(VectorEnv):
             use_uvloop=use_uvloop,
             policy=policy,
             sync=sync,
-            _launcher=launcher,
+            launcher=launcher,
             _seed=seed,
         )
 
     async def _start(self) -> None:
-        await self._learner.start()
-        if self._launcher is None:
-            await self._learner.wait_for_workers()
-            return
-        await self._launcher.start(self._learner.url)
-        # A worker that dies before it connects (a bad env id, say) should fail the wait at
-        # once with its own story, not after the whole connect deadline.
-        waiting = asyncio.create_task(self._learner.wait_for_workers())
-        watching = asyncio.create_task(self._launcher.watch())
-        try:
-            await asyncio.wait({waiting, watching}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting.cancel()
-            watching.cancel()
-            await asyncio.wait({waiting, watching})
-        if watching.done() and not watching.cancelled():
-            watching.result()  # raises the launcher's WorkerLost
-        waiting.result()
+        await self._learner.start()  # starts the launcher too, once bound
+        await self._learner.wait_for_workers()  # and watches it meanwhile
 
     async def _shutdown(self) -> None:
-        await self._learner.aclose()
-        if self._launcher is not None:
-            await self._launcher.stop()
+        await self._learner.aclose()  # stops the launcher too
 
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 import gymnasium as gym
@@ -104,6 +104,25 @@ class WorkerInfo:
     peer: str
 
 
+class _Launcher(Protocol):
+    """An :class:`aps.launch.Launcher` as the learner sees it.
+
+    The launchers live in a higher layer than the roles (they start workers), so the learner
+    names only the members it calls, without importing them.
+    """
+
+    @property
+    def spec(self) -> Any: ...  # an aps.launch.WorkerSpec
+
+    async def start(self, url: str, spec: Any = None) -> None: ...
+
+    async def status(self) -> object: ...
+
+    async def watch(self) -> None: ...
+
+    async def stop(self, grace: float = ...) -> None: ...
+
+
 @dataclass(slots=True)
 class _Remote:
     info: WorkerInfo
@@ -148,6 +167,11 @@ class Learner:
             spaces); enables :meth:`publish`, :meth:`rollout` and :meth:`chunks`.
         sync: when a worker gets a newly published version (:mod:`aps.sync`); default
             :class:`~aps.sync.AlwaysSync`.
+        launcher: an :class:`aps.launch.Launcher` (``aps.launch.local/ray/slurm(...)``) that
+            starts the workers: the learner starts it once bound (handing it the URL, the
+            token and the policy), watches it while waiting for the workers (a launch that
+            fails ends the wait at once), and stops it when it closes or when the workers do
+            not all arrive in time.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -172,6 +196,7 @@ class Learner:
         factory: TransportFactory | None = None,
         policy: str | None = None,
         sync: SyncStrategy | None = None,
+        launcher: _Launcher | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
@@ -205,6 +230,8 @@ class Learner:
                 f"sync must have a should_sync(ctx) method (see aps.sync), got {sync!r}"
             )
         self.sync = sync
+        self.launcher = launcher
+        self._launched = False
         self._versions: PolicyVersions | None = None
         self._weights_frame: tuple[int, bytes] = (0, b"")
         self._gradient_mode = False
@@ -253,6 +280,8 @@ class Learner:
             ConfigError: a non-loopback address without a token (and not ``insecure``), or a
                 malformed URL.
             ConnectError: the address cannot be bound.
+            LaunchError | MissingDependency: the launcher could not start the workers (the
+                learner is closed again).
         """
         if self._closed:
             raise InvalidState("this learner is closed; create a new one")
@@ -272,6 +301,16 @@ class Learner:
             self._listener = self._listen
         self._accept_task = asyncio.create_task(self._accept_loop(), name="aps accept loop")
         log.info("learner listening on %s for %d workers", self.url, self.num_workers)
+        if self.launcher is not None and not self._launched:
+            self._launched = True
+            try:
+                spec = self.launcher.spec.for_learner(
+                    self.url, token=self._token, policy=self.policy
+                )
+                await self.launcher.start(self.url, spec)
+            except BaseException:
+                await self.aclose()
+                raise
 
     @property
     def url(self) -> str:
@@ -303,6 +342,8 @@ class Learner:
             *(r.session.aclose("the learner is closing") for r in self._remotes),
             return_exceptions=True,
         )
+        if self.launcher is not None:
+            await self.launcher.stop()
 
     # Admission.
 
@@ -474,26 +515,72 @@ class Learner:
         Args:
             timeout: seconds to wait; default ``timeouts.connect``.
 
+        With a launcher, the wait also watches it: workers that die before they connect end
+        the wait at once, and on any failure the launcher is stopped (its job cancelled).
+
         Raises:
-            Timeout: not all workers arrived in time; the message says how many did and why
-                any were refused.
+            Timeout: not all workers arrived in time; the message says how many did, why any
+                were refused, and what the launcher reports (a Slurm job's state).
+            WorkerLost | LaunchError: the launcher's workers died before they all connected.
         """
         await self.start()
         if self._all_ready.is_set():
             return
         seconds = self._timeouts.connect if timeout is None else timeout
         try:
-            async with asyncio.timeout(seconds):
-                await self._all_ready.wait()
+            if self.launcher is None:
+                async with asyncio.timeout(seconds):
+                    await self._all_ready.wait()
+            else:
+                await self._wait_watching(self.launcher, seconds)
         except TimeoutError:
             refused = "; ".join(self._refusals[-3:]) or "none"
-            raise Timeout(
+            message = (
                 f"{len(self._remotes)} of {self.num_workers} workers arrived at {self.url} "
-                f"within {seconds} s (recent refusals: {refused}); start the missing workers "
-                "or raise Timeouts.connect",
-                operation="wait_for_workers",
-                seconds=seconds,
-            ) from None
+                f"within {seconds} s (recent refusals: {refused})"
+            )
+            if self.launcher is None:
+                message += "; start the missing workers or raise Timeouts.connect"
+            else:
+                message += f"; {await self._give_up_launch()}; raise Timeouts.connect if the "
+                message += "workers need longer to start"
+            raise Timeout(message, operation="wait_for_workers", seconds=seconds) from None
+        except ApsError:
+            if self.launcher is not None:
+                await self._give_up_launch()
+            raise
+
+    async def _wait_watching(self, launcher: _Launcher, seconds: float) -> None:
+        """Wait for the workers while the launcher watches them; TimeoutError when late."""
+        waiting = asyncio.create_task(self._all_ready.wait())
+        watching = asyncio.create_task(launcher.watch())
+        try:
+            done, _ = await asyncio.wait(
+                {waiting, watching}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiting.cancel()
+            watching.cancel()
+            await asyncio.wait({waiting, watching})
+        if waiting in done:
+            return
+        if watching in done:
+            watching.result()  # raises the launcher's WorkerLost or LaunchError
+        raise TimeoutError
+
+    async def _give_up_launch(self) -> str:
+        """Stop the launcher after a failed wait; return what it reported just before."""
+        assert self.launcher is not None
+        try:
+            report = f"{await self.launcher.status()}"
+        except Exception as exc:  # the report only decorates an error already on its way
+            report = f"the launcher could not report its state ({exc!r})"
+        try:
+            await self.launcher.stop(grace=0.0)  # no goodbye was said: nobody leaves alone
+        except Exception as exc:
+            log.warning("stopping the launcher failed: %r", exc)
+            return f"{report}; stopping it failed: {exc}"
+        return f"{report}; the launcher has been stopped"
 
     # The batch.
 

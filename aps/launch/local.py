@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aps.errors import ConfigError, WorkerLost
+from aps.errors import ConfigError, InvalidState, WorkerLost
+from aps.launch.base import LaunchStatus, WorkerSpec, per_worker
 from aps.session import Timeouts
 from aps.worker import EnvSpec, Worker
 
@@ -56,7 +57,7 @@ def env_import_path(env: EnvSpec) -> str:
 
 
 class LocalWorkers:
-    """Runs ``num_workers`` workers on this machine for one learner URL.
+    """Runs ``num_workers`` workers on this machine for one learner URL; a :class:`Launcher`.
 
     Workers for ``memory://`` run as tasks on the caller's event loop (the memory transport
     only reaches within one process); every other scheme gets one ``python -m aps worker``
@@ -75,6 +76,7 @@ class LocalWorkers:
         timeouts: deadlines for in-process workers.
         use_uvloop: forwarded to subprocess workers (``--no-uvloop`` when ``False``).
         log_level: subprocess workers' log level (they share the caller's terminal).
+        seed: first-reset seed when the learner gives none (see :class:`WorkerSpec`).
     """
 
     def __init__(
@@ -90,76 +92,91 @@ class LocalWorkers:
         timeouts: Timeouts | None = None,
         use_uvloop: bool | None = None,
         log_level: str = "WARNING",
+        seed: int | None = None,
     ) -> None:
-        self._env = env
-        self._log_level = log_level
+        self._spec = WorkerSpec(
+            env=env,
+            num_workers=num_workers,
+            envs_per_worker=envs_per_worker,
+            env_kwargs=per_worker("env_kwargs", env_kwargs, num_workers, kind=dict),
+            compute_delays=per_worker("compute_delays", compute_delays, num_workers, kind=float),
+            comm_delays=per_worker("comm_delays", comm_delays, num_workers, kind=float),
+            token=token,
+            log_level=log_level,
+            seed=seed,
+            connect_timeout=(timeouts or Timeouts()).connect,
+        )
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
-        kwargs = (
-            [env_kwargs or {}] * num_workers if not isinstance(env_kwargs, Sequence) else env_kwargs
-        )
-        self._env_kwargs = [dict(k) for k in kwargs]
-        self._compute_delays = [float(d) for d in compute_delays or [0.0] * num_workers]
-        self._comm_delays = [float(d) for d in comm_delays or [0.0] * num_workers]
-        for name, values in (
-            ("env_kwargs", self._env_kwargs),
-            ("compute_delays", self._compute_delays),
-            ("comm_delays", self._comm_delays),
-        ):
-            if len(values) != num_workers:
-                raise ConfigError(
-                    f"{name} has {len(values)} entries for {num_workers} workers; give one each"
-                )
-        self._token = token
         self._timeouts = timeouts
         self._use_uvloop = use_uvloop
         self._processes: list[subprocess.Popen[bytes]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._state = "not started"
 
-    async def start(self, url: str) -> None:
-        """Start the workers dialing ``url``; returns without waiting for them to connect."""
+    @property
+    def spec(self) -> WorkerSpec:
+        """What each worker runs."""
+        return self._spec
+
+    async def start(self, url: str, spec: WorkerSpec | None = None) -> None:
+        """Start the workers dialing ``url``; returns without waiting for them to connect.
+
+        Args:
+            url: the learner's address.
+            spec: the workers (default :attr:`spec`); a learner passes its token and policy in.
+        """
+        spec = replace(spec or self._spec, url=url)
+        if self._state == "running":
+            raise InvalidState("these local workers are already started; stop() them first")
         if url.startswith("memory:"):
-            self._start_tasks(url)
+            self._start_tasks(url, spec)
         else:
-            self._start_processes(url)
+            self._start_processes(url, spec)
+        self._state = "running"
 
-    def _start_tasks(self, url: str) -> None:
-        for index in range(self.num_workers):
+    def _start_tasks(self, url: str, spec: WorkerSpec) -> None:
+        for index in range(spec.num_workers):
             worker = Worker(
                 url,
-                self._env,
-                num_envs=self.envs_per_worker,
-                env_kwargs=self._env_kwargs[index],
-                token=self._token,
+                spec.env,
+                num_envs=spec.envs_per_worker,
+                seed=spec.seed_of(index),
+                env_kwargs=spec.env_kwargs_of(index),
+                token=spec.token,
                 timeouts=self._timeouts,
-                compute_delay=self._compute_delays[index],
-                comm_delay=self._comm_delays[index],
+                compute_delay=spec.compute_delay_of(index),
+                comm_delay=spec.comm_delay_of(index),
             )
             self._tasks.append(asyncio.create_task(worker.run(), name=f"aps worker {index}"))
 
-    def _start_processes(self, url: str) -> None:
-        spec = env_import_path(self._env)
+    def _start_processes(self, url: str, spec: WorkerSpec) -> None:
+        spec = replace(spec, env=env_import_path(spec.env))
         # -P: the current directory must not shadow the aps this process runs (the workers
         # get this process's import path through PYTHONPATH instead).
-        command = [sys.executable, "-P", "-m", "aps", "worker", url, "--env", spec]
-        command += ["--num-envs", str(self.envs_per_worker), "--log-level", self._log_level]
+        command = [sys.executable, "-P", "-m", "aps", "worker", url]
         if self._use_uvloop is False:
             command.append("--no-uvloop")
         environ = dict(os.environ)
-        if self._token is not None:
-            environ[TOKEN_ENV] = self._token
+        if spec.token is not None:
+            environ[TOKEN_ENV] = spec.token
         # The workers import the same code as this process: give them its import path.
         paths = [p or os.getcwd() for p in sys.path]
         environ["PYTHONPATH"] = os.pathsep.join(paths)
-        for index in range(self.num_workers):
-            extra = []
-            if self._env_kwargs[index]:
-                extra += ["--env-kwargs", json.dumps(self._env_kwargs[index])]
-            if self._compute_delays[index]:
-                extra += ["--compute-delay", repr(self._compute_delays[index])]
-            if self._comm_delays[index]:
-                extra += ["--comm-delay", repr(self._comm_delays[index])]
-            self._processes.append(subprocess.Popen(command + extra, env=environ))
+        for index in range(spec.num_workers):
+            arguments = spec.worker_arguments(index)
+            self._processes.append(subprocess.Popen(command + arguments, env=environ))
+
+    async def status(self) -> LaunchStatus:
+        """The launch state and each worker's: ``pid N running``, ``exited with N``."""
+        workers = []
+        for process in self._processes:
+            code = process.poll()
+            what = "running" if code is None else f"exited with {code}"
+            workers.append(f"pid {process.pid} {what}")
+        for index, task in enumerate(self._tasks):
+            workers.append(f"task {index} {'done' if task.done() else 'running'}")
+        return LaunchStatus("local", self._state, tuple(workers))
 
     async def watch(self) -> None:
         """Return never while the workers live; raise when one of them ends early.
@@ -200,6 +217,8 @@ class LocalWorkers:
         if self._processes:
             await asyncio.to_thread(terminate, self._processes, grace)
             self._processes.clear()
+        if self._state == "running":
+            self._state = "stopped"
 
 
 def terminate(processes: list[subprocess.Popen[bytes]], grace: float) -> None:
