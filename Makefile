@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[websocket,fast]' --group test --group lint --group examples
+	$(PY) -m pip install --quiet -e '.[websocket,fast,ray]' --group test --group lint --group examples
 	touch $@
 
 demo: $(VENV)/.installed
