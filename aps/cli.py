@@ -1,4 +1,8 @@
-"""The ``aps`` command line: ``aps worker URL --env ENV --num-envs N``."""
+"""The ``aps`` command line.
+
+``aps worker URL --env ENV --num-envs N`` hosts envs for a learner;
+``aps slurm-script URL --env ENV --nodes N ...`` prints a Slurm batch script of workers.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from pathlib import Path
 
 from aps._loop import run
 from aps.errors import ApsError, ConfigError
+from aps.launch.base import LOG_LEVELS, WorkerSpec, client_factory
 from aps.launch.local import TOKEN_ENV
+from aps.launch.slurm import sbatch_script
 from aps.session import Timeouts
 from aps.worker import Worker
 
@@ -92,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
         help="sleep this long before sending each gradient report, to simulate a slower link",
     )
     worker.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="FILE",
+        help="dial with TLS (tcp:// or wss://) and check the learner's certificate against "
+        "the CA certificates in FILE (PEM)",
+    )
+    worker.add_argument(
         "--no-uvloop",
         action="store_true",
         help="use asyncio's own event loop even if uvloop is installed",
@@ -99,10 +112,100 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--log-level",
         default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        choices=LOG_LEVELS,
         help="default INFO",
     )
+    _add_slurm_script(commands)
     return parser
+
+
+_SLURM_HELP = """\
+Print a Slurm batch script that runs NODES x TASKS-PER-NODE aps workers (one per task,
+with srun) dialing the learner at URL. Task i seeds its envs from SEED + i * NUM-ENVS.
+Submit it with sbatch once the learner listens. The token is never written into the
+script: give --token-file (a file the nodes can read, mode 0600), or export APS_TOKEN
+when you submit (sbatch passes your environment on).
+"""
+
+
+def _add_slurm_script(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    script = commands.add_parser(
+        "slurm-script",
+        help="print a Slurm batch script of workers",
+        description=_SLURM_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    script.add_argument("url", metavar="URL", help="the learner's address as the nodes dial it")
+    script.add_argument("--env", required=True, help=_ENV_HELP)
+    script.add_argument("--num-envs", type=int, default=1, metavar="N", help="envs per worker")
+    script.add_argument("--nodes", type=int, default=1, metavar="N", help="default 1")
+    script.add_argument("--tasks-per-node", type=int, default=1, metavar="N", help="default 1")
+    script.add_argument("--partition", default=None, metavar="NAME")
+    script.add_argument("--time", default=None, metavar="LIMIT", help="e.g. 02:00:00")
+    script.add_argument("--cpus-per-task", type=int, default=None, metavar="N")
+    script.add_argument("--gpus-per-task", type=int, default=None, metavar="N")
+    script.add_argument("--job-name", default="aps-workers", metavar="NAME")
+    script.add_argument(
+        "--output", default=None, metavar="FILE", help="the job's log; %%j is the job id"
+    )
+    script.add_argument(
+        "--extra-sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="another sbatch option, repeatable; write it with '=': --extra-sbatch=--qos=high",
+    )
+    script.add_argument("--seed", type=int, default=None, metavar="S", help="first seed")
+    script.add_argument(
+        "--env-kwargs", type=json.loads, default=None, metavar="JSON", help="env factory kwargs"
+    )
+    script.add_argument(
+        "--token-file", default=None, metavar="F", help="token file path as the nodes see it"
+    )
+    script.add_argument("--tls-ca", default=None, metavar="FILE", help="see aps worker --help")
+    script.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="the Python with aps installed on the nodes (default: this one)",
+    )
+    script.add_argument(
+        "--connect-timeout", type=float, default=Timeouts().connect, metavar="SECONDS"
+    )
+    script.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="default INFO")
+
+
+def _slurm_script(args: argparse.Namespace) -> str:
+    if args.env_kwargs is not None and not isinstance(args.env_kwargs, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    if args.nodes < 1 or args.tasks_per_node < 1:
+        raise ConfigError("--nodes and --tasks-per-node must be >= 1")
+    num_workers = args.nodes * args.tasks_per_node
+    spec = WorkerSpec(
+        env=args.env,
+        num_workers=num_workers,
+        envs_per_worker=args.num_envs,
+        env_kwargs=(args.env_kwargs,) * num_workers if args.env_kwargs else (),
+        seed=args.seed,
+        url=args.url,
+        log_level=args.log_level,
+        connect_timeout=args.connect_timeout,
+        tls_ca=args.tls_ca,
+    )
+    return sbatch_script(
+        spec,
+        nodes=args.nodes,
+        tasks_per_node=args.tasks_per_node,
+        partition=args.partition,
+        time=args.time,
+        cpus_per_task=args.cpus_per_task,
+        gpus_per_task=args.gpus_per_task,
+        job_name=args.job_name,
+        output=args.output,
+        extra_sbatch=args.extra_sbatch,
+        python=args.python,
+        token_file=args.token_file,
+    )
 
 
 def _read_token(path: Path | None) -> str | None:
@@ -120,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if args.command == "slurm-script":
+        try:
+            print(_slurm_script(args), end="")
+        except ApsError as exc:
+            print(f"aps slurm-script: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
         if args.env_kwargs is not None and not isinstance(args.env_kwargs, dict):
             raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
@@ -131,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             token=_read_token(args.token_file),
             env_kwargs=args.env_kwargs,
             timeouts=Timeouts(connect=args.connect_timeout),
+            factory=client_factory(args.url, args.tls_ca),
             compute_delay=args.compute_delay,
             comm_delay=args.comm_delay,
         )
