@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -27,15 +28,36 @@ def test_missing_ray_is_a_missing_dependency(monkeypatch: pytest.MonkeyPatch) ->
         aps.launch.ray("CartPole-v1", num_workers=2)
 
 
+SMALL_RAY = {
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "object_store_memory": 100 * 1024 * 1024,
+    "log_to_driver": False,
+}
+
+
+def test_launcher_starts_and_shuts_down_its_own_ray() -> None:
+    # Runs before the module's shared Ray session exists (tests run in file order).
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps[ray]'")
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already up; this test needs none")
+    workers = aps.launch.ray(
+        "CartPole-v1", num_workers=2, num_cpus=0.5, placement="pack", init_kwargs=SMALL_RAY
+    )
+    envs = aps.ClusterEnv("tcp://127.0.0.1:0", num_workers=2, launcher=workers)
+    try:
+        assert ray.is_initialized()
+        envs.reset(seed=0)
+        assert "PACK CREATED" in envs.call(lambda learner: workers.status()).detail
+    finally:
+        envs.close()
+    assert not ray.is_initialized()
+
+
 @pytest.fixture(scope="module")
 def ray() -> Iterator[Any]:
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps[ray]'")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        log_to_driver=False,
-    )
+    ray.init(**SMALL_RAY)
     try:
         yield ray
     finally:
@@ -123,7 +145,13 @@ async def test_restarted_actor_dials_again(ray: Any) -> None:
         first = workers.actors[0]
         before = ray.get(first.where.remote(), timeout=60)[1]
         ray.kill(first, no_restart=False)
-        after = ray.get(first.where.remote(), timeout=60)[1]  # waits for the restart
+        # Calls go to the restarted actor once the old process is gone (an early one may
+        # still reach the old process before the kill lands).
+        for _ in range(600):
+            after = ray.get(first.where.remote(), timeout=60)[1]
+            if after != before:
+                break
+            await asyncio.sleep(0.1)
         assert after != before
         async with aps.Learner(url, num_workers=WORKERS, token="t0k", timeouts=FAST) as learner:
             await learner.reset(seed=0)
