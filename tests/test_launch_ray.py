@@ -37,10 +37,10 @@ SMALL_RAY = {
 
 
 def test_launcher_starts_and_shuts_down_its_own_ray() -> None:
-    # Runs before the module's shared Ray session exists (tests run in file order).
+    # Runs before the module's shared Ray instance exists (tests run in file order).
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps[ray]'")
     if ray.is_initialized():
-        pytest.skip("a Ray session is already up; this test needs none")
+        pytest.skip("Ray is already running in this process; this test needs it down")
     workers = aps.launch.ray(
         "CartPole-v1", num_workers=2, num_cpus=0.5, placement="pack", init_kwargs=SMALL_RAY
     )

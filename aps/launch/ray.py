@@ -98,8 +98,9 @@ class _WorkerActor:
 class RayWorkers:
     """Runs ``num_workers`` aps workers as Ray actors; a :class:`~aps.launch.Launcher`.
 
-    Uses the current Ray session if there is one, else ``ray.init(address=address,
-    **init_kwargs)`` (and then ``ray.shutdown()`` on :meth:`stop`). Each actor reserves
+    Uses Ray as this process already runs it (after a ``ray.init``), else calls
+    ``ray.init(address=address, **init_kwargs)`` (and ``ray.shutdown()`` on
+    :meth:`stop`). Each actor reserves
     ``num_cpus``, ``num_gpus`` and ``resources``; with a placement group the whole set is
     reserved at once (``"spread"`` over the nodes, ``"pack"`` onto as few as possible, or
     their ``strict_`` forms).
@@ -115,7 +116,7 @@ class RayWorkers:
         placement: ``"spread"`` (default), ``"pack"``, ``"strict_spread"``,
             ``"strict_pack"``, or ``None`` for Ray's default scheduling without a
             placement group.
-        address: the Ray cluster to join when no session is up (``"auto"``,
+        address: the Ray cluster to join when Ray is not running here yet (``"auto"``,
             ``"ray://head:10001"``); ``None`` starts a local Ray.
         restart: let Ray restart a dead actor (up to ``max_restarts`` times); the restarted
             actor dials the learner again. aps does not hand a worker's env slots to a
