@@ -120,7 +120,8 @@ def run_one(example: Example, flags: list[str], seed: int, budget: int) -> dict[
             )
         result: dict[str, Any] = json.loads(out.read_text())
     result["wall_seconds"] = time.perf_counter() - started
-    result["command"] = command[1:-2]
+    # The command as run from the repository root, without the temporary --json path.
+    result["command"] = ["python", f"examples/{example.script}", *command[2:-2]]
     return result
 
 
@@ -283,7 +284,8 @@ def main() -> None:
         out = Path(args.json) if args.json else RESULTS
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"results: {out}")
+        shown = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
+        print(f"results: {shown}")
 
 
 if __name__ == "__main__":
