@@ -1,4 +1,4 @@
-"""Every example runs to its end with a tiny budget, as a user would start it."""
+"""The examples run to their end with tiny budgets, started as a user would start them."""
 
 from __future__ import annotations
 
