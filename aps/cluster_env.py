@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import queue
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from gymnasium.vector import AutoresetMode, VectorEnv
 
@@ -41,6 +42,36 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
 _LOCAL_URLS = {"tcp": "tcp://127.0.0.1:0", "ws": "ws://127.0.0.1:0", "memory": "memory://"}
 
 
+class _Pending(Generic[T]):
+    """A coroutine started on the portal's loop, awaited from another thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # A task plus a SimpleQueue is the cheapest hand-off measured between two threads
+        # here (about two thirds of run_coroutine_threadsafe's cost per call); it matters
+        # because every step crosses it twice.
+        self._loop = loop
+        self._done: queue.SimpleQueue[asyncio.Task[T]] = queue.SimpleQueue()
+        self._task: asyncio.Task[T] | None = None
+
+    def start(self, coroutine: Coroutine[Any, Any, T]) -> None:
+        """On the loop thread: run ``coroutine`` as a task."""
+        self._task = self._loop.create_task(coroutine)
+        self._task.add_done_callback(self._done.put)
+
+    def result(self) -> T:
+        """Block until the coroutine ends; return its result or raise its error.
+
+        Interrupting the wait (Ctrl-C) cancels the coroutine.
+        """
+        try:
+            return self._done.get().result()
+        except BaseException:
+            task = self._task
+            if task is not None and not task.done():
+                self._loop.call_soon_threadsafe(task.cancel)
+            raise
+
+
 class _Portal:
     """One event loop on a private daemon thread, and a blocking way to run coroutines on it."""
 
@@ -54,27 +85,16 @@ class _Portal:
 
         Interrupting the wait (Ctrl-C) cancels the coroutine.
         """
+        return self.submit(coroutine).result()
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> _Pending[T]:
+        """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``."""
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
-        # A task plus a SimpleQueue is the cheapest hand-off measured between two threads
-        # here (about two thirds of run_coroutine_threadsafe's cost per call); it matters
-        # because every step crosses it twice.
-        done: queue.SimpleQueue[asyncio.Task[T]] = queue.SimpleQueue()
-        tasks: list[asyncio.Task[T]] = []
-
-        def start() -> None:
-            task = self._loop.create_task(coroutine)
-            tasks.append(task)
-            task.add_done_callback(done.put)
-
-        self._loop.call_soon_threadsafe(start)
-        try:
-            return done.get().result()
-        except BaseException:
-            if tasks and not tasks[0].done():
-                self._loop.call_soon_threadsafe(tasks[0].cancel)
-            raise
+        pending: _Pending[T] = _Pending(self._loop)
+        self._loop.call_soon_threadsafe(pending.start, coroutine)
+        return pending
 
     def close(self) -> None:
         """Stop the loop and join the thread; idempotent."""
@@ -137,6 +157,7 @@ class ClusterEnv(VectorEnv):
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
+        self._pending_step: _Pending[tuple[Any, Array, Array, Array, Info]] | None = None
         self._learner = Learner(
             listen,
             num_workers=num_workers,
@@ -252,7 +273,32 @@ class ClusterEnv(VectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, Array, Array, Array, Info]:
         """Step every env; see :meth:`aps.Learner.step`."""
+        if self._pending_step is not None:
+            raise InvalidState("step() called while a step_async() is pending; call step_wait()")
         return self._portal.call(self._learner.step(actions))
+
+    def step_async(self, actions: Any) -> None:
+        """Send the actions and return at once; :meth:`step_wait` collects the results.
+
+        The workers step while the caller computes (Gymnasium's ``AsyncVectorEnv`` names).
+
+        Raises:
+            InvalidState: a step is already pending.
+        """
+        if self._pending_step is not None:
+            raise InvalidState("step_async() called twice; call step_wait() in between")
+        self._pending_step = self._portal.submit(self._learner.step(actions))
+
+    def step_wait(self) -> tuple[Any, Array, Array, Array, Info]:
+        """Wait for the step :meth:`step_async` started; see :meth:`aps.Learner.step`.
+
+        Raises:
+            InvalidState: no step is pending.
+        """
+        pending, self._pending_step = self._pending_step, None
+        if pending is None:
+            raise InvalidState("step_wait() called without a step_async() before it")
+        return pending.result()
 
     def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Make ``agent``'s weights a new policy version; see :meth:`aps.Learner.publish`."""
@@ -278,6 +324,10 @@ class ClusterEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones, and end the private loop."""
         atexit.unregister(self.close)
+        pending, self._pending_step = self._pending_step, None
+        if pending is not None:
+            with contextlib.suppress(Exception):  # closing: a failed last step changes nothing
+                pending.result()
         try:
             self._portal.call(self._shutdown())
         finally:

@@ -155,3 +155,23 @@ def test_each_worker_can_get_its_own_env_kwargs(transport: str) -> None:
         )
     finally:
         envs.close()
+
+
+def test_step_async_and_step_wait_equal_step() -> None:
+    expected = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    envs = aps.ClusterEnv.local("CartPole-v1", num_workers=2, envs_per_worker=2)
+    try:
+        assert_same(envs.reset(seed=2), expected.reset(seed=2))
+        expected.action_space.seed(0)
+        for t in range(20):
+            actions = expected.action_space.sample()
+            envs.step_async(actions)
+            with pytest.raises(aps.InvalidState, match="step_wait"):
+                envs.step_async(actions)
+            assert_same(envs.step_wait(), expected.step(actions), f"step {t}")
+        with pytest.raises(aps.InvalidState, match="without a step_async"):
+            envs.step_wait()
+        envs.step_async(expected.action_space.sample())  # pending at close: close still works
+    finally:
+        envs.close()
+        expected.close()
