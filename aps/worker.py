@@ -471,6 +471,9 @@ class Worker:
             return _report(exc)
         if self._collector is not None:
             self._collector.observe(obs, None)
+            if seed is not None:
+                # Seeded resets make the worker's action sampling reproducible too.
+                self._collector.policy.seed(seed)
         return ResetResult(obs=obs, info=info)
 
 

@@ -312,3 +312,21 @@ async def test_epsilon_travels_with_its_version(learner_factory: Any) -> None:
     p, q = 1 - 0.5 / 2, 1 - 0.1 / 2  # probability of the greedy action, 2 actions
     expected = p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
     assert measured == pytest.approx(expected, rel=1e-5)
+
+
+async def test_seeded_reset_makes_worker_actions_reproducible(workers: WorkerTasks) -> None:
+    def agent() -> Agent:
+        torch.manual_seed(0)
+        return Agent(Spaces("CartPole-v1"))
+
+    runs = []
+    for _ in range(2):
+        learner = await start(workers, num_workers=1)
+        async with learner:
+            await learner.publish(agent())
+            runs.append((await learner.rollout(32)).actions)
+            await learner.reset(seed=0)
+            runs.append((await learner.rollout(32)).actions)
+    np.testing.assert_array_equal(runs[0], runs[2])
+    np.testing.assert_array_equal(runs[1], runs[3])
+    np.testing.assert_array_equal(runs[0], runs[1])  # same seed, same weights, same actions
