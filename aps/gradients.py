@@ -88,11 +88,14 @@ class GradientSampler:
         round_, obs = self._round, self._obs
         assert round_ is not None and obs is not None, "start() a round first"
         actions, _, _ = self._policy.act(obs)
+        # Record the states acted on before stepping: the vector env reuses its observation
+        # buffer, so ``obs`` changes in place when it steps.
+        for env in range(self._envs.num_envs):
+            self._traj_obs[env].append(obs[env].copy())
         stepped = actions if self._low is None else np.clip(actions, self._low, self._high)
         next_obs, reward, terminated, truncated, _ = self._envs.step(stepped)
         ended: list[int] = []
         for env in range(self._envs.num_envs):
-            self._traj_obs[env].append(obs[env].copy())
             self._traj_actions[env].append(actions[env])
             self._traj_rewards[env].append(float(reward[env]))
             if terminated[env] or truncated[env] or len(self._traj_rewards[env]) >= round_.horizon:

@@ -124,3 +124,25 @@ def test_blocking_run_over_worker_processes() -> None:
         assert len(stats) == 2 and all(s.used >= 4 for s in stats)
     finally:
         envs.close()
+
+
+def test_the_sampler_records_the_states_it_acted_on() -> None:
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from aps.gradients import GradientSampler
+    from aps.messages import GradientRound
+    from aps.policy import Policy
+
+    # copy=False and SameStep, as workers build their envs: the obs buffer is reused.
+    envs = SyncVectorEnv(
+        [lambda: gym.make("Pendulum-v1")] * 2, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    policy = Policy(ContinuousAgent(envs), envs.single_observation_space, envs.single_action_space)
+    sampler = GradientSampler(envs, policy)
+    sampler.start(GradientRound(round=0, arrays=policy.get_weights(), horizon=3, gamma=0.9))
+    seen = []
+    for _ in range(2):
+        seen.append(sampler._obs.copy())  # type: ignore[union-attr]
+        sampler.step()
+    np.testing.assert_array_equal(np.stack(sampler._traj_obs[0]), np.stack([s[0] for s in seen]))
