@@ -157,7 +157,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--horizon", type=int, default=50, help="H, steps per trajectory")
     p.add_argument("--gamma", type=float, default=0.97)
     p.add_argument("--eval-points", type=int, default=20, help="evaluations per run")
-    p.add_argument("--eval-episodes", type=int, default=16, help="episodes per evaluation")
+    p.add_argument("--eval-episodes", type=int, default=32, help="episodes per evaluation")
     p.add_argument("--smooth", type=int, default=64, help="trajectories in the return average")
     p.add_argument(
         "--threshold",
