@@ -36,12 +36,12 @@ are Pendulum's, summed over ``--horizon`` steps.
 
     python examples/nigt_heterogeneous.py                      # both settings, 3 seeds
     python examples/nigt_heterogeneous.py --setting speeds --seeds 0,1,2
-    python examples/nigt_heterogeneous.py --quick --out /tmp/nigt   # a smoke run, seconds
+    python examples/nigt_heterogeneous.py --quick --out quick   # a smoke run, seconds
     python examples/nigt_heterogeneous.py --replot             # figures from the saved CSVs
 
 Writes ``<out>/nigt_<setting>.csv`` (one row per round, plus one row per run for the initial
 policy, ``iteration == -1``) and ``<out>/nigt_<setting>.png`` (needs matplotlib), and
-prints time-to-reward ratios.
+prints time-to-reward ratios. docs/results/README.md reports a run with the defaults.
 """
 
 from __future__ import annotations
