@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
         help="keep dialing a learner that is not up yet for this long (default %(default)s)",
     )
     worker.add_argument(
+        "--label",
+        default="",
+        metavar="TEXT",
+        help="free text the learner shows for this worker (launchers pass the worker's index)",
+    )
+    worker.add_argument(
         "--compute-delay",
         type=float,
         default=0.0,
@@ -243,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeouts=Timeouts(connect=args.connect_timeout),
             factory=client_factory(args.url, args.tls_ca),
             compute_delay=args.compute_delay,
+            label=args.label,
             comm_delay=args.comm_delay,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)

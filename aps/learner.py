@@ -102,6 +102,8 @@ class WorkerInfo:
     host: str
     pid: int
     peer: str
+    label: str = ""
+    """What the worker was started as (a launcher sets its index: ``"0"``, ``"1"``, ...)."""
 
 
 class _Launcher(Protocol):
@@ -493,6 +495,7 @@ class Learner:
             env_id=hello.env_id,
             host=hello.host,
             pid=hello.pid,
+            label=hello.label,
             peer=session.peer,
         )
         self._remotes.append(

@@ -7,7 +7,7 @@ spaces (sent declaratively, see :mod:`aps.spaces`) and tuples/dicts of these (``
 The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
-    W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid)
+    W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid, label)
     L -> W  Welcome(worker_id, autoreset_mode, policy)   or  Reject(kind, reason)
     W -> L  Ready(observation_space, action_space, num_envs)
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
@@ -82,7 +82,11 @@ class Challenge(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello(Message):
-    """The worker's answer: who it is, what it hosts, and HMAC(token, nonce) (empty if no token)."""
+    """The worker's answer: who it is, what it hosts, and HMAC(token, nonce) (empty if no token).
+
+    ``label`` is free text from whoever started the worker (a launcher's worker index, a host
+    role), shown in :class:`~aps.learner.WorkerInfo`.
+    """
 
     TAG: ClassVar[str] = "hello"
     protocol_version: int
@@ -92,6 +96,7 @@ class Hello(Message):
     seed: int | None
     host: str
     pid: int
+    label: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -159,6 +159,8 @@ class Worker:
             a slower machine (heterogeneous workers, e.g. ``sqrt(i) * base``).
         comm_delay: seconds to sleep before sending each gradient report, to simulate a
             slower link.
+        label: free text shown in the learner's :class:`~aps.learner.WorkerInfo` (launchers
+            put the worker's index there, to tie learner worker ids to what they started).
 
     Example:
         >>> worker = Worker("tcp://127.0.0.1:7000", "CartPole-v1", num_envs=8)  # doctest: +SKIP
@@ -178,6 +180,7 @@ class Worker:
         factory: TransportFactory | None = None,
         compute_delay: float = 0.0,
         comm_delay: float = 0.0,
+        label: str = "",
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -194,6 +197,9 @@ class Worker:
         for name, delay in (("compute_delay", compute_delay), ("comm_delay", comm_delay)):
             if not isinstance(delay, int | float) or not 0 <= delay < 3600:
                 raise ConfigError(f"{name} must be a number of seconds in [0, 3600), got {delay!r}")
+        if not isinstance(label, str) or len(label) > 200:
+            raise ConfigError(f"label must be a string of at most 200 characters, got {label!r}")
+        self.label = label
         self._compute_delay = float(compute_delay)
         self._comm_delay = float(comm_delay)
         self._envs: SyncVectorEnv | None = None
@@ -286,6 +292,7 @@ class Worker:
                 seed=self._seed,
                 host=socket.gethostname(),
                 pid=os.getpid(),
+                label=self.label,
             )
         )
         answer = await session.receive(timeout=None, operation="the learner's welcome")

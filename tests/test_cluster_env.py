@@ -148,11 +148,14 @@ def test_each_worker_can_get_its_own_env_kwargs(transport: str) -> None:
     try:
         envs.reset(seed=0)
         truncations = [envs.step(np.zeros((2, 1), np.float32))[3].tolist() for _ in range(3)]
-        # Workers register in any order; which one got which kwargs, only the data tells.
-        assert truncations in (
-            [[False, False], [True, False], [False, True]],
-            [[False, False], [False, True], [True, False]],
-        )
+        # Workers register in any order; their labels say which launch entry each one is.
+        limits = {2: None, 3: None}
+        for worker in envs.workers:
+            limits[[2, 3][int(worker.label)]] = worker.env_offset
+        expected = [[False, False] for _ in range(3)]
+        expected[1][limits[2]] = True  # the 2-step env truncates at step 2
+        expected[2][limits[3]] = True  # the 3-step env at step 3 (the other one resets)
+        assert truncations == expected
     finally:
         envs.close()
 

@@ -404,7 +404,9 @@ def test_encoding_a_non_message_is_refused() -> None:
 
 
 def hello() -> Hello:
-    return Hello(protocol_version=1, proof=b"", env_id="X", num_envs=2, seed=None, host="h", pid=1)
+    return Hello(
+        protocol_version=1, proof=b"", env_id="X", num_envs=2, seed=None, host="h", pid=1, label=""
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -207,7 +207,14 @@ async def expect_closed(transport: transports.Transport) -> list[Any]:
 
 def hello(version: int = PROTOCOL_VERSION) -> Hello:
     return Hello(
-        protocol_version=version, proof=b"", env_id="raw", num_envs=1, seed=None, host="h", pid=0
+        protocol_version=version,
+        proof=b"",
+        env_id="raw",
+        num_envs=1,
+        seed=None,
+        host="h",
+        pid=0,
+        label="",
     )
 
 

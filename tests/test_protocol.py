@@ -37,7 +37,14 @@ CHALLENGE = Challenge(protocol_version=PROTOCOL_VERSION, nonce=NONCE)
 
 def hello(proof: bytes = b"", version: int = PROTOCOL_VERSION) -> Hello:
     return Hello(
-        protocol_version=version, proof=proof, env_id="X", num_envs=2, seed=None, host="h", pid=1
+        protocol_version=version,
+        proof=proof,
+        env_id="X",
+        num_envs=2,
+        seed=None,
+        host="h",
+        pid=1,
+        label="",
     )
 
 

@@ -181,6 +181,7 @@ class WorkerSpec:
             arguments += ["--tls-ca", str(self.tls_ca)]
         if index is None:
             return arguments
+        arguments += ["--label", str(index)]
         seed = self.seed_of(index)
         if seed is not None:
             arguments += ["--seed", str(seed)]

@@ -147,6 +147,7 @@ class LocalWorkers:
                 timeouts=self._timeouts,
                 compute_delay=spec.compute_delay_of(index),
                 comm_delay=spec.comm_delay_of(index),
+                label=str(index),
             )
             self._tasks.append(asyncio.create_task(worker.run(), name=f"aps worker {index}"))
 

@@ -89,6 +89,7 @@ class _WorkerActor:
                 factory=client_factory(spec.url, spec.tls_ca),
                 compute_delay=spec.compute_delay_of(index),
                 comm_delay=spec.comm_delay_of(index),
+                label=str(index),
             )
             run(worker.run(), use_uvloop=self.use_uvloop)
         except ApsError as exc:

@@ -139,6 +139,7 @@ def sbatch_script(
     if spec.seed is not None:
         per_task.append(f"local SEED={spec.seed} ENVS_PER_WORKER={spec.envs_per_worker}")
         lines.append('--seed "$((SEED + SLURM_PROCID * ENVS_PER_WORKER))"')
+    lines.append('--label "$SLURM_PROCID"')
     cases: dict[int, list[str]] = {}
     for option, values in (
         ("--env-kwargs", [spec.env_kwargs_of(i) for i in range(tasks)]),
