@@ -87,6 +87,31 @@ class WorkerSpec:
     connect_timeout: float = Timeouts().connect
     tls_ca: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        env: EnvSpec,
+        *,
+        num_workers: int,
+        env_kwargs: Any = None,
+        compute_delays: Any = None,
+        comm_delays: Any = None,
+        **fields: Any,
+    ) -> WorkerSpec:
+        """Build a spec from a user's arguments.
+
+        The per-worker ones may be one value for all workers, one per worker, or ``None``
+        (see :func:`per_worker`).
+        """
+        return cls(
+            env=env,
+            num_workers=num_workers,
+            env_kwargs=per_worker("env_kwargs", env_kwargs, num_workers, kind=dict),
+            compute_delays=per_worker("compute_delays", compute_delays, num_workers, kind=float),
+            comm_delays=per_worker("comm_delays", comm_delays, num_workers, kind=float),
+            **fields,
+        )
+
     def __post_init__(self) -> None:
         for name in ("num_workers", "envs_per_worker"):
             value = getattr(self, name)

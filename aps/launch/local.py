@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aps.errors import ConfigError, InvalidState, WorkerLost
-from aps.launch.base import LaunchStatus, WorkerSpec, per_worker
+from aps.launch.base import LaunchStatus, WorkerSpec
 from aps.session import Timeouts
 from aps.worker import EnvSpec, Worker
 
@@ -94,13 +94,13 @@ class LocalWorkers:
         log_level: str = "WARNING",
         seed: int | None = None,
     ) -> None:
-        self._spec = WorkerSpec(
-            env=env,
+        self._spec = WorkerSpec.of(
+            env,
             num_workers=num_workers,
             envs_per_worker=envs_per_worker,
-            env_kwargs=per_worker("env_kwargs", env_kwargs, num_workers, kind=dict),
-            compute_delays=per_worker("compute_delays", compute_delays, num_workers, kind=float),
-            comm_delays=per_worker("comm_delays", comm_delays, num_workers, kind=float),
+            env_kwargs=env_kwargs,
+            compute_delays=compute_delays,
+            comm_delays=comm_delays,
             token=token,
             log_level=log_level,
             seed=seed,

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from aps.errors import ApsError, ConfigError, InvalidState, MissingDependency, WorkerLost
-from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url, per_worker
+from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url
 from aps.launch.local import env_import_path
 from aps.session import Timeouts
 from aps.worker import EnvSpec
@@ -167,14 +167,14 @@ class RayWorkers:
         poll_interval: float = 0.2,
     ) -> None:
         import_ray()
-        self._spec = WorkerSpec(
-            env=env_import_path(env),
+        self._spec = WorkerSpec.of(
+            env_import_path(env),
             num_workers=num_workers,
             envs_per_worker=envs_per_worker,
-            env_kwargs=per_worker("env_kwargs", env_kwargs, num_workers, kind=dict),
+            env_kwargs=env_kwargs,
             seed=seed,
-            compute_delays=per_worker("compute_delays", compute_delays, num_workers, kind=float),
-            comm_delays=per_worker("comm_delays", comm_delays, num_workers, kind=float),
+            compute_delays=compute_delays,
+            comm_delays=comm_delays,
             log_level=log_level,
             connect_timeout=connect_timeout,
             tls_ca=tls_ca,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from aps.errors import ConfigError, InvalidState, LaunchError
-from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url, per_worker
+from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url
 from aps.launch.local import TOKEN_ENV, env_import_path
 from aps.session import Timeouts
 from aps.worker import EnvSpec
@@ -263,14 +263,14 @@ class SlurmJob:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         num_workers = nodes * tasks_per_node
-        self._spec = WorkerSpec(
-            env=env_import_path(env),
+        self._spec = WorkerSpec.of(
+            env_import_path(env),
             num_workers=num_workers,
             envs_per_worker=envs_per_worker,
-            env_kwargs=per_worker("env_kwargs", env_kwargs, num_workers, kind=dict),
+            env_kwargs=env_kwargs,
             seed=seed,
-            compute_delays=per_worker("compute_delays", compute_delays, num_workers, kind=float),
-            comm_delays=per_worker("comm_delays", comm_delays, num_workers, kind=float),
+            compute_delays=compute_delays,
+            comm_delays=comm_delays,
             log_level=log_level,
             connect_timeout=connect_timeout,
             tls_ca=tls_ca,
