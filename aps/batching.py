@@ -13,6 +13,7 @@ batches for ``Dict`` (in the space's key order) and a tuple of batches for ``Tup
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -135,7 +136,7 @@ def split(space: gym.Space[Any], batch: Any, counts: Sequence[int]) -> list[Any]
     """
     if any(count < 0 for count in counts):
         raise ConfigError(f"counts must be non-negative, got {list(counts)}")
-    bounds = np.cumsum([0, *counts]).tolist()
+    bounds = [0, *itertools.accumulate(counts)]
     return _split(space, batch, bounds, "batch")
 
 

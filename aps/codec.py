@@ -176,7 +176,7 @@ def _ext_object_array(array: np.ndarray[Any, Any]) -> msgpack.ExtType:
     if array.dtype != object:
         raise _dtype_error(array.dtype)  # a structured dtype holding objects
     # Object arrays hold odd, rare values; a Python loop over them is the only way anyway.
-    payload = _packb([array.shape, array.reshape(-1).tolist()])
+    payload = _packb([array.shape, list(array.reshape(-1))])
     return _new_ext(EXT_OBJECT_ARRAY, payload)
 
 
