@@ -115,3 +115,31 @@ def test_bad_env_kwargs(bad: str) -> None:
     )
     assert out.returncode != 0
     assert "env-kwargs" in out.stderr
+
+
+def test_cluster_env_waits_for_workers_started_elsewhere(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a free port to give the workers before the learner binds
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"tcp://127.0.0.1:{port}"
+    token_file = tmp_path / "token"
+    token_file.write_text("t0ken")
+    command = [sys.executable, "-m", "aps", "worker", url, "--env", "CartPole-v1"]
+    command += ["--num-envs", "2", "--token-file", str(token_file), "--log-level", "WARNING"]
+    workers = [subprocess.Popen(command) for _ in range(2)]
+    try:
+        envs = aps.ClusterEnv(url, num_workers=2, token="t0ken")  # workers keep dialing till up
+        try:
+            obs, _ = envs.reset(seed=0)
+            assert obs.shape == (4, 4) and envs.num_envs == 4
+            envs.step(np.zeros(4, np.int64))
+        finally:
+            envs.close()
+        assert [w.wait(timeout=20) for w in workers] == [0, 0]  # they leave on goodbye
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
