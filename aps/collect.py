@@ -44,6 +44,9 @@ class Chunk:
         episode_return: returns of the episodes that ended in this chunk.
         episode_length: their lengths.
         episode_env: their global env indices.
+        truncated_obs: the last observation of every truncated step ``[K, ...]`` (the
+            observation that ``obs`` does not show because the env reset), to bootstrap from.
+        truncated_index: where those are, ``[K, 2]``: (step, global env index).
     """
 
     worker_id: int
@@ -61,6 +64,8 @@ class Chunk:
     episode_return: Array
     episode_length: Array
     episode_env: Array
+    truncated_obs: Array
+    truncated_index: Array
 
     @property
     def num_steps(self) -> int:
@@ -77,8 +82,9 @@ class Chunk:
 class Rollout:
     """``T`` steps of every env, ``[T, num_envs]``, gathered from one chunk per worker.
 
-    The fields are those of :class:`Chunk` concatenated along the env axis, plus the policy
-    version and lag of every transition (workers may hold different versions).
+    The fields are those of :class:`Chunk` concatenated along the env axis (the episode and
+    truncation lists one after the other, with global env indices), plus the policy version
+    and lag of every transition (workers may hold different versions).
     """
 
     obs: Array
@@ -94,6 +100,8 @@ class Rollout:
     episode_return: Array
     episode_length: Array
     episode_env: Array
+    truncated_obs: Array
+    truncated_index: Array
 
     @classmethod
     def from_chunks(cls, chunks: list[Chunk]) -> Rollout:
@@ -124,6 +132,8 @@ class Rollout:
             episode_return=cat("episode_return", axis=0),
             episode_length=cat("episode_length", axis=0),
             episode_env=cat("episode_env", axis=0),
+            truncated_obs=cat("truncated_obs", axis=0),
+            truncated_index=cat("truncated_index", axis=0),
         )
 
 

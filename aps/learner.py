@@ -878,6 +878,13 @@ class Learner:
                     f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
                     f"expected (T, {info.num_envs}); the worker is not a compatible aps worker"
                 )
+        cuts = int(np.count_nonzero(message.truncated))
+        if message.truncated_index.shape != (cuts, 2) or len(message.truncated_obs) != cuts:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent {len(message.truncated_obs)} truncated "
+                f"observations at indices of shape {message.truncated_index.shape} for {cuts} "
+                "truncated steps; the worker is not a compatible aps worker"
+            )
         if not remote.last_chunk_version <= message.version <= remote.metrics.version:
             raise ProtocolError(
                 f"worker {info.worker_id} sent a chunk acted with version {message.version}, "
@@ -912,6 +919,8 @@ class Learner:
             episode_return=message.episode_return,
             episode_length=message.episode_length,
             episode_env=message.episode_env + info.env_offset,
+            truncated_obs=message.truncated_obs,
+            truncated_index=message.truncated_index + np.array([0, info.env_offset]),
         )
 
     async def rollout(self, num_steps: int) -> Rollout:

@@ -204,6 +204,8 @@ class RolloutChunk(Message):
     ``None``), ``reward``, ``terminated``, ``truncated``. ``next_obs`` ``[E, ...]`` is the
     observation after the last step, for bootstrapping. ``episode_return``,
     ``episode_length`` and ``episode_env`` describe the episodes that ended in the chunk.
+    ``truncated_obs`` ``[K, ...]`` holds the last observation of each of the ``K`` truncated
+    steps, at ``truncated_index`` ``[K, 2]`` (step, env), for bootstrapping.
     """
 
     TAG: ClassVar[str] = "chunk"
@@ -219,6 +221,8 @@ class RolloutChunk(Message):
     episode_return: Array
     episode_length: Array
     episode_env: Array
+    truncated_obs: Array
+    truncated_index: Array
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

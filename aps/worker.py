@@ -566,6 +566,7 @@ class _Collector:
         logprob = np.empty((num_steps, num_envs), dtype=np.float32)
         value = np.empty((num_steps, num_envs), dtype=np.float32) if policy.has_critic else None
         ended: list[tuple[float, int, int]] = []
+        cut: list[tuple[int, int, np.ndarray[Any, Any]]] = []  # truncated: step, env, last obs
         for t in range(num_steps):
             obs_buf[t] = obs
             actions, logprob[t], values = policy.act(obs)
@@ -578,8 +579,13 @@ class _Collector:
                 # Gaussian samples are unbounded; the chunk keeps them (their log-probs are
                 # of them), the env gets them clipped to its bounds, as CleanRL's ClipAction.
                 actions = np.clip(actions, self._low, self._high)
-            obs, reward[t], terminated[t], truncated[t], _ = envs.step(actions)
+            obs, reward[t], terminated[t], truncated[t], info = envs.step(actions)
             self._count_episodes(reward[t], terminated[t] | truncated[t], ended)
+            for env in np.flatnonzero(truncated[t]):
+                # SameStep: obs already holds the reset observation, the last one is in the
+                # info; NextStep: obs is still the last one (the reset comes next step).
+                last = info["final_obs"][env] if "final_obs" in info else obs[env]
+                cut.append((t, int(env), np.array(last)))
         assert actions_buf is not None
         self._obs = obs
         returns, lengths, env_ids = zip(*ended, strict=True) if ended else ((), (), ())
@@ -596,6 +602,10 @@ class _Collector:
             episode_return=np.array(returns, dtype=np.float64),
             episode_length=np.array(lengths, dtype=np.int64),
             episode_env=np.array(env_ids, dtype=np.int64),
+            truncated_obs=(
+                np.stack([c[2] for c in cut]) if cut else np.empty((0, *obs.shape[1:]), obs.dtype)
+            ),
+            truncated_index=np.array([c[:2] for c in cut], dtype=np.int64).reshape(-1, 2),
         )
 
     def _count_episodes(

@@ -330,3 +330,26 @@ async def test_seeded_reset_makes_worker_actions_reproducible(workers: WorkerTas
     np.testing.assert_array_equal(runs[0], runs[2])
     np.testing.assert_array_equal(runs[1], runs[3])
     np.testing.assert_array_equal(runs[0], runs[1])  # same seed, same weights, same actions
+
+
+@pytest.mark.parametrize("mode", ["SameStep", "NextStep"])
+async def test_truncated_steps_keep_their_last_observation(workers: WorkerTasks, mode: str) -> None:
+    learner = aps.Learner(
+        "memory://", num_workers=2, policy=POLICY, autoreset_mode=mode, timeouts=FAST
+    )
+    async with learner:
+        for _ in range(2):
+            workers.start(learner.url, num_envs=2, env_kwargs={"max_episode_steps": 5})
+        await learner.reset(seed=0)
+        await learner.publish(Agent(Spaces("CartPole-v1")))
+        batch = await learner.rollout(30)
+    cuts = np.argwhere(batch.truncated)
+    assert len(cuts) > 0
+    np.testing.assert_array_equal(np.sort(batch.truncated_index, axis=0), np.sort(cuts, axis=0))
+    for (t, env), last in zip(batch.truncated_index, batch.truncated_obs, strict=True):
+        if t + 1 < len(batch.obs):
+            following = batch.obs[t + 1, env]
+            if mode == "NextStep":  # the reset comes on the next step: obs still shows it
+                np.testing.assert_array_equal(last, following)
+            else:  # the env already reset: only truncated_obs has the last observation
+                assert not np.array_equal(last, following)

@@ -185,7 +185,8 @@ def chunk() -> RolloutChunk:
     z = np.zeros((2, 2))
     return RolloutChunk(
         version=1, obs=z, actions=z, logprob=z, value=None, reward=z, terminated=z, truncated=z,
-        next_obs=z, episode_return=z, episode_length=z, episode_env=z,
+        next_obs=z, episode_return=z, episode_length=z, episode_env=z, truncated_obs=z,
+        truncated_index=z,
     )  # fmt: skip
 
 
