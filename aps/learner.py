@@ -125,6 +125,10 @@ class _Launcher(Protocol):
     async def stop(self, grace: float = ...) -> None: ...
 
 
+_Inbox = asyncio.Queue[tuple["_Remote", Message | BaseException]]
+"""Replies from several workers, and their failures, in arrival order."""
+
+
 @dataclass(slots=True)
 class _Remote:
     info: WorkerInfo
@@ -239,9 +243,7 @@ class Learner:
         self._gradient_mode = False
         self._gradient_remotes: list[_Remote] = []
         self._gradient_pumps: list[asyncio.Task[None]] = []
-        self._gradient_inbox: asyncio.Queue[
-            tuple[_Remote, GradientReport | ErrorReport | BaseException]
-        ] = asyncio.Queue()
+        self._gradient_inbox: _Inbox = asyncio.Queue()
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
 
@@ -742,12 +744,7 @@ class Learner:
             except (EndOfStream, TransportError) as exc:
                 raise self._lost(remote, operation, exc) from exc
             if isinstance(reply, ErrorReport):
-                failure = failure or WorkerError(
-                    reply.message,
-                    worker_id=remote.info.worker_id,
-                    remote_type=reply.remote_type,
-                    remote_traceback=reply.traceback,
-                )
+                failure = failure or self._worker_error(remote, reply)
                 continue
             assert isinstance(reply, kind)  # the protocol table allows nothing else
             results.append(reply)
@@ -993,7 +990,7 @@ class Learner:
             raise InvalidState("chunks() called while another reset/step/rollout is running")
         self._busy = True
         this = self._stream
-        inbox: asyncio.Queue[tuple[_Remote, RolloutChunk | ErrorReport | BaseException]]
+        inbox: _Inbox
         inbox = asyncio.Queue()
         pumps: list[asyncio.Task[None]] = []
         request = RolloutRequest(num_steps=num_steps)
@@ -1003,7 +1000,8 @@ class Learner:
                     await self._request_chunk(remote, request)
             pumps = [
                 asyncio.create_task(
-                    self._pump(remote, inbox), name=f"aps chunks {remote.info.worker_id}"
+                    self._pump(remote, inbox, "chunks", timeout=self._timeouts.step),
+                    name=f"aps chunks {remote.info.worker_id}",
                 )
                 for remote in self._remotes
             ]
@@ -1012,12 +1010,8 @@ class Learner:
                 if isinstance(message, BaseException):
                     raise message
                 if isinstance(message, ErrorReport):
-                    raise WorkerError(
-                        message.message,
-                        worker_id=remote.info.worker_id,
-                        remote_type=message.remote_type,
-                        remote_traceback=message.traceback,
-                    )
+                    raise self._worker_error(remote, message)
+                assert isinstance(message, RolloutChunk)  # the protocol table allows nothing else
                 yield self._accept_chunk(remote, message)
                 await self._request_chunk(remote, request)
         except (WorkerLost, Timeout, ProtocolError) as exc:
@@ -1041,29 +1035,26 @@ class Learner:
             raise self._lost(remote, "chunks", exc) from exc
 
     async def _pump(
-        self,
-        remote: _Remote,
-        inbox: asyncio.Queue[tuple[_Remote, RolloutChunk | ErrorReport | BaseException]],
+        self, remote: _Remote, inbox: _Inbox, operation: str, *, timeout: float | None
     ) -> None:
-        """Move one worker's chunks into the shared inbox until cancelled or failed."""
-        operation = f"worker {remote.info.worker_id}'s chunk"
+        """Move one worker's messages into a shared inbox until cancelled.
+
+        A failure ends the pump and goes into the inbox too, for the consumer to raise.
+        """
         while True:
             try:
                 message = await remote.session.receive(
-                    timeout=self._timeouts.step, operation=operation
+                    timeout=timeout, operation=f"worker {remote.info.worker_id}'s {operation}"
                 )
             except (EndOfStream, TransportError) as exc:
-                inbox.put_nowait((remote, self._lost(remote, "chunks", exc)))
+                inbox.put_nowait((remote, self._lost(remote, operation, exc)))
                 return
-            except (Timeout, ProtocolError) as exc:
+            except ApsError as exc:
                 inbox.put_nowait((remote, exc))
                 return
-            assert isinstance(message, RolloutChunk | ErrorReport)
             inbox.put_nowait((remote, message))
 
-    async def _drain(
-        self, inbox: asyncio.Queue[tuple[_Remote, RolloutChunk | ErrorReport | BaseException]]
-    ) -> None:
+    async def _drain(self, inbox: _Inbox) -> None:
         """Receive the replies still owed after a stream ends, so lockstep can resume."""
         while not inbox.empty():
             remote, message = inbox.get_nowait()
@@ -1118,7 +1109,10 @@ class Learner:
             self._busy = self._gradient_mode = True
             self._gradient_remotes = list(self._remotes)
             self._gradient_pumps = [
-                asyncio.create_task(self._pump_reports(r), name=f"aps reports {r.info.worker_id}")
+                asyncio.create_task(
+                    self._pump(r, self._gradient_inbox, "gradients", timeout=None),
+                    name=f"aps reports {r.info.worker_id}",
+                )
                 for r in self._gradient_remotes
             ]
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
@@ -1154,12 +1148,8 @@ class Learner:
         if isinstance(message, BaseException):
             raise message
         if isinstance(message, ErrorReport):
-            raise WorkerError(
-                message.message,
-                worker_id=remote.info.worker_id,
-                remote_type=message.remote_type,
-                remote_traceback=message.traceback,
-            )
+            raise self._worker_error(remote, message)
+        assert isinstance(message, GradientReport)  # the protocol table allows nothing else
         return remote.info.worker_id, message
 
     def drop_worker(self, worker_id: int) -> None:
@@ -1194,21 +1184,13 @@ class Learner:
             self._gradient_mode = self._busy = False
             self._gradient_inbox = asyncio.Queue()
 
-    async def _pump_reports(self, remote: _Remote) -> None:
-        inbox = self._gradient_inbox
-        while True:
-            try:
-                message = await remote.session.receive(
-                    timeout=None, operation=f"worker {remote.info.worker_id}'s gradients"
-                )
-            except (EndOfStream, TransportError) as exc:
-                inbox.put_nowait((remote, self._lost(remote, "gradient rounds", exc)))
-                return
-            except ApsError as exc:
-                inbox.put_nowait((remote, exc))
-                return
-            assert isinstance(message, GradientReport | ErrorReport)
-            inbox.put_nowait((remote, message))
+    def _worker_error(self, remote: _Remote, report: ErrorReport) -> WorkerError:
+        return WorkerError(
+            report.message,
+            worker_id=remote.info.worker_id,
+            remote_type=report.remote_type,
+            remote_traceback=report.traceback,
+        )
 
     def _lost(self, remote: _Remote, operation: str, exc: BaseException) -> WorkerLost:
         info = remote.info
