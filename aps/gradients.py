@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
@@ -42,11 +41,6 @@ class GradientSampler:
             )
         self._envs = envs
         self._policy = policy
-        space = envs.single_action_space
-        self._low: np.ndarray[Any, Any] | None = None
-        self._high: np.ndarray[Any, Any] | None = None
-        if isinstance(space, gym.spaces.Box):
-            self._low, self._high = space.low, space.high
         self._round: GradientRound | None = None
         self._obs: np.ndarray[Any, Any] | None = None
         n = envs.num_envs
@@ -92,8 +86,9 @@ class GradientSampler:
         # buffer, so ``obs`` changes in place when it steps.
         for env in range(self._envs.num_envs):
             self._traj_obs[env].append(obs[env].copy())
-        stepped = actions if self._low is None else np.clip(actions, self._low, self._high)
-        next_obs, reward, terminated, truncated, _ = self._envs.step(stepped)
+        next_obs, reward, terminated, truncated, _ = self._envs.step(
+            self._policy.env_actions(actions)
+        )
         ended: list[int] = []
         for env in range(self._envs.num_envs):
             self._traj_actions[env].append(actions[env])

@@ -582,6 +582,19 @@ class Policy:
         log_probs = self._categorical(x)
         return log_probs.gather(1, torch.as_tensor(index - start)[:, None]).squeeze(1)
 
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The actions to hand the env: Box samples clipped to the space's bounds (a copy).
+
+        :meth:`act` returns unbounded Gaussian samples because their log-probabilities are
+        of them; an env gets them clipped, as CleanRL's ``ClipAction`` wrapper does. Other
+        actions are returned as they are.
+        """
+        space = self._action_space
+        if isinstance(space, spaces.Box):
+            clipped: np.ndarray = np.clip(actions, space.low, space.high)
+            return clipped
+        return actions
+
     # -- comparing -------------------------------------------------------------------------
 
     def kl(self, other: Policy, obs: np.ndarray, *, max_states: int | None = 1024) -> float:

@@ -511,11 +511,6 @@ class _Collector:
                 f"{envs.single_observation_space}; use lockstep stepping for dict or tuple spaces"
             )
         self._next_step_reset = mode is AutoresetMode.NEXT_STEP
-        space = envs.single_action_space
-        self._low: np.ndarray[Any, Any] | None = None
-        self._high: np.ndarray[Any, Any] | None = None
-        if isinstance(space, gym.spaces.Box):
-            self._low, self._high = space.low, space.high
         self.version = -1
         num_envs = envs.num_envs
         self._obs: np.ndarray[Any, Any] | None = None
@@ -575,11 +570,9 @@ class _Collector:
             actions_buf[t] = actions
             if value is not None and values is not None:
                 value[t] = values
-            if self._low is not None:
-                # Gaussian samples are unbounded; the chunk keeps them (their log-probs are
-                # of them), the env gets them clipped to its bounds, as CleanRL's ClipAction.
-                actions = np.clip(actions, self._low, self._high)
-            obs, reward[t], terminated[t], truncated[t], info = envs.step(actions)
+            # The chunk keeps the raw samples; the env gets them within its bounds.
+            stepped = policy.env_actions(actions)
+            obs, reward[t], terminated[t], truncated[t], info = envs.step(stepped)
             self._count_episodes(reward[t], terminated[t] | truncated[t], ended)
             for env in np.flatnonzero(truncated[t]):
                 # SameStep: obs already holds the reset observation, the last one is in the

@@ -353,3 +353,15 @@ async def test_truncated_steps_keep_their_last_observation(workers: WorkerTasks,
                 np.testing.assert_array_equal(last, following)
             else:  # the env already reset: only truncated_obs has the last observation
                 assert not np.array_equal(last, following)
+
+
+def test_env_actions_clip_box_samples_and_pass_discrete_ones() -> None:
+    from aps.policy import Policy
+
+    box = Policy(ContinuousAgent(Spaces("Pendulum-v1")), *vars(Spaces("Pendulum-v1")).values())
+    raw = np.array([[-5.0], [0.5], [7.0]], np.float32)
+    np.testing.assert_array_equal(box.env_actions(raw), [[-2.0], [0.5], [2.0]])
+    assert raw[0, 0] == -5.0  # the raw samples stay as they were
+    discrete = Policy(Agent(Spaces("CartPole-v1")), *vars(Spaces("CartPole-v1")).values())
+    actions = np.array([0, 1, 1])
+    assert discrete.env_actions(actions) is actions
