@@ -30,16 +30,10 @@ norm in eval mode for acting.
 from __future__ import annotations
 
 import copy
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
-import re
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -49,6 +43,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
+from aps._imports import import_object
 from aps.errors import ConfigError
 
 __all__ = [
@@ -126,61 +121,12 @@ def load_policy_factory(spec: PolicySpec) -> Callable[..., nn.Module]:
             f"a policy must be 'pkg.module:factory', 'path/to/script.py:Factory' or a "
             f"callable, got {spec!r}"
         )
-    location, _, name = spec.rpartition(":")
-    if not location or not name:
-        raise ConfigError(
-            f"policy {spec!r} is not an import path; write 'pkg.module:factory' or "
-            "'path/to/script.py:Factory'"
-        )
-    module = _import_file(location, spec) if location.endswith(".py") else _import(location, spec)
-    target: Any = module
-    for part in name.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigError(
-                f"{location!r} has no attribute {name!r} (from policy {spec!r})"
-            ) from None
+    target = import_object(spec, what="policy")
     if not callable(target):
         raise ConfigError(
             f"policy {spec!r} names a {type(target).__name__}, not a class or function"
         )
     return target  # type: ignore[no-any-return]
-
-
-def _import(location: str, spec: str) -> Any:
-    try:
-        return importlib.import_module(location)
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot import module {location!r} (from policy {spec!r}): {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _import_file(location: str, spec: str) -> Any:
-    path = Path(location).resolve()
-    if not path.is_file():
-        raise ConfigError(f"policy file {location!r} does not exist (from policy {spec!r})")
-    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    stem = re.sub(r"\W", "_", path.stem)
-    module_name = f"_aps_policy_{stem}_{digest}"
-    module = sys.modules.get(module_name)
-    if module is not None:
-        return module
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise ConfigError(f"cannot import {location!r} (from policy {spec!r})")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module  # dataclasses in the file look themselves up here
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise ConfigError(
-            f"importing policy file {location!r} (from policy {spec!r}) raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    return module
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,11 @@ travels to the learner as text (type and traceback) and the worker keeps serving
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import logging
 import os
 import socket
-import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +22,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from aps import transports
+from aps._imports import import_object, names_a_module
 from aps.batching import check_batch
 from aps.errors import (
     ApsError,
@@ -99,40 +96,13 @@ def resolve_env(spec: EnvSpec, **env_kwargs: Any) -> Callable[[], gym.Env[Any, A
     # Gymnasium ids may contain ':' too ("ale_py:ALE/Pong-v5" registers through a module).
     # A spec whose attribute part names something importable is a factory path; anything
     # else goes to gym.make, which gives its own clear error for unknown ids.
-    if ":" in spec:
-        factory = _import_factory(spec)
-        if factory is not None:
-            return (lambda: factory(**env_kwargs)) if env_kwargs else factory
+    if ":" in spec and names_a_module(spec):
+        factory = import_object(spec, what="env spec")
+        if not callable(factory):
+            raise ConfigError(f"{spec!r} names {type(factory).__name__}, not a callable")
+        return (lambda: factory(**env_kwargs)) if env_kwargs else factory
     env_id = spec
     return lambda: gym.make(env_id, **env_kwargs)
-
-
-def _import_factory(spec: str) -> Callable[..., gym.Env[Any, Any]] | None:
-    location, _, name = spec.rpartition(":")
-    if location.endswith(".py"):
-        path = Path(location)
-        if not path.is_file():
-            raise ConfigError(f"env file {location!r} does not exist (from env spec {spec!r})")
-        module_name = f"_aps_env_{path.stem}_{abs(hash(path.resolve()))}"
-        module = sys.modules.get(module_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(module_name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ConfigError(f"cannot import {location!r} (from env spec {spec!r})")
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[module_name] = module
-            loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(location)
-        except ImportError:
-            return None
-    factory = getattr(module, name, None)
-    if factory is None:
-        raise ConfigError(f"{location!r} has no attribute {name!r} (from env spec {spec!r})")
-    if not callable(factory):
-        raise ConfigError(f"{spec!r} names {type(factory).__name__}, not a callable")
-    return factory  # type: ignore[no-any-return]
 
 
 def _describe(spec: EnvSpec) -> str:
