@@ -56,6 +56,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
 
 import aps
+from aps._loop import new_event_loop
+from aps.launch.local import terminate
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_JSON = ROOT / "results" / "throughput.json"
@@ -105,23 +107,6 @@ def timed_steps(step: Callable[[Any], object], pool: Sequence[Any], seconds: flo
             return calls
 
 
-def stop_processes(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
-    """Wait up to ``grace`` seconds in all for ``processes`` to exit, then terminate, then kill."""
-    deadline = time.monotonic() + grace
-    for process in processes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def check_alive(processes: Sequence[subprocess.Popen[bytes]], what: str) -> None:
     """Raise if one of ``processes`` has exited."""
     for process in processes:
@@ -144,19 +129,6 @@ def cpu_seconds(pids: Sequence[int]) -> float | None:
             return None
         total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
     return total
-
-
-def new_loop() -> asyncio.AbstractEventLoop:
-    """An event loop of the kind aps picks by default: uvloop if installed and not opted out."""
-    if os.environ.get("APS_UVLOOP", "1") not in ("0", "false", "no"):
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-            return loop
-    return asyncio.new_event_loop()
 
 
 # The contenders.
@@ -259,7 +231,7 @@ class ApsTcpAsync(Contender):
 
     def start(self) -> None:
         setup = self.setup
-        self._runner = runner = asyncio.Runner(loop_factory=new_loop)
+        self._runner = runner = asyncio.Runner(loop_factory=new_event_loop)
         self._learner = learner = aps.Learner(f"tcp://{LOOPBACK}:0", num_workers=setup.num_workers)
         runner.run(learner.start())
         command = [sys.executable, "-m", "aps", "worker", learner.url, "--env", setup.env_id]
@@ -306,7 +278,7 @@ class ApsTcpAsync(Contender):
         finally:
             if runner is not None:
                 runner.close()
-            stop_processes(self._processes, STOP_GRACE)
+            terminate(list(self._processes), STOP_GRACE)
             self._processes.clear()
 
     def worker_pids(self) -> list[int] | None:
@@ -491,7 +463,7 @@ class ZmqJson(Contender):
                     with contextlib.suppress(Exception):
                         sock.send_multipart([identity, json.dumps({"cmd": "close"}).encode()])
         finally:
-            stop_processes(self._processes, STOP_GRACE)
+            terminate(list(self._processes), STOP_GRACE)
             self._processes.clear()
             if sock is not None:
                 sock.close(linger=0)

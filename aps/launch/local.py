@@ -19,7 +19,7 @@ from aps.launch.base import LaunchStatus, WorkerSpec
 from aps.session import Timeouts
 from aps.worker import EnvSpec, Worker
 
-__all__ = ["LocalWorkers", "env_import_path"]
+__all__ = ["LocalWorkers", "env_import_path", "terminate"]
 
 log = logging.getLogger("aps.launch")
 
