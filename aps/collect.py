@@ -154,6 +154,7 @@ class WorkerMetrics:
         lag_max: the largest lag of any of them.
         chunks: chunks received from it.
         dropped_chunks: chunks that arrived after their stream was closed and were discarded.
+        resumes: times the worker resumed its session after its connection dropped.
     """
 
     worker_id: int
@@ -168,6 +169,7 @@ class WorkerMetrics:
     lag_max: int = 0
     chunks: int = 0
     dropped_chunks: int = 0
+    resumes: int = 0
 
     @property
     def lag_mean(self) -> float:
@@ -186,6 +188,7 @@ class WorkerMetrics:
             lag_max=self.lag_max,
             chunks=self.chunks,
             dropped_chunks=self.dropped_chunks,
+            resumes=self.resumes,
         )
         copy.divergences.extend(self.divergences)
         return copy

@@ -8,21 +8,31 @@ one message per worker, never one per env, and stitches the replies with array o
 A bad peer (malformed frames, a wrong token, the wrong protocol version, disagreeing spaces,
 a slow handshake) is refused with a specific error, logged and closed; the learner keeps
 serving everyone else.
+
+A worker that is lost (its process died, its connection dropped or it went silent past a
+deadline) is handled as ``on_worker_lost`` says: ``"raise"`` :class:`~aps.errors.WorkerLost`
+from the pending call, ``"wait"`` up to ``reconnect_timeout`` for the worker to resume its
+session or for a replacement to take its env slots, or ``"drop"`` it from chunk streams and
+gradient rounds. Requests are numbered (see :mod:`aps.messages`), so a resumed worker's
+answers arrive exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import math
 import os
+import secrets
 import time
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Literal, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 import gymnasium as gym
@@ -58,6 +68,7 @@ from aps.messages import (
     Message,
     Ready,
     Reject,
+    Request,
     ResetRequest,
     ResetResult,
     RolloutChunk,
@@ -80,6 +91,14 @@ MAX_HANDSHAKES = 64
 
 MAX_IN_FLIGHT = 64
 """The most rollout requests :meth:`Learner.chunks` keeps outstanding per worker."""
+
+REPORT_BACKLOG = 2
+"""Gradient reports the learner buffers per worker; beyond them the workers wait (backpressure)."""
+
+SESSION_ID_SIZE = 16
+"""Random bytes in a session id (what a worker resumes its session with)."""
+
+OnWorkerLost = Literal["raise", "wait", "drop"]
 
 log = logging.getLogger("aps.learner")
 
@@ -126,18 +145,56 @@ class _Launcher(Protocol):
 
 
 _Inbox = asyncio.Queue[tuple["_Remote", Message | BaseException]]
+
+
+def _expect(message: Message, kind: type[_R]) -> _R:
+    assert isinstance(message, kind), message  # the protocol table allows nothing else
+    return message
+
+
 """Replies from several workers, and their failures, in arrival order."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Remote:
+    """One worker's env slots, and the connection serving them now.
+
+    The connection changes when the worker resumes its session and the worker itself when a
+    replacement takes the slots over; ``generation`` counts both.
+    """
+
     info: WorkerInfo
     session: Session
     metrics: WorkerMetrics
+    session_id: bytes
     steps_since_sync: int = 0
     synced_at: float = 0.0
     last_chunk_version: int = 0
     states: Array | None = None  # a sample of the states it acted on last, for divergence
+    # Numbered requests: the next seq, the answers received, the requests not answered yet
+    # (oldest first, sent again after a resume) and the generation they were all sent on.
+    sent: int = 0
+    received: int = 0
+    unanswered: collections.deque[Request] = field(default_factory=collections.deque)
+    generation: int = 0
+    delivered: int = 0
+    attached: asyncio.Event = field(default_factory=asyncio.Event)
+    # A replacement took over: the requests of the lost worker are void (``lost`` of them),
+    # and its envs have not been reset yet.
+    restarted: bool = False
+    lost: int = 0
+    needs_reset: bool = False
+    reset_next: bool = False  # NextStep: the step after a restart is the envs' reset
+
+
+@dataclass(slots=True, eq=False)
+class _Spare:
+    """A worker admitted while every slot was taken: it waits to replace a lost one."""
+
+    session: Session
+    hello: Hello
+    worker_id: int
+    session_id: bytes
 
 
 def _is_loopback(url: str) -> bool:
@@ -178,6 +235,15 @@ class Learner:
             token and the policy), watches it while waiting for the workers (a launch that
             fails ends the wait at once), and stops it when it closes or when the workers do
             not all arrive in time.
+        on_worker_lost: what a lost worker does to the call that notices it. ``"raise"``
+            (default): :class:`~aps.errors.WorkerLost`, and the learner is unusable.
+            ``"wait"``: wait up to ``reconnect_timeout`` seconds for the worker to resume its
+            session (the call then completes as if nothing happened) or for a new worker with
+            the same number of envs to take its slots (a :meth:`step` then reports those envs
+            ``truncated`` with ``info["worker_restarted"]``). While every slot is taken, new
+            workers are kept as spares for this. ``"drop"``: chunk streams and gradient
+            rounds go on with the other workers; lockstep calls raise.
+        reconnect_timeout: seconds ``"wait"`` waits for a resume or a replacement.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -203,9 +269,25 @@ class Learner:
         policy: str | None = None,
         sync: SyncStrategy | None = None,
         launcher: _Launcher | None = None,
+        on_worker_lost: OnWorkerLost = "raise",
+        reconnect_timeout: float = 60.0,
     ) -> None:
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if on_worker_lost not in ("raise", "wait", "drop"):
+            raise ConfigError(
+                f"on_worker_lost must be 'raise', 'wait' or 'drop', got {on_worker_lost!r}"
+            )
+        if (
+            not isinstance(reconnect_timeout, int | float)
+            or isinstance(reconnect_timeout, bool)
+            or not reconnect_timeout > 0
+        ):
+            raise ConfigError(
+                f"reconnect_timeout must be a positive number of seconds, got {reconnect_timeout!r}"
+            )
+        self.on_worker_lost: OnWorkerLost = on_worker_lost
+        self.reconnect_timeout = float(reconnect_timeout)
         try:
             mode = AutoresetMode(autoreset_mode)
         except ValueError:
@@ -243,7 +325,8 @@ class Learner:
         self._gradient_mode = False
         self._gradient_remotes: list[_Remote] = []
         self._gradient_pumps: list[asyncio.Task[None]] = []
-        self._gradient_inbox: _Inbox = asyncio.Queue()
+        self._gradient_inbox: _Inbox = asyncio.Queue(REPORT_BACKLOG * num_workers)
+        self._round: tuple[GradientRound, bytes] | None = None
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
 
@@ -253,6 +336,12 @@ class Learner:
         self._admitting = 0
         self._next_id = 0
         self._remotes: list[_Remote] = []
+        self._by_session: dict[bytes, _Remote] = {}
+        self._spares: list[_Spare] = []
+        self._dropped: set[int] = set()  # worker ids left out of chunk streams and rounds
+        self._former: list[WorkerMetrics] = []  # metrics of workers that were replaced
+        self.restarts = 0
+        """Workers that replaced lost ones."""
         self._all_ready = asyncio.Event()
         self._refusals: list[str] = []
         self._spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
@@ -342,8 +431,9 @@ class Learner:
             await asyncio.wait(tasks)
         if self._listener is not None:
             await self._listener.aclose()
+        sessions = [r.session for r in self._remotes] + [s.session for s in self._spares]
         await asyncio.gather(
-            *(r.session.aclose("the learner is closing") for r in self._remotes),
+            *(session.aclose("the learner is closing") for session in sessions),
             return_exceptions=True,
         )
         if self.launcher is not None:
@@ -429,39 +519,140 @@ class Learner:
             await self._reject(session, exc)
         if not isinstance(hello.num_envs, int) or hello.num_envs < 1:
             await self._reject(session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"))
-        if len(self._remotes) + self._admitting >= self.num_workers:
+        resumed = self._by_session.get(hello.resume) if hello.resume else None
+        if resumed is not None:
+            await self._resume(session, hello, resumed)
+            return
+        # A new worker (or one whose session this learner does not know: it restarted).
+        spare = len(self._remotes) + self._admitting >= self.num_workers
+        if spare and (self.on_worker_lost != "wait" or len(self._spares) >= self.num_workers):
+            why = (
+                "start the learner with a larger num_workers"
+                if self.on_worker_lost != "wait"
+                else f"{len(self._spares)} spares already wait to replace lost workers"
+            )
             await self._reject(
                 session,
-                ConfigError(
-                    f"this learner already has its {self.num_workers} workers; "
-                    "start the learner with a larger num_workers"
-                ),
+                ConfigError(f"this learner already has its {self.num_workers} workers; {why}"),
             )
-        self._admitting += 1
+        self._admitting += 0 if spare else 1
         try:
             worker_id = self._next_id
             self._next_id += 1
-            await session.send(
-                Welcome(
-                    worker_id=worker_id,
-                    autoreset_mode=self.autoreset_mode.value,
-                    policy=self.policy,
-                )
-            )
-            # Building envs runs user code and may take long: the step deadline bounds it.
-            ready = await session.receive(
-                timeout=timeouts.step, operation="the worker to build its envs"
-            )
-            if isinstance(ready, ErrorReport):
-                raise ConfigError(
-                    f"the worker could not build its envs or policy: "
-                    f"{ready.remote_type}: {ready.message}"
-                )
-            assert isinstance(ready, Ready)
-            await self._check_spaces(session, ready, hello)
+            session_id = secrets.token_bytes(SESSION_ID_SIZE)
+            await self._welcome(session, hello, worker_id, session_id, resumed=False)
         finally:
-            self._admitting -= 1
-        self._register(session, hello, ready, worker_id)
+            self._admitting -= 0 if spare else 1
+        if spare:
+            session.start_heartbeats()
+            self._spares.append(_Spare(session, hello, worker_id, session_id))
+            log.info("worker %d from %s waits as a spare", worker_id, session.peer)
+            await self._fill_vacancies()
+        else:
+            self._register(session, hello, worker_id, session_id)
+
+    async def _welcome(
+        self, session: Session, hello: Hello, worker_id: int, session_id: bytes, *, resumed: bool
+    ) -> None:
+        """Send the welcome and wait until the worker's envs are ready with the right spaces."""
+        await session.send(
+            Welcome(
+                worker_id=worker_id,
+                autoreset_mode=self.autoreset_mode.value,
+                policy=self.policy,
+                session_id=session_id,
+                resumed=resumed,
+            )
+        )
+        # Building envs runs user code and may take long: the step deadline bounds it.
+        ready = await session.receive(
+            timeout=self._timeouts.step, operation="the worker to build its envs"
+        )
+        if isinstance(ready, ErrorReport):
+            raise ConfigError(
+                f"the worker could not build its envs or policy: "
+                f"{ready.remote_type}: {ready.message}"
+            )
+        assert isinstance(ready, Ready)
+        await self._check_spaces(session, ready, hello)
+        if self._spaces is None:
+            self._spaces = (ready.observation_space, ready.action_space)
+
+    async def _resume(self, session: Session, hello: Hello, remote: _Remote) -> None:
+        """Take a worker whose connection dropped back into its session and env slots."""
+        info = remote.info
+        if not (
+            remote.received <= hello.served <= remote.sent
+            and hello.num_envs == info.num_envs
+            and hello.version <= remote.metrics.version
+        ):
+            await self._reject(
+                session,
+                ProtocolError(
+                    f"cannot resume worker {info.worker_id}'s session: it says it answered "
+                    f"{hello.served} requests of {info.num_envs} envs holding version "
+                    f"{hello.version}, but it was sent {remote.sent} requests "
+                    f"({remote.received} answered) for {info.num_envs} envs, and version "
+                    f"{remote.metrics.version}; restart the worker without resuming"
+                ),
+            )
+        await self._welcome(session, hello, info.worker_id, remote.session_id, resumed=True)
+        # Weights sent before the cut may be lost: the worker's word is what it holds.
+        remote.metrics.version = hello.version
+        remote.metrics.resumes += 1
+        log.warning("worker %d resumed its session from %s", info.worker_id, session.peer)
+        await self._attach(remote, session)
+
+    async def _attach(self, remote: _Remote, session: Session) -> None:
+        """Make ``session`` the one serving ``remote`` and close the one it replaces."""
+        old, remote.session = remote.session, session
+        remote.generation += 1
+        session.start_heartbeats()
+        remote.attached.set()
+        # A call still waiting on the old connection fails at once and carries on here.
+        await old.aclose("another connection took over this worker's session")
+
+    async def _fill_vacancies(self) -> None:
+        """Give each lost worker's slots to a spare with as many envs, if there is one."""
+        for remote in self._remotes:
+            if remote.attached.is_set():
+                continue
+            for spare in self._spares:
+                if spare.hello.num_envs == remote.info.num_envs:
+                    self._spares.remove(spare)
+                    await self._replace(remote, spare)
+                    break
+
+    async def _replace(self, remote: _Remote, spare: _Spare) -> None:
+        lost, hello = remote.info, spare.hello
+        remote.info = dataclasses.replace(
+            lost,
+            worker_id=spare.worker_id,
+            env_id=hello.env_id,
+            host=hello.host,
+            pid=hello.pid,
+            label=hello.label,
+            peer=spare.session.peer,
+        )
+        self._former.append(remote.metrics)
+        remote.metrics = WorkerMetrics(worker_id=spare.worker_id)
+        del self._by_session[remote.session_id]
+        remote.session_id = spare.session_id
+        self._by_session[spare.session_id] = remote
+        remote.lost = len(remote.unanswered)
+        remote.unanswered.clear()
+        remote.sent = remote.received = 0
+        remote.steps_since_sync = remote.last_chunk_version = 0
+        remote.states = None
+        remote.restarted = True
+        remote.needs_reset = self._was_reset
+        self.restarts += 1
+        log.warning(
+            "worker %d from %s took over the envs %d..%d of lost worker %d",
+            *(spare.worker_id, spare.session.peer, lost.env_offset),
+            *(lost.env_offset + lost.num_envs - 1, lost.worker_id),
+        )
+        await self._attach(remote, spare.session)
 
     async def _check_spaces(self, session: Session, ready: Ready, hello: Hello) -> None:
         if ready.num_envs != hello.num_envs:
@@ -486,30 +677,34 @@ class Learner:
                     ),
                 )
 
-    def _register(self, session: Session, hello: Hello, ready: Ready, worker_id: int) -> None:
-        if self._spaces is None:
-            self._spaces = (ready.observation_space, ready.action_space)
+    def _register(self, session: Session, hello: Hello, worker_id: int, session_id: bytes) -> None:
         offset = sum(self._counts)
         info = WorkerInfo(
             worker_id=worker_id,
             env_offset=offset,
-            num_envs=ready.num_envs,
+            num_envs=hello.num_envs,
             env_id=hello.env_id,
             host=hello.host,
             pid=hello.pid,
             label=hello.label,
             peer=session.peer,
         )
-        self._remotes.append(
-            _Remote(info=info, session=session, metrics=WorkerMetrics(worker_id=worker_id))
+        remote = _Remote(
+            info=info,
+            session=session,
+            metrics=WorkerMetrics(worker_id=worker_id),
+            session_id=session_id,
         )
-        self._counts.append(ready.num_envs)
+        remote.attached.set()
+        self._remotes.append(remote)
+        self._by_session[session_id] = remote
+        self._counts.append(hello.num_envs)
         self._offsets.append(offset)
         session.start_heartbeats()
-        last = offset + ready.num_envs - 1
+        last = offset + hello.num_envs - 1
         log.info(
             "worker %d admitted from %s: %d x %s (envs %d..%d)",
-            *(worker_id, session.peer, ready.num_envs, hello.env_id, offset, last),
+            *(worker_id, session.peer, hello.num_envs, hello.env_id, offset, last),
         )
         if len(self._remotes) == self.num_workers:
             self._all_ready.set()
@@ -652,7 +847,10 @@ class Learner:
             ResetRequest(seed=None if seed is None else seed + offset, options=options)
             for offset in self._offsets
         ]
-        results = await self._exchange(requests, ResetResult, "reset")
+        answers = await self._exchange(requests, "reset")
+        results = [_expect(a, ResetResult) for a in answers]
+        for remote in self._remotes:
+            remote.needs_reset = remote.reset_next = False
         observation_space = self.single_observation_space
         obs = concat(observation_space, [r.obs for r in results])
         info = merge_infos(
@@ -669,21 +867,38 @@ class Learner:
 
         Returns:
             ``(observations, rewards, terminations, truncations, infos)``, as a Gymnasium
-            vector env returns them (autoreset as :attr:`autoreset_mode` says).
+            vector env returns them (autoreset as :attr:`autoreset_mode` says). Envs whose
+            worker was replaced during the step (``on_worker_lost="wait"``) end their episode
+            there: ``truncated``, reward 0, ``info["worker_restarted"]``, and the observation
+            is the replacement's reset observation; under ``NextStep`` their next step is the
+            reset step.
 
         Raises:
             ConfigError: ``actions`` has the wrong shape or dtype (nothing was sent).
             InvalidState: called before :meth:`reset`, or concurrently.
             WorkerError: an env raised on a worker.
-            WorkerLost: a worker disconnected; this learner can no longer step.
+            WorkerLost: a worker was lost (and did not come back in time under ``"wait"``);
+                this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
         if not self._was_reset:
             raise InvalidState("call reset() before step()")
         space = self.single_action_space
         batch = check_batch(space, actions, self.num_envs)
-        requests = [StepRequest(actions=part) for part in split(space, batch, self._counts)]
-        results = await self._exchange(requests, StepResult, "step")
+        # A replacement's envs are reset instead of stepped (see _restarted_step).
+        requests: list[Request] = [
+            ResetRequest(seed=None, options=None)
+            if remote.needs_reset or remote.reset_next
+            else StepRequest(actions=part)
+            for remote, part in zip(self._remotes, split(space, batch, self._counts), strict=True)
+        ]
+        answers = await self._exchange(requests, "step")
+        results = [
+            self._restarted_step(remote, answer)
+            if isinstance(answer, ResetResult)
+            else _expect(answer, StepResult)
+            for remote, answer in zip(self._remotes, answers, strict=True)
+        ]
         # Concatenating copies even a single worker's batch: users get writable arrays.
         return (
             concat(self.single_observation_space, [r.obs for r in results]),
@@ -695,21 +910,46 @@ class Learner:
             ),
         )
 
-    async def _exchange(
-        self, requests: Sequence[Message], kind: type[_R], operation: str
-    ) -> list[_R]:
-        """Send one request per worker, then collect one reply from each, in worker order."""
+    def _restarted_step(self, remote: _Remote, reset: ResetResult) -> StepResult:
+        """Turn the reset of a replacement worker's envs into their step result.
+
+        The first one ends the lost worker's episodes (truncated, flagged); under ``NextStep``
+        a second reset on the next step plays the part of the autoreset step.
+        """
+        n = remote.info.num_envs
+        restarted = remote.needs_reset
+        remote.needs_reset = False
+        remote.reset_next = restarted and self.autoreset_mode is AutoresetMode.NEXT_STEP
+        info = dict(reset.info)
+        if restarted:
+            info["worker_restarted"] = np.ones(n, dtype=np.bool_)
+            info["_worker_restarted"] = np.ones(n, dtype=np.bool_)
+        return StepResult(
+            obs=reset.obs,
+            reward=np.zeros(n, dtype=np.float64),
+            terminated=np.zeros(n, dtype=np.bool_),
+            truncated=np.full(n, restarted, dtype=np.bool_),
+            info=info,
+        )
+
+    async def _exchange(self, requests: Sequence[Request], operation: str) -> list[Message]:
+        """Send one request per worker, then collect one answer from each, in worker order."""
         if self._stream is not None:
             await self._stream.aclose()  # a new operation ends an abandoned chunk stream
         if self._broken is not None:
             raise InvalidState(
                 f"this learner can no longer {operation}: {self._broken}; start a new one"
             )
+        if self._dropped:
+            raise InvalidState(
+                f"{operation}() needs every worker's envs, and workers {sorted(self._dropped)} "
+                "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
+            )
         if self._busy:
             raise InvalidState(f"{operation}() called while another reset/step is running")
         self._busy = True
         try:
-            return await self._exchange_unguarded(requests, kind, operation)
+            return await self._exchange_unguarded(requests, operation)
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self._broken = exc
             raise
@@ -723,34 +963,169 @@ class Learner:
             self._busy = False
 
     async def _exchange_unguarded(
-        self, requests: Sequence[Message], kind: type[_R], operation: str
-    ) -> list[_R]:
+        self, requests: Sequence[Request], operation: str
+    ) -> list[Message]:
         remotes = self._remotes
         for remote, request in zip(remotes, requests, strict=True):
-            try:
-                if isinstance(request, RolloutRequest):
-                    await self._maybe_sync(remote)
-                await remote.session.send(request)
-            except TransportError as exc:
-                raise self._lost(remote, operation, exc) from exc
-        results: list[_R] = []
+            if isinstance(request, RolloutRequest):
+                await self._prepare(remote, operation)
+                await self._maybe_sync(remote)
+            await self._send_request(remote, request)
+        answers: list[Message] = []
         failure: WorkerError | None = None
-        for remote in remotes:
+        for remote, request in zip(remotes, requests, strict=True):
+            answer = await self._answer_from(remote, operation)
+            if answer is None:  # a replacement took over: its envs start afresh
+                answer = await self._after_restart(remote, request, operation)
+            if isinstance(answer, ErrorReport):
+                failure = failure or self._worker_error(remote, answer)
+                continue
+            answers.append(answer)
+        if failure is not None:
+            raise failure
+        return answers
+
+    # Numbered requests, and what happens when a worker is lost.
+
+    async def _send_request(self, remote: _Remote, request: Request) -> None:
+        """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
+        request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
+        remote.sent += 1
+        remote.unanswered.append(request)
+        if remote.delivered == remote.generation and remote.attached.is_set():
+            await self._send(remote, request)
+
+    async def _send(self, remote: _Remote, message: Message, frame: bytes | None = None) -> None:
+        """Send to ``remote``; a broken connection is noticed by the next receive."""
+        try:
+            await remote.session.send(message, frame=frame)
+        except TransportError as exc:
+            if self.on_worker_lost == "raise":
+                raise self._lost(remote, type(message).__name__, exc) from exc
+            # Whatever was unanswered goes again on the connection that takes over.
+            remote.delivered = -1
+            await remote.session.aclose("sending failed")
+
+    async def _answer_from(self, remote: _Remote, operation: str) -> Message | None:
+        """Receive ``remote``'s next answer, exactly once.
+
+        Returns ``None`` when a replacement worker took over: the requests of the lost one
+        are void.
+
+        Raises:
+            WorkerLost: the worker was lost (and, under ``"wait"``, did not come back).
+            Timeout: the worker took longer than ``timeouts.step`` (under ``"raise"``; the
+                other choices treat a silent worker as lost).
+            ProtocolError: the worker broke the protocol.
+        """
+        while True:
+            generation = remote.generation
             try:
-                reply = await remote.session.receive(
+                if remote.delivered != generation:
+                    await self._resend(remote)
+                message = await remote.session.receive(
                     timeout=self._timeouts.step,
                     operation=f"worker {remote.info.worker_id}'s {operation}",
                 )
-            except (EndOfStream, TransportError) as exc:
-                raise self._lost(remote, operation, exc) from exc
-            if isinstance(reply, ErrorReport):
-                failure = failure or self._worker_error(remote, reply)
+            except (EndOfStream, TransportError, Timeout) as exc:
+                if isinstance(exc, Timeout) and self.on_worker_lost == "raise":
+                    raise
+                await self._recover(remote, generation, operation, exc)
+                if remote.restarted:
+                    remote.restarted = False
+                    return None
                 continue
-            assert isinstance(reply, kind)  # the protocol table allows nothing else
-            results.append(reply)
-        if failure is not None:
-            raise failure
-        return results
+            if self._accept_answer(remote, message):
+                return message
+
+    def _accept_answer(self, remote: _Remote, message: Message) -> bool:
+        """Count an answer in; ``False`` for one already received (sent again on a resume)."""
+        seq = getattr(message, "seq", None)
+        if seq is None or seq > remote.received or not remote.unanswered:
+            raise ProtocolError(
+                f"worker {remote.info.worker_id} sent {type(message).__name__} answering request "
+                f"{seq}, but the next answer due is {remote.received} of {remote.sent} sent; "
+                "the worker is not a compatible aps worker"
+            )
+        if seq < remote.received:
+            return False
+        remote.unanswered.popleft()
+        remote.received += 1
+        return True
+
+    async def _resend(self, remote: _Remote) -> None:
+        """Bring a connection that took over up to date: weights, then unanswered requests."""
+        generation = remote.generation
+        versions = self._versions
+        if versions is not None and versions.current and remote.metrics.version >= 0:
+            if remote.metrics.version != versions.current:
+                await self._send_weights(remote)  # rehydrate a resumed worker
+        # Requests sent meanwhile were only queued; the loop sends those too, in order.
+        index = 0
+        while index < len(remote.unanswered):
+            await self._send(remote, remote.unanswered[index])
+            if remote.delivered == -1 or remote.generation != generation:
+                return  # failed again: the next receive notices
+            index += 1
+        remote.delivered = generation
+
+    async def _recover(
+        self, remote: _Remote, generation: int, operation: str, exc: BaseException
+    ) -> None:
+        """Handle the loss of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
+
+        Returns once another connection serves ``remote`` (resumed or replaced).
+
+        Raises:
+            WorkerLost: under ``"raise"`` and ``"drop"``; under ``"wait"`` when nothing took
+                over within ``reconnect_timeout``.
+        """
+        if remote.generation != generation:
+            return  # a resume already took over
+        if self.on_worker_lost != "wait":
+            raise self._lost(remote, operation, exc) from exc
+        if remote.attached.is_set():
+            remote.attached.clear()
+            log.warning(
+                "%s; waiting up to %s s for it to resume or for a replacement",
+                *(self._lost(remote, operation, exc), self.reconnect_timeout),
+            )
+            await remote.session.aclose("the learner lost this connection")
+            await self._fill_vacancies()
+        try:
+            async with asyncio.timeout(self.reconnect_timeout):
+                await remote.attached.wait()
+        except TimeoutError:
+            raise WorkerLost(
+                f"{self._lost(remote, operation, exc)}, and no worker resumed its session or "
+                f"took its envs over within {self.reconnect_timeout} s; start a replacement "
+                "worker sooner or raise reconnect_timeout",
+                worker_id=remote.info.worker_id,
+            ) from exc
+
+    async def _call(self, remote: _Remote, request: Request, operation: str) -> Message:
+        """Send one request to ``remote`` and return its answer (from whoever serves it)."""
+        await self._send_request(remote, request)
+        answer = await self._answer_from(remote, operation)
+        if answer is None:
+            return await self._after_restart(remote, request, operation)
+        return answer
+
+    async def _after_restart(self, remote: _Remote, request: Request, operation: str) -> Message:
+        """The answer to ``request`` from a replacement of the worker it was sent to.
+
+        A reset is sent again as it was. Otherwise the replacement's envs are reset first: for
+        a step that reset is the answer (see :meth:`_restarted_step`); a rollout is then
+        asked again.
+        """
+        if isinstance(request, ResetRequest):
+            return await self._call(remote, request, operation)
+        reset = await self._call(remote, ResetRequest(seed=None, options=None), operation)
+        if isinstance(request, StepRequest) or isinstance(reset, ErrorReport):
+            return reset
+        remote.needs_reset = False
+        await self._maybe_sync(remote)
+        return await self._call(remote, request, operation)
 
     # Worker-side inference (DETACH) and weight synchronization.
 
@@ -771,10 +1146,12 @@ class Learner:
 
     @property
     def metrics(self) -> Metrics:
-        """Syncs, weight bytes, divergences and policy lag, per worker and in total."""
-        return Metrics(
-            version=self.version, workers=tuple(r.metrics.snapshot() for r in self._remotes)
-        )
+        """Syncs, weight bytes, divergences and policy lag, per worker and in total.
+
+        Workers that were replaced keep their entries, before the current ones.
+        """
+        workers = (*self._former, *(r.metrics for r in self._remotes))
+        return Metrics(version=self.version, workers=tuple(w.snapshot() for w in workers))
 
     async def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Make ``agent``'s current weights a new policy version.
@@ -799,12 +1176,12 @@ class Learner:
         versions = self._require_policy("publish")
         version = versions.publish(agent, epsilon=epsilon)
         for remote in self._remotes:
-            if remote.metrics.version < 0:
+            if remote.metrics.version < 0 and remote.info.worker_id not in self._dropped:
                 try:
                     await self._send_weights(remote)
-                except TransportError as exc:
-                    self._broken = self._lost(remote, "publish", exc)
-                    raise self._broken from exc
+                except WorkerLost as exc:
+                    self._broken = exc
+                    raise
         self._prune()
         return version
 
@@ -851,7 +1228,7 @@ class Learner:
         if self._weights_frame[0] != version:
             # One encoding per version, however many workers it goes to.
             self._weights_frame = (version, codec.encode(message))
-        await remote.session.send(message, frame=self._weights_frame[1])
+        await self._send(remote, message, self._weights_frame[1])
         metrics = remote.metrics
         metrics.version = version
         metrics.syncs += 1
@@ -938,7 +1315,8 @@ class Learner:
         if not self._was_reset:
             raise InvalidState("call reset() before rollout()")
         requests = [RolloutRequest(num_steps=num_steps)] * len(self._remotes)
-        results = await self._exchange(requests, RolloutChunk, "rollout")
+        answers = await self._exchange(requests, "rollout")
+        results = [_expect(a, RolloutChunk) for a in answers]
         try:
             chunks = [self._accept_chunk(r, m) for r, m in zip(self._remotes, results, strict=True)]
         except ProtocolError as exc:
@@ -993,27 +1371,33 @@ class Learner:
         inbox: _Inbox
         inbox = asyncio.Queue()
         pumps: list[asyncio.Task[None]] = []
-        request = RolloutRequest(num_steps=num_steps)
+        active = [r for r in self._remotes if r.info.worker_id not in self._dropped]
         try:
-            for remote in self._remotes:
+            for remote in active:
+                await self._prepare(remote, "chunks")
                 for _ in range(max_in_flight):
-                    await self._request_chunk(remote, request)
+                    await self._request_chunk(remote, num_steps)
             pumps = [
                 asyncio.create_task(
-                    self._pump(remote, inbox, "chunks", timeout=self._timeouts.step),
+                    self._chunk_pump(remote, inbox, num_steps),
                     name=f"aps chunks {remote.info.worker_id}",
                 )
-                for remote in self._remotes
+                for remote in active
             ]
             while True:
                 remote, message = await inbox.get()
+                if isinstance(message, WorkerLost) and self.on_worker_lost == "drop":
+                    await self._drop(remote, message)
+                    active.remove(remote)
+                    if active:
+                        continue
                 if isinstance(message, BaseException):
                     raise message
                 if isinstance(message, ErrorReport):
                     raise self._worker_error(remote, message)
-                assert isinstance(message, RolloutChunk)  # the protocol table allows nothing else
-                yield self._accept_chunk(remote, message)
-                await self._request_chunk(remote, request)
+                chunk = self._accept_chunk(remote, _expect(message, RolloutChunk))
+                yield chunk
+                await self._request_chunk(remote, num_steps)
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self._broken = exc
             raise
@@ -1022,40 +1406,53 @@ class Learner:
                 pump.cancel()
             if pumps:
                 await asyncio.wait(pumps)
-            await self._drain(inbox)
+            await self._drain(inbox, active)
             self._busy = False
             if self._stream is this:
                 self._stream = None
 
-    async def _request_chunk(self, remote: _Remote, request: RolloutRequest) -> None:
-        try:
-            await self._maybe_sync(remote)
-            await remote.session.send(request)
-        except TransportError as exc:
-            raise self._lost(remote, "chunks", exc) from exc
+    async def _prepare(self, remote: _Remote, operation: str) -> None:
+        """Reset a replacement's envs before it acts on its own."""
+        if remote.needs_reset:
+            answer = await self._call(remote, ResetRequest(seed=None, options=None), operation)
+            if isinstance(answer, ErrorReport):
+                raise self._worker_error(remote, answer)
+            remote.needs_reset = remote.reset_next = False
 
-    async def _pump(
-        self, remote: _Remote, inbox: _Inbox, operation: str, *, timeout: float | None
-    ) -> None:
-        """Move one worker's messages into a shared inbox until cancelled.
+    async def _request_chunk(self, remote: _Remote, num_steps: int) -> None:
+        await self._maybe_sync(remote)
+        await self._send_request(remote, RolloutRequest(num_steps=num_steps))
 
+    async def _chunk_pump(self, remote: _Remote, inbox: _Inbox, num_steps: int) -> None:
+        """Move one worker's chunks into a shared inbox until cancelled.
+
+        A replacement worker is reset and asked for as many chunks as its predecessor owed.
         A failure ends the pump and goes into the inbox too, for the consumer to raise.
         """
+        operation = "chunks"
         while True:
             try:
-                message = await remote.session.receive(
-                    timeout=timeout, operation=f"worker {remote.info.worker_id}'s {operation}"
-                )
-            except (EndOfStream, TransportError) as exc:
-                inbox.put_nowait((remote, self._lost(remote, operation, exc)))
-                return
+                answer = await self._answer_from(remote, operation)
+                if answer is None:
+                    owed = remote.lost
+                    await self._prepare(remote, operation)
+                    for _ in range(owed):
+                        await self._request_chunk(remote, num_steps)
+                    continue
             except ApsError as exc:
                 inbox.put_nowait((remote, exc))
                 return
-            inbox.put_nowait((remote, message))
+            inbox.put_nowait((remote, answer))
 
-    async def _drain(self, inbox: _Inbox) -> None:
-        """Receive the replies still owed after a stream ends, so lockstep can resume."""
+    async def _drop(self, remote: _Remote, lost: WorkerLost) -> None:
+        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
+        self._dropped.add(remote.info.worker_id)
+        remote.unanswered.clear()
+        log.warning("%s; dropped it, going on with the other workers", lost)
+        await remote.session.aclose("the learner dropped this worker")
+
+    async def _drain(self, inbox: _Inbox, remotes: Sequence[_Remote]) -> None:
+        """Receive the answers still owed after a stream ends, so lockstep can resume."""
         while not inbox.empty():
             remote, message = inbox.get_nowait()
             if isinstance(message, RolloutChunk):
@@ -1063,12 +1460,12 @@ class Learner:
         if self._broken is not None:
             return
         try:
-            async with asyncio.timeout(self._timeouts.step):
-                for remote in self._remotes:
-                    while remote.session.rollouts_pending:
-                        late = await remote.session.receive(
-                            timeout=None, operation="the end of the chunk stream"
-                        )
+            async with asyncio.timeout(self._timeouts.step + self.reconnect_timeout):
+                for remote in remotes:
+                    while remote.unanswered:
+                        late = await self._answer_from(remote, "the end of the chunk stream")
+                        if late is None:
+                            break  # a replacement owes nothing; it is reset before its use
                         if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
         except (TimeoutError, ApsError) as exc:
@@ -1107,22 +1504,59 @@ class Learner:
             if self._busy:
                 raise InvalidState("start_round() called while another operation is running")
             self._busy = self._gradient_mode = True
-            self._gradient_remotes = list(self._remotes)
+            self._gradient_remotes = [
+                r for r in self._remotes if r.info.worker_id not in self._dropped
+            ]
+            for remote in self._gradient_remotes:
+                # Gradient mode samples from fresh resets; a replacement needs no reset now.
+                remote.needs_reset = remote.reset_next = False
             self._gradient_pumps = [
-                asyncio.create_task(
-                    self._pump(r, self._gradient_inbox, "gradients", timeout=None),
-                    name=f"aps reports {r.info.worker_id}",
-                )
+                asyncio.create_task(self._report_pump(r), name=f"aps reports {r.info.worker_id}")
                 for r in self._gradient_remotes
             ]
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
         frame = codec.encode(message)
+        self._round = (message, frame)
         for remote in self._gradient_remotes:
-            try:
-                await remote.session.send(message, frame=frame)
-            except TransportError as exc:
-                raise self._lost(remote, "start_round", exc) from exc
+            await self._send(remote, message, frame)
         return len(frame) * len(self._gradient_remotes)
+
+    async def _report_pump(self, remote: _Remote) -> None:
+        """Move one worker's gradient reports into the shared inbox until cancelled.
+
+        The inbox holds a few reports per worker; when the caller falls behind, pumps wait,
+        the sockets fill and the workers block on sending (backpressure). A worker that
+        resumes or is replaced gets the current round again; a replacement is announced as
+        the loss of the worker it replaced.
+        """
+        inbox = self._gradient_inbox
+        while True:
+            generation = remote.generation
+            try:
+                message = await remote.session.receive(
+                    timeout=self._timeouts.heartbeat_timeout,
+                    operation=f"worker {remote.info.worker_id}'s gradients",
+                )
+            except (EndOfStream, TransportError, Timeout) as exc:
+                lost = remote.info.worker_id
+                try:
+                    await self._recover(remote, generation, "gradients", exc)
+                except WorkerLost as error:
+                    await inbox.put((remote, error))
+                    return
+                if remote.restarted:
+                    remote.restarted = False
+                    replaced = (
+                        f"worker {lost} was lost and worker {remote.info.worker_id} took over"
+                    )
+                    await inbox.put((remote, WorkerLost(replaced, worker_id=lost)))
+                if self._round is not None:
+                    await self._send(remote, *self._round)
+                continue
+            except ApsError as exc:
+                await inbox.put((remote, exc))
+                return
+            await inbox.put((remote, message))
 
     async def next_report(self) -> tuple[int, GradientReport]:
         """Wait for the next gradient report from any worker: ``(worker_id, report)``.
@@ -1130,7 +1564,9 @@ class Learner:
         Raises:
             InvalidState: not in gradient mode.
             WorkerError: sampling or differentiating raised on a worker.
-            WorkerLost: a worker disconnected; :meth:`drop_worker` it to go on without it.
+            WorkerLost: a worker disconnected; :meth:`drop_worker` it to go on without it
+                (under ``on_worker_lost="drop"`` it is dropped already; under ``"wait"`` this
+                announces a replacement, whose reports count from the next round).
             Timeout: no report for ``timeouts.step`` seconds.
         """
         if not self._gradient_mode:
@@ -1145,24 +1581,29 @@ class Learner:
                 operation="next_report",
                 seconds=self._timeouts.step,
             ) from None
+        if isinstance(message, WorkerLost) and self.on_worker_lost == "drop":
+            self.drop_worker(remote.info.worker_id)
+            await remote.session.aclose("the learner dropped this worker")
         if isinstance(message, BaseException):
             raise message
         if isinstance(message, ErrorReport):
             raise self._worker_error(remote, message)
-        assert isinstance(message, GradientReport)  # the protocol table allows nothing else
-        return remote.info.worker_id, message
+        return remote.info.worker_id, _expect(message, GradientReport)
 
     def drop_worker(self, worker_id: int) -> None:
         """Leave a lost worker out of the rest of gradient mode.
 
         The learner's env batch no longer matches its workers afterwards, so lockstep calls
-        (reset, step, rollout) refuse from then on.
+        (reset, step, rollout) refuse from then on. Dropping a worker that was dropped or
+        replaced already does nothing.
         """
         for remote in self._gradient_remotes:
             if remote.info.worker_id == worker_id:
                 self._gradient_remotes.remove(remote)
-                self._broken = WorkerLost(f"worker {worker_id} was dropped", worker_id=worker_id)
+                self._dropped.add(worker_id)
                 return
+        if worker_id in self._dropped or any(m.worker_id == worker_id for m in self._former):
+            return
         raise ConfigError(f"worker {worker_id} is not taking part in gradient rounds")
 
     async def stop_gradients(self) -> None:
@@ -1182,7 +1623,8 @@ class Learner:
             self._broken = InvalidState(f"gradient mode did not end cleanly ({exc!r})")
         finally:
             self._gradient_mode = self._busy = False
-            self._gradient_inbox = asyncio.Queue()
+            self._gradient_inbox = asyncio.Queue(REPORT_BACKLOG * self.num_workers)
+            self._round = None
 
     def _worker_error(self, remote: _Remote, report: ErrorReport) -> WorkerError:
         return WorkerError(

@@ -7,8 +7,10 @@ spaces (sent declaratively, see :mod:`aps.spaces`) and tuples/dicts of these (``
 The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
-    W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid, label)
-    L -> W  Welcome(worker_id, autoreset_mode, policy)   or  Reject(kind, reason)
+    W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid, label,
+                  resume, served, version)
+    L -> W  Welcome(worker_id, autoreset_mode, policy, session_id, resumed)
+            or  Reject(kind, reason)
     W -> L  Ready(observation_space, action_space, num_envs)
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
@@ -19,7 +21,14 @@ The conversation (``L`` learner, ``W`` worker)::
     W -> L  ErrorReport(...)              instead of a result, when an env raised
 
 Resets and steps are lockstep: one request, one answer. Rollout requests may be pipelined:
-the learner may have several outstanding, and the worker answers them in order. Gradient
+the learner may have several outstanding, and the worker answers them in order.
+
+Requests (reset, step, rollout) are numbered per worker session: ``seq`` counts from 0 and
+every answer (result, chunk or error report) carries the ``seq`` it answers. ``acked`` tells
+the worker how many answers the learner has received, so it may forget them. A worker whose
+connection drops dials again and sends ``Hello(resume=session_id, served=n)``; the learner
+sends every unanswered request again, and the worker answers those it already served from
+its cache of unacknowledged answers, so no request runs twice and no answer is lost. Gradient
 rounds are a mode: after the first ``GradientRound`` the worker keeps sampling trajectories
 and reporting gradients, each new round replaces the last, until ``StopGradients``.
     either  Heartbeat()                   at any time after the handshake
@@ -37,6 +46,8 @@ from aps._typing import Array
 
 __all__ = [
     "MESSAGE_TYPES",
+    "Answer",
+    "Request",
     "PROTOCOL_VERSION",
     "Challenge",
     "ErrorReport",
@@ -60,7 +71,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Bumped on every incompatible change of the wire format; the handshake checks it."""
 
 
@@ -97,6 +108,12 @@ class Hello(Message):
     host: str
     pid: int
     label: str
+    resume: bytes = b""
+    """The session id of the session this worker resumes (empty: a new worker)."""
+    served: int = 0
+    """Requests of the resumed session the worker has answered (sent or not)."""
+    version: int = -1
+    """The policy version the worker holds (-1: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +128,10 @@ class Welcome(Message):
     worker_id: int
     autoreset_mode: str
     policy: str | None
+    session_id: bytes = b""
+    """The id the worker resumes this session with after its connection drops."""
+    resumed: bool = False
+    """The learner took the worker back into its old session (envs and state kept)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +164,8 @@ class ResetRequest(Message):
     TAG: ClassVar[str] = "reset"
     seed: int | None
     options: Any
+    seq: int = 0
+    acked: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +175,7 @@ class ResetResult(Message):
     TAG: ClassVar[str] = "reset_result"
     obs: Any
     info: Any
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +184,8 @@ class StepRequest(Message):
 
     TAG: ClassVar[str] = "step"
     actions: Any
+    seq: int = 0
+    acked: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +198,7 @@ class StepResult(Message):
     terminated: Array
     truncated: Array
     info: Any
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +220,8 @@ class RolloutRequest(Message):
 
     TAG: ClassVar[str] = "rollout"
     num_steps: int
+    seq: int = 0
+    acked: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,6 +252,7 @@ class RolloutChunk(Message):
     episode_env: Array
     truncated_obs: Array
     truncated_index: Array
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -271,12 +301,16 @@ class GradientsStopped(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReport(Message):
-    """An env (or the worker) raised instead of answering the last request."""
+    """An env (or the worker) raised instead of answering a request.
+
+    ``seq`` is the request it answers; ``None`` outside requests (the handshake, gradient mode).
+    """
 
     TAG: ClassVar[str] = "error"
     remote_type: str
     message: str
     traceback: str
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,3 +353,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
     )
 }
 """Every message type by its wire tag."""
+
+
+Request = ResetRequest | StepRequest | RolloutRequest
+"""The numbered messages a worker answers (see ``seq``)."""
+
+Answer = ResetResult | StepResult | RolloutChunk | ErrorReport
+"""What answers a :data:`Request`."""

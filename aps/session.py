@@ -87,6 +87,8 @@ class Session:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
         self._closed = False
+        self.goodbye: str | None = None
+        """The reason the peer gave when it said goodbye (``None``: it did not)."""
 
     @property
     def peer(self) -> str:
@@ -161,6 +163,7 @@ class Session:
             if isinstance(message, Heartbeat):
                 continue
             if isinstance(message, Goodbye):
+                self.goodbye = message.reason
                 await self.aclose()
                 raise EndOfStream(f"{self.peer} closed the session: {message.reason or 'bye'}")
             return message

@@ -5,13 +5,21 @@ workers' ports), proves it knows the token, learns the autoreset mode, builds it
 :class:`gymnasium.vector.SyncVectorEnv` and then answers reset and step requests with whole
 batches, one message per request. An env that raises does not end the worker: the error
 travels to the learner as text (type and traceback) and the worker keeps serving.
+
+A connection that drops (not a goodbye) is dialed again, with exponential backoff and jitter,
+until ``timeouts.connect`` passes; the worker then resumes its session: envs, policy and the
+answers the learner has not acknowledged are kept, so the learner loses nothing and no
+request runs twice. A learner that no longer knows the session (it restarted) admits the
+worker as a new one, and the worker rebuilds its envs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import random
 import socket
 import traceback
 from collections.abc import Callable
@@ -21,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from aps import transports
+from aps import codec, transports
 from aps._imports import import_object, names_a_module
 from aps.batching import check_batch
 from aps.errors import (
@@ -33,11 +41,13 @@ from aps.errors import (
     InvalidState,
     ProtocolError,
     Timeout,
+    TransportError,
     VersionMismatch,
 )
 from aps.gradients import GradientSampler
 from aps.messages import (
     PROTOCOL_VERSION,
+    Answer,
     Challenge,
     ErrorReport,
     GradientReport,
@@ -47,6 +57,7 @@ from aps.messages import (
     Message,
     Ready,
     Reject,
+    Request,
     ResetRequest,
     ResetResult,
     RolloutChunk,
@@ -73,6 +84,15 @@ _REJECTIONS: dict[str, type[ApsError]] = {
     "AuthError": AuthError,
     "VersionMismatch": ProtocolError,
     "ConfigError": ConfigError,
+}
+
+MAX_CACHED_ANSWERS = 64
+"""The most unacknowledged answers a worker keeps for a resume (the learner's pipelining cap)."""
+
+_ANSWERS: dict[type[Message], type[Message]] = {
+    ResetRequest: ResetResult,
+    StepRequest: StepResult,
+    RolloutRequest: RolloutChunk,
 }
 
 
@@ -131,6 +151,8 @@ class Worker:
             slower link.
         label: free text shown in the learner's :class:`~aps.learner.WorkerInfo` (launchers
             put the worker's index there, to tie learner worker ids to what they started).
+        reconnect: dial again and resume when the connection drops (``False``: end with the
+            error instead).
 
     Example:
         >>> worker = Worker("tcp://127.0.0.1:7000", "CartPole-v1", num_envs=8)  # doctest: +SKIP
@@ -151,6 +173,7 @@ class Worker:
         compute_delay: float = 0.0,
         comm_delay: float = 0.0,
         label: str = "",
+        reconnect: bool = True,
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -176,35 +199,69 @@ class Worker:
         self._collector: _Collector | None = None
         self._weights_error: ApsError | None = None
         self._pending_seed = seed
+        self._reconnect = reconnect
+        self._session_id = b""
+        self._served = 0  # requests of this session answered
+        self._answers: collections.OrderedDict[int, tuple[Message, bytes]] = (
+            collections.OrderedDict()
+        )
         self.worker_id: int | None = None
+        self.resumes = 0
+        """How many times this worker resumed its session after a dropped connection."""
+        self.replayed = 0
+        """Answers sent again from the cache after a resume (their requests did not rerun)."""
 
     async def run(self) -> None:
         """Connect, serve the learner until it says goodbye, then close the envs.
 
+        A dropped connection is dialed again and the session resumed (see the module
+        docstring), unless ``reconnect`` is off.
+
         Raises:
             ConnectError | Timeout: the learner could not be reached within
-                ``timeouts.connect``, or went silent for ``timeouts.heartbeat_timeout``.
+                ``timeouts.connect`` (first or again), or went silent for
+                ``timeouts.heartbeat_timeout`` and ``reconnect`` is off.
             AuthError: the learner refused the token.
             ConfigError: the learner refused this worker's envs (spaces that disagree with
                 the other workers', or too many workers).
             ProtocolError: the learner broke the protocol or speaks another version.
-            ConnectionLost: the connection broke.
+            ConnectionLost: the connection broke and ``reconnect`` is off.
         """
-        transport = await self._connect()
-        session = Session(
-            transport,
-            Role.WORKER,
-            heartbeat_interval=self._timeouts.heartbeat_interval,
-        )
         try:
-            await self._handshake(session)
-            session.start_heartbeats()
-            await self._serve(session)
+            while True:
+                session = Session(
+                    await self._connect(),
+                    Role.WORKER,
+                    heartbeat_interval=self._timeouts.heartbeat_interval,
+                )
+                try:
+                    await self._handshake(session)
+                    session.start_heartbeats()
+                    await self._serve(session)
+                    return
+                except (TransportError, Timeout) as exc:
+                    if not self._can_resume(session, exc):
+                        raise
+                    log.warning(
+                        "worker %s lost its learner at %s (%s); dialing again to resume",
+                        *(self.worker_id, session.peer, exc),
+                    )
+                finally:
+                    await session.aclose()
         finally:
-            await session.aclose()
             if self._envs is not None:
                 self._envs.close()
                 self._envs = None
+
+    def _can_resume(self, session: Session, exc: BaseException) -> bool:
+        """Whether a failure is a dropped connection this worker should dial again after."""
+        if not self._reconnect or not isinstance(self._learner, str):
+            return False  # a transport handed in cannot be dialed again
+        if isinstance(exc, EndOfStream) and session.goodbye is not None:
+            return False  # the learner said goodbye: the run is over
+        # Only a session that got as far as a welcome has something to resume; a learner that
+        # cannot be reached at all is reported by _connect's own deadline.
+        return bool(self._session_id)
 
     async def _connect(self) -> Transport:
         if not isinstance(self._learner, str):
@@ -213,13 +270,15 @@ class Worker:
         factory = self._factory or transports.get_factory(transports.scheme_of(url))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeouts.connect
-        delay = 0.05
+        attempt = 0
         while True:
             left = deadline - loop.time()
             try:
                 return await factory.connect(url, timeout=max(left, 0.01))
             except (ConnectError, Timeout) as exc:
-                # The learner may simply not be up yet: retry until the deadline.
+                # The learner may simply not be up yet (or restarting): retry until the
+                # deadline.
+                delay = self._backoff(attempt)
                 if loop.time() + delay >= deadline:
                     raise Timeout(
                         f"could not reach the learner at {url} within "
@@ -229,7 +288,16 @@ class Worker:
                         seconds=self._timeouts.connect,
                     ) from exc
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                attempt += 1
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        """Seconds to wait before dial ``attempt + 1``: exponential, with jitter.
+
+        The jitter keeps many workers that lost one learner from dialing it at one instant.
+        """
+        ceiling = min(0.05 * 2**attempt, 2.0)
+        return random.uniform(ceiling / 2, ceiling)
 
     async def _handshake(self, session: Session) -> None:
         seconds = self._timeouts.handshake
@@ -263,6 +331,9 @@ class Worker:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 label=self.label,
+                resume=self._session_id,
+                served=self._served,
+                version=-1 if self._collector is None else self._collector.version,
             )
         )
         answer = await session.receive(timeout=None, operation="the learner's welcome")
@@ -275,6 +346,34 @@ class Worker:
 
     async def _build_envs(self, session: Session, answer: Welcome) -> None:
         self.worker_id = answer.worker_id
+        if answer.resumed and self._envs is not None:
+            self.resumes += 1
+            log.info("worker %d resumed its session", answer.worker_id)
+        else:
+            self._forget_session()
+        self._session_id = answer.session_id
+        if self._envs is None:
+            await self._make_envs(session, answer)
+        assert self._envs is not None
+        await session.send(
+            Ready(
+                observation_space=self._envs.single_observation_space,
+                action_space=self._envs.single_action_space,
+                num_envs=self.num_envs,
+            )
+        )
+
+    def _forget_session(self) -> None:
+        """Start over as a new worker: fresh envs, no answers kept."""
+        if self._envs is not None:
+            self._envs.close()
+        self._envs = self._collector = None
+        self._weights_error = None
+        self._pending_seed = self._seed
+        self._served = 0
+        self._answers.clear()
+
+    async def _make_envs(self, session: Session, answer: Welcome) -> None:
         try:
             mode = AutoresetMode(answer.autoreset_mode)
             # Building the envs is the user's code and may be slow: it is outside the
@@ -288,13 +387,6 @@ class Worker:
             await session.send(_report(exc))
             what = "envs" if self._envs is None else f"policy {answer.policy!r}"
             raise ConfigError(f"could not build the {what} for {self._env_name!r}: {exc}") from exc
-        await session.send(
-            Ready(
-                observation_space=self._envs.single_observation_space,
-                action_space=self._envs.single_action_space,
-                num_envs=self.num_envs,
-            )
-        )
         log.info("worker %d ready: %d x %s", answer.worker_id, self.num_envs, self._env_name)
 
     async def _serve(self, session: Session) -> None:
@@ -305,22 +397,62 @@ class Worker:
             try:
                 request = await session.receive(timeout=timeout, operation="the next request")
             except EndOfStream:
+                if session.goodbye is None:
+                    raise  # closed without a goodbye: the connection dropped
                 return
-            if isinstance(request, StepRequest):
-                await session.send(self._step(envs, request))
-            elif isinstance(request, RolloutRequest):
-                await session.send(self._rollout(request))
+            if isinstance(request, StepRequest | ResetRequest | RolloutRequest):
+                await self._answer(session, envs, request)
             elif isinstance(request, Weights):
                 self._load_weights(request)
             elif isinstance(request, GradientRound):
                 await self._gradient_mode(session, request)
-            elif isinstance(request, ResetRequest):
-                await session.send(self._reset(envs, request))
             else:  # Reject after Ready: the learner refused our spaces.
                 assert isinstance(request, Reject)
                 raise _REJECTIONS.get(request.kind, ProtocolError)(
                     f"the learner refused this worker: {request.reason}"
                 )
+
+    async def _answer(self, session: Session, envs: SyncVectorEnv, request: Request) -> None:
+        """Answer request ``seq`` once: run it, or send the kept answer if it already ran.
+
+        Every answer is kept until the learner acknowledges it (``acked``), so that after a
+        resume the learner gets the answers it missed without any request running twice.
+        """
+        answers = self._answers
+        while answers and next(iter(answers)) < request.acked:
+            answers.popitem(last=False)
+        seq = request.seq
+        if seq < self._served:
+            kept = answers.get(seq)
+            expected = _ANSWERS[type(request)]
+            if kept is None or not isinstance(kept[0], expected | ErrorReport):
+                raise ProtocolError(
+                    f"the learner asked again for answer {seq} ({type(request).__name__}), "
+                    "which this worker no longer holds; the learner is not a compatible aps "
+                    "learner"
+                )
+            self.replayed += 1
+            await session.send(kept[0], frame=kept[1])
+            return
+        if seq != self._served:
+            raise ProtocolError(
+                f"the learner sent request {seq} but the next one is {self._served}; a request "
+                "was lost, the learner is not a compatible aps learner"
+            )
+        answer: Answer
+        if isinstance(request, StepRequest):
+            answer = self._step(envs, request)
+        elif isinstance(request, ResetRequest):
+            answer = self._reset(envs, request)
+        else:
+            answer = self._rollout(request)
+        # Encoded once: the frame is what is sent, and what is kept for a resend.
+        frame = codec.encode(answer)
+        answers[seq] = (answer, frame)
+        while len(answers) > MAX_CACHED_ANSWERS:
+            answers.popitem(last=False)
+        self._served += 1
+        await session.send(answer, frame=frame)
 
     async def _gradient_mode(self, session: Session, first: GradientRound) -> None:
         """Sample and report gradients until the learner stops gradient mode.
@@ -409,33 +541,40 @@ class Worker:
             self._weights_error = exc
 
     def _rollout(self, request: RolloutRequest) -> RolloutChunk | ErrorReport:
+        seq = request.seq
         if self._collector is None:
             return _report(
                 ProtocolError(
                     "the learner asked for a rollout but gave this worker no policy; "
                     "create the learner with policy='module:factory'"
-                )
+                ),
+                seq,
             )
         if self._weights_error is not None:
-            return _report(self._weights_error)
+            return _report(self._weights_error, seq)
         try:
-            return self._collector.collect(request.num_steps)
+            return self._collector.collect(request.num_steps, seq)
         except Exception as exc:
-            return _report(exc)
+            return _report(exc, seq)
 
     def _step(self, envs: SyncVectorEnv, request: StepRequest) -> StepResult | ErrorReport:
         try:
             actions = check_batch(envs.single_action_space, request.actions, self.num_envs)
         except ConfigError as exc:
-            return _report(ProtocolError(f"the learner sent bad actions: {exc}"))
+            return _report(ProtocolError(f"the learner sent bad actions: {exc}"), request.seq)
         try:
             obs, reward, terminated, truncated, info = envs.step(actions)
         except Exception as exc:
-            return _report(exc)
+            return _report(exc, request.seq)
         if self._collector is not None:
             self._collector.observe(obs, terminated | truncated)
         return StepResult(
-            obs=obs, reward=reward, terminated=terminated, truncated=truncated, info=info
+            obs=obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            info=info,
+            seq=request.seq,
         )
 
     def _reset(self, envs: SyncVectorEnv, request: ResetRequest) -> ResetResult | ErrorReport:
@@ -445,13 +584,13 @@ class Worker:
         try:
             obs, info = envs.reset(seed=seed, options=options)
         except Exception as exc:
-            return _report(exc)
+            return _report(exc, request.seq)
         if self._collector is not None:
             self._collector.observe(obs, None)
             if seed is not None:
                 # Seeded resets make the worker's action sampling reproducible too.
                 self._collector.policy.seed(seed)
-        return ResetResult(obs=obs, info=info)
+        return ResetResult(obs=obs, info=info, seq=request.seq)
 
 
 MAX_ROLLOUT_STEPS = 1_000_000
@@ -512,8 +651,8 @@ class _Collector:
         else:
             self._pending_reset = done.copy() if self._next_step_reset else self._pending_reset
 
-    def collect(self, num_steps: int) -> RolloutChunk:
-        """Act ``num_steps`` times on every env and return the chunk."""
+    def collect(self, num_steps: int, seq: int = 0) -> RolloutChunk:
+        """Act ``num_steps`` times on every env and return the chunk (answering ``seq``)."""
         if not 1 <= num_steps <= MAX_ROLLOUT_STEPS:
             raise ConfigError(f"num_steps must be in 1..{MAX_ROLLOUT_STEPS}, got {num_steps}")
         if self.version < 0:
@@ -569,6 +708,7 @@ class _Collector:
                 np.stack([c[2] for c in cut]) if cut else np.empty((0, *obs.shape[1:]), obs.dtype)
             ),
             truncated_index=np.array([c[:2] for c in cut], dtype=np.int64).reshape(-1, 2),
+            seq=seq,
         )
 
     def _count_episodes(
@@ -590,9 +730,10 @@ class _Collector:
             self._pending_reset = done.copy()
 
 
-def _report(exc: BaseException) -> ErrorReport:
+def _report(exc: BaseException, seq: int | None = None) -> ErrorReport:
     return ErrorReport(
         remote_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
+        seq=seq,
     )

@@ -77,8 +77,15 @@ def same_message(got: Message, want: Message) -> bool:
     )
 
 
+# Requests carry seq and acked, answers seq: filled in for tests about other fields.
+_REQUEST, _ANSWER = ("seq", "acked"), ("seq",)
+_NUMBERED = {"reset": _REQUEST, "step": _REQUEST, "rollout": _REQUEST}
+_NUMBERED.update(reset_result=_ANSWER, step_result=_ANSWER, chunk=_ANSWER)
+
+
 def frame(body: dict[str, Any]) -> bytes:
     """A hand-made frame, for inputs the encoder would refuse to make."""
+    body = {**dict.fromkeys(_NUMBERED.get(str(body.get("t")), ()), 0), **body}
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -106,25 +113,27 @@ def test_golden_heartbeat_and_goodbye() -> None:
 
 
 def test_golden_array() -> None:
-    encoded = codec.encode(StepRequest(actions=np.array([1, 0], np.int64)))
+    encoded = codec.encode(StepRequest(actions=np.array([1, 0], np.int64), seq=3, acked=2))
     assert encoded == (
-        b"\x82\xa1t\xa4step\xa7actions"
+        b"\x84\xa1t\xa4step\xa7actions"
         + b"\xc7\x18\x01"  # ext 8, 24 bytes, code 1 (EXT_NDARRAY)
         + b"\x92\xa3<i8\x91\x02"  # ["<i8", [2]]
         + b"\x00"  # padding to 8 bytes
         + b"\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+        + b"\xa3seq\x03\xa5acked\x02"  # the request's number, the answers received
     )
 
 
 def test_golden_scalar_and_object_array() -> None:
     info = {"s": np.float32(1.0), "o": np.array([None, "a"], dtype=object)}
     assert codec.encode(ResetRequest(seed=None, options=info)) == (
-        b"\x83\xa1t\xa5reset\xa4seed\xc0\xa7options\x82"
+        b"\x85\xa1t\xa5reset\xa4seed\xc0\xa7options\x82"
         + b"\xa1s\xc7\x0c\x02"  # "s": ext 8, 12 bytes, code 2 (EXT_SCALAR)
         + b"\x92\xa3<f4\x90\x00\x00"  # ["<f4", []] and padding to 8 bytes
         + b"\x00\x00\x80?"  # 1.0 as little-endian float32
         + b"\xa1o\xc7\x07\x03"  # "o": ext 8, 7 bytes, code 3 (EXT_OBJECT_ARRAY)
         + b"\x92\x91\x02\x92\xc0\xa1a"  # [[2], [nil, "a"]]
+        + b"\xa3seq\x00\xa5acked\x00"
     )
 
 
