@@ -13,15 +13,16 @@
 - ``env-limit``: what one core steps: a ``SyncVectorEnv`` of ONE worker's envs in the learner
   process, nothing else. ``2 x env-limit`` is what two cores could step with no messages.
 - ``aps-detach``: worker-side inference (DETACH). The workers act with a 64-64 MLP
-  (``mlp_policy.py``, run by :class:`aps.policy.Policy` with torch) and stream chunks of
-  ``T`` steps; the learner takes them from ``aps.Learner.chunks(T, max_in_flight=2)`` as fast
-  as they come and counts the env-steps they hold. No lockstep, and the workers' inference
-  is inside the figure.
+  (``mlp_policy.py``, run by :class:`aps.policy.Policy` with torch, one thread) and stream
+  chunks of ``T`` steps, ``T = ceil(512 / envs per worker)`` by default; the learner takes
+  them from ``aps.Learner.chunks(T, max_in_flight=2)`` as fast as they come and counts the
+  env-steps they hold. No lockstep, and the workers' inference is inside the figure.
 
-Each window of ``aps-detach`` opens a stream and closes it at the end (the chunks still in
-flight are received and dropped, after the clock stops). So every window starts with the
-workers idle, as every lockstep window does, and the work of the dropped chunks (at most
-``max_in_flight`` chunks per worker) is not counted in the rate; its CPU is partly counted.
+Each window of ``aps-detach`` is one stream, opened at its start and closed at its end (the
+chunks still in flight are received and dropped, off the clock). Its rate is the steady rate
+of each worker, summed: from the arrival of the worker's first chunk to that of its last,
+over the env-steps of the chunks after the first. Neither the wait for the first chunks nor
+the dropped ones bias it; the CPU column covers the whole stream (see ``ApsDetach._stream``).
 
 This module is also the ``transport-limit`` worker program (``--transport-worker``, started
 by the contender, not by hand).
@@ -347,7 +348,7 @@ class ApsDetach(ApsTcpAsync):
         "DETACH over tcp: workers act with a 64-64 MLP (aps.policy.Policy, torch, 1 thread) "
         "and stream chunks of T steps; the learner consumes Learner.chunks(T, max_in_flight=2)"
     )
-    chunk_steps: ClassVar[int] = 32  # T; the matrix's --detach-steps sets it
+    chunk_env_steps: ClassVar[int] = 512  # per worker and chunk; the matrix's --detach-chunk
     max_in_flight: ClassVar[int] = 2
 
     @classmethod
@@ -355,6 +356,11 @@ class ApsDetach(ApsTcpAsync):
         if importlib.util.find_spec("torch") is None:
             return "torch is not installed (DETACH workers act with a torch policy)"
         return None
+
+    @classmethod
+    def steps_per_chunk(cls, envs_per_worker: int) -> int:
+        """T: enough steps for about ``chunk_env_steps`` env-steps per chunk, at least 1."""
+        return max(1, -(-cls.chunk_env_steps // envs_per_worker))
 
     def make_learner(self) -> aps.Learner:
         return aps.Learner(
@@ -384,27 +390,50 @@ class ApsDetach(ApsTcpAsync):
         return self._runner.run(self._stream(seconds))
 
     async def _stream(self, seconds: float) -> Window:
+        """One stream: the steady rate of each worker, summed.
+
+        A worker's rate runs from the arrival of its first chunk to that of its last one,
+        and counts the env-steps of the chunks after the first: so neither the time to the
+        first chunk (the pipeline filling) nor the chunks in flight at the end (dropped when
+        the stream closes) bias it. The stream goes on past ``seconds`` until every worker
+        has delivered two chunks. The CPU covers the whole stream up to the last chunk taken,
+        per env-step taken.
+        """
         learner = self._learner
         assert learner is not None
         pids = self.worker_pids()
         own_before, workers_before = cpu_seconds(pids)
-        env_steps = 0
         start = time.perf_counter()
         deadline = start + seconds
-        stream = learner.chunks(self.chunk_steps, max_in_flight=self.max_in_flight)
+        first: dict[int, float] = {}  # worker -> arrival of its first chunk
+        last: dict[int, float] = {}  # worker -> arrival of its latest chunk after the first
+        counted: dict[int, int] = {}  # worker -> env-steps of its chunks after the first
+        env_steps = 0
+        stream = learner.chunks(
+            self.steps_per_chunk(self.setup.envs_per_worker), max_in_flight=self.max_in_flight
+        )
         try:
             async for chunk in stream:
+                now = time.perf_counter()
                 env_steps += chunk.reward.size
-                if time.perf_counter() >= deadline:
+                worker = chunk.worker_id
+                if worker not in first:
+                    first[worker] = now
+                    counted[worker] = 0
+                else:
+                    counted[worker] += chunk.reward.size
+                    last[worker] = now
+                if now >= deadline and len(last) == self.setup.num_workers:
                     break
             elapsed = time.perf_counter() - start
             own_after, workers_after = cpu_seconds(pids)
         finally:
             await stream.aclose()  # receives and drops the chunks in flight, off the clock
+        rate = sum(counted[w] / (last[w] - first[w]) for w in last)
         workers = None
         if workers_before is not None and workers_after is not None:
             workers = workers_after - workers_before
-        return Window(env_steps, elapsed, own_after - own_before, workers)
+        return Window(env_steps, elapsed, own_after - own_before, workers, measured_rate=rate)
 
 
 EXTRA: dict[str, type[Contender]] = {

@@ -250,10 +250,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, help="warm-up (default 0.5; quick 0.2)")
     p.add_argument("--repeats", type=int, default=None, help="rounds (default 3; quick 2)")
     p.add_argument(
-        "--detach-steps",
+        "--detach-chunk",
         type=int,
-        default=ApsDetach.chunk_steps,
-        help="steps per DETACH chunk, T (default %(default)s)",
+        default=ApsDetach.chunk_env_steps,
+        help="env-steps per DETACH chunk and worker: T = ceil(this / envs per worker) "
+        "(default %(default)s)",
     )
     p.add_argument("--quick", action="store_true", help="1 s windows, 2 rounds")
     p.add_argument(
@@ -265,16 +266,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.workers < 1 or args.detach_steps < 1:
+    if args.workers < 1 or args.detach_chunk < 1:
         raise SystemExit(
-            f"--workers and --detach-steps must be >= 1, got {args.workers} and {args.detach_steps}"
+            f"--workers and --detach-chunk must be >= 1, got {args.workers} and {args.detach_chunk}"
         )
     if args.no_uvloop:
         os.environ["APS_UVLOOP"] = "0"  # read by aps in this process and in its workers
     seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 3.0)
     warmup = args.warmup if args.warmup is not None else (0.2 if args.quick else 0.5)
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
-    ApsDetach.chunk_steps = args.detach_steps
+    ApsDetach.chunk_env_steps = args.detach_chunk
 
     skipped: dict[str, str] = {}
     names = []
@@ -337,7 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "warmup": warmup,
             "repeats": repeats,
             "action_pool": POOL_SIZE,
-            "detach_steps": ApsDetach.chunk_steps,
+            "detach_chunk_env_steps": ApsDetach.chunk_env_steps,
+            "detach_steps_per_chunk": {
+                c.key: ApsDetach.steps_per_chunk(c.envs_per_worker) for c in args.columns
+            },
             "detach_max_in_flight": ApsDetach.max_in_flight,
         },
         "contenders": {name: ALL[name].description for name in names},

@@ -114,15 +114,13 @@ def plot(sweep: Sweep, names: Sequence[str], *, x_label: str, title: str, path: 
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     xs = sorted(sweep)
     figure, (rate_axes, cpu_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name in names:
-        for axes, values_of in (
-            (rate_axes, lambda s: s.rates),
-            (cpu_axes, lambda s: s.learner_us),
-        ):
-            points = [(x, values_of(sweep[x][name])) for x in xs if name in sweep[x]]
+        for axes, field in ((rate_axes, "rates"), (cpu_axes, "learner_us")):
+            points = [(x, getattr(sweep[x][name], field)) for x in xs if name in sweep[x]]
             points = [(x, v) for x, v in points if v]
             if not points:
                 continue
@@ -138,6 +136,9 @@ def plot(sweep: Sweep, names: Sequence[str], *, x_label: str, title: str, path: 
         axes.grid(True, alpha=0.3)
         axes.legend()
     rate_axes.set_yscale("log")
+    rate_axes.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    rate_axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    rate_axes.yaxis.set_minor_formatter(NullFormatter())
     rate_axes.set_ylabel("env-steps/s delivered to the learner")
     rate_axes.set_title("throughput (median, min-max)")
     cpu_axes.set_ylabel("learner-process CPU µs per batched step")
@@ -221,10 +222,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = {"seconds": seconds, "warmup": warmup, "repeats": repeats}
     try:
         by_envs = run_sweep(
-            names, {e: Setup(args.env, args.envs_workers, e) for e in args.envs}, **timing
+            names,
+            {e: Setup(args.env, args.envs_workers, e) for e in args.envs},
+            seconds=seconds,
+            warmup=warmup,
+            repeats=repeats,
         )
         by_workers = run_sweep(
-            names, {w: Setup(args.env, w, args.workers_envs) for w in args.workers}, **timing
+            names,
+            {w: Setup(args.env, w, args.workers_envs) for w in args.workers},
+            seconds=seconds,
+            warmup=warmup,
+            repeats=repeats,
         )
     finally:
         stop_ray()

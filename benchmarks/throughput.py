@@ -147,10 +147,14 @@ class Window:
     seconds: float  # the wall-clock time they took
     learner_cpu: float  # CPU seconds of the learner process (this one), all threads
     workers_cpu: float | None  # CPU seconds of the worker processes (None: not known)
+    # A rate the contender measured itself (a stream's steady state), instead of steps/seconds.
+    measured_rate: float | None = None
 
     @property
     def rate(self) -> float:
         """Env-steps per second."""
+        if self.measured_rate is not None:
+            return self.measured_rate
         return self.env_steps / self.seconds
 
 
