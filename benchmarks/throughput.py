@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -44,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -118,17 +119,43 @@ def check_alive(processes: Sequence[subprocess.Popen[bytes]], what: str) -> None
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pids: Sequence[int]) -> float | None:
-    """CPU seconds (user + system) used so far by this process and ``pids``; Linux only."""
+def cpu_seconds(pids: Sequence[int] | None) -> tuple[float, float | None]:
+    """CPU seconds (user + system) used so far by this process, and by ``pids`` together.
+
+    The second is ``None`` when ``pids`` is ``None`` (not known) or one of them cannot be
+    read (``/proc`` is Linux only). This process's figure covers all its threads.
+    """
     times = os.times()
-    total = times.user + times.system
+    own = times.user + times.system
+    if pids is None:
+        return own, None
+    total = 0.0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         except OSError:
-            return None
+            return own, None
         total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-    return total
+    return own, total
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One timed window of one contender."""
+
+    env_steps: int  # env-steps delivered to the learner
+    seconds: float  # the wall-clock time they took
+    learner_cpu: float  # CPU seconds of the learner process (this one), all threads
+    workers_cpu: float | None  # CPU seconds of the worker processes (None: not known)
+    # A rate the contender measured itself (a stream's steady state), instead of steps/seconds.
+    measured_rate: float | None = None
+
+    @property
+    def rate(self) -> float:
+        """Env-steps per second."""
+        if self.measured_rate is not None:
+            return self.measured_rate
+        return self.env_steps / self.seconds
 
 
 # The contenders.
@@ -143,11 +170,17 @@ class Contender(abc.ABC):
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
         self.setup = setup
         self.pool = pool
+        self.note: str | None = None  # set by start() when it ran something else than asked
 
     @classmethod
     def unavailable(cls) -> str | None:
         """Why this contender cannot run here, or ``None`` if it can."""
         return None
+
+    @classmethod
+    def unavailable_for(cls, setup: Setup) -> str | None:
+        """Why this contender cannot run ``setup`` here, or ``None`` if it can."""
+        return cls.unavailable()
 
     @abc.abstractmethod
     def start(self) -> None:
@@ -155,7 +188,20 @@ class Contender(abc.ABC):
 
     @abc.abstractmethod
     def run(self, seconds: float) -> int:
-        """Step all envs for about ``seconds``; return the number of batched steps."""
+        """Step the envs for about ``seconds`` (at least once); return the env-steps delivered."""
+
+    def window(self, seconds: float) -> Window:
+        """Run one timed window of about ``seconds`` and measure its time and CPU."""
+        pids = self.worker_pids()
+        own_before, workers_before = cpu_seconds(pids)
+        start = time.perf_counter()
+        env_steps = self.run(seconds)
+        elapsed = time.perf_counter() - start
+        own_after, workers_after = cpu_seconds(pids)
+        workers = None
+        if workers_before is not None and workers_after is not None:
+            workers = workers_after - workers_before
+        return Window(env_steps, elapsed, own_after - own_before, workers)
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -187,7 +233,7 @@ class ApsClusterEnv(Contender):
 
     def run(self, seconds: float) -> int:
         assert self._envs is not None
-        return timed_steps(self._envs.step, self.pool, seconds)
+        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.num_envs
 
     def close(self) -> None:
         envs, self._envs = self._envs, None
@@ -232,13 +278,17 @@ class ApsTcpAsync(Contender):
     def start(self) -> None:
         setup = self.setup
         self._runner = runner = asyncio.Runner(loop_factory=new_event_loop)
-        self._learner = learner = aps.Learner(f"tcp://{LOOPBACK}:0", num_workers=setup.num_workers)
+        self._learner = learner = self.make_learner()
         runner.run(learner.start())
         command = [sys.executable, "-m", "aps", "worker", learner.url, "--env", setup.env_id]
         command += ["--num-envs", str(setup.envs_per_worker), "--log-level", "WARNING"]
         for _ in range(setup.num_workers):
             self._processes.append(subprocess.Popen(command))
         runner.run(self._connect_and_reset(learner))
+
+    def make_learner(self) -> aps.Learner:
+        """The learner, not yet started (subclasses add options)."""
+        return aps.Learner(f"tcp://{LOOPBACK}:0", num_workers=self.setup.num_workers)
 
     async def _connect_and_reset(self, learner: aps.Learner) -> None:
         waiting = asyncio.ensure_future(learner.wait_for_workers(timeout=START_TIMEOUT))
@@ -254,7 +304,7 @@ class ApsTcpAsync(Contender):
 
     def run(self, seconds: float) -> int:
         assert self._runner is not None
-        return self._runner.run(self._run(seconds))
+        return self._runner.run(self._run(seconds)) * self.setup.num_envs
 
     async def _run(self, seconds: float) -> int:
         learner = self._learner
@@ -300,7 +350,7 @@ class GymSync(Contender):
 
     def run(self, seconds: float) -> int:
         assert self._envs is not None
-        return timed_steps(self._envs.step, self.pool, seconds)
+        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.num_envs
 
     def close(self) -> None:
         envs, self._envs = self._envs, None
@@ -361,7 +411,7 @@ class GymAsync(Contender):
 
     def run(self, seconds: float) -> int:
         assert self._envs is not None
-        return timed_steps(self._envs.step, self.pool, seconds)
+        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.num_envs
 
     def close(self) -> None:
         envs, self._envs = self._envs, None
@@ -453,7 +503,7 @@ class ZmqJson(Contender):
         )
 
     def run(self, seconds: float) -> int:
-        return timed_steps(self.step, self.pool, seconds)
+        return timed_steps(self.step, self.pool, seconds) * self.setup.num_envs
 
     def close(self) -> None:
         sock, self._socket = self._socket, None
@@ -577,7 +627,7 @@ class RayActors(Contender):
         )
 
     def run(self, seconds: float) -> int:
-        return timed_steps(self.step, self.pool, seconds)
+        return timed_steps(self.step, self.pool, seconds) * self.setup.num_envs
 
     def close(self) -> None:
         actors, self._actors = self._actors, []
@@ -606,31 +656,66 @@ class Series:
     rates: list[float] = field(default_factory=list)  # env-steps/s, one per window
     rounds: list[int] = field(default_factory=list)  # the round of each window
     cpu_us: list[float] = field(default_factory=list)  # CPU µs per env-step, all processes
+    # CPU µs of the learner process per batched step of all envs (per num_envs env-steps).
+    learner_us: list[float] = field(default_factory=list)
     error: str | None = None
+    skipped: str | None = None  # why it did not run at this setup
+    note: str | None = None  # what the contender ran instead of the setup, if anything
 
     @property
     def median(self) -> float:
         return statistics.median(self.rates)
+
+    def as_json(self) -> dict[str, Any]:
+        """Every window and the summary, for the results file."""
+        return {
+            "rates": self.rates,
+            "rounds": self.rounds,
+            "median": self.median if self.rates else None,
+            "min": min(self.rates) if self.rates else None,
+            "max": max(self.rates) if self.rates else None,
+            "cpu_us_per_env_step": self.cpu_us,
+            "learner_cpu_us_per_step": self.learner_us,
+            "error": self.error,
+            "skipped": self.skipped,
+            "note": self.note,
+        }
 
 
 Results = dict[int, dict[str, Series]]  # envs per worker -> contender -> series
 
 
 def measure_size(
-    names: Sequence[str], setup: Setup, *, seconds: float, warmup: float, repeats: int
+    names: Sequence[str],
+    setup: Setup,
+    *,
+    seconds: float,
+    warmup: float,
+    repeats: int,
+    registry: Mapping[str, type[Contender]] = CONTENDERS,
 ) -> dict[str, Series]:
-    """Start every contender at one size, then time them round-robin ``repeats`` times."""
+    """Start every contender at one size, then time them round-robin ``repeats`` times.
+
+    ``registry`` maps the ``names`` to contender classes. A contender that cannot run this
+    setup (:meth:`Contender.unavailable_for`) is skipped with its reason.
+    """
     pool = make_action_pool(setup)
     series = {name: Series() for name in names}
     live: dict[str, Contender] = {}
     try:
         for name in names:
-            contender = CONTENDERS[name](setup, pool)
+            reason = registry[name].unavailable_for(setup)
+            if reason is not None:
+                series[name].skipped = reason
+                print(f"  skipping {name}: {reason}", flush=True)
+                continue
+            contender = registry[name](setup, pool)
             live[name] = contender
             print(f"  starting {name} ...", flush=True)
             try:
                 contender.start()
                 contender.run(warmup)
+                series[name].note = contender.note
             except Exception as exc:
                 series[name].error = f"{type(exc).__name__}: {exc}"
                 print(f"  {name} failed to start: {series[name].error}", flush=True)
@@ -642,32 +727,37 @@ def measure_size(
                 contender = live[name]
                 try:
                     contender.run(0.0)  # one step first, so the window starts warm
-                    pids = contender.worker_pids()
-                    cpu_before = cpu_seconds(pids) if pids is not None else None
-                    start = time.perf_counter()
-                    calls = contender.run(seconds)
-                    elapsed = time.perf_counter() - start
-                    cpu_after = cpu_seconds(pids) if pids is not None else None
+                    window = contender.window(seconds)
                 except Exception as exc:
                     series[name].error = f"{type(exc).__name__}: {exc}"
                     print(f"  {name} failed: {series[name].error}", flush=True)
                     close_all([live.pop(name)])
                     continue
-                rate = calls * setup.num_envs / elapsed
-                series[name].rates.append(rate)
-                series[name].rounds.append(round_)
+                s = series[name]
+                s.rates.append(window.rate)
+                s.rounds.append(round_)
+                s.learner_us.append(window.learner_cpu * 1e6 * setup.num_envs / window.env_steps)
                 cpu = ""
-                if cpu_before is not None and cpu_after is not None:
-                    cpu_us = (cpu_after - cpu_before) * 1e6 / (calls * setup.num_envs)
-                    series[name].cpu_us.append(cpu_us)
+                if window.workers_cpu is not None:
+                    cpu_us = (window.learner_cpu + window.workers_cpu) * 1e6 / window.env_steps
+                    s.cpu_us.append(cpu_us)
                     cpu = f" {cpu_us:8.1f} CPU us/step"
                 print(
-                    f"  round {round_ + 1}/{repeats} {name:<14} {rate:>12,.0f} steps/s{cpu}",
+                    f"  round {round_ + 1}/{repeats} {name:<16} {window.rate:>12,.0f} steps/s{cpu}",
                     flush=True,
                 )
     finally:
         close_all(list(live.values()))
     return series
+
+
+def stop_ray() -> None:
+    """Shut Ray down if a contender started it."""
+    if "ray" in sys.modules:
+        import ray  # type: ignore[import-not-found, unused-ignore]
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def close_all(contenders: Sequence[Contender]) -> None:
@@ -739,7 +829,8 @@ def render_table(results: Results, names: Sequence[str]) -> str:
             if s is None:
                 continue
             if not s.rates:
-                lines.append(f"| {size} | {name} | failed | {s.error} | - | - | - |")
+                why = f"skipped | {s.skipped}" if s.skipped else f"failed | {s.error}"
+                lines.append(f"| {size} | {name} | {why} | - | - | - |")
                 continue
             spread = f"{min(s.rates):,.0f}-{max(s.rates):,.0f}"
             vs_async = fmt_ratio(ratio(series, name, "gym-async")) if name != "gym-async" else ""
@@ -782,12 +873,19 @@ def render_targets(results: Results) -> list[str]:
     return lines
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
+def machine(distributions: Sequence[str] = ()) -> dict[str, Any]:
+    """What the numbers were measured on.
+
+    ``distributions`` are further installed packages whose versions to record (read from
+    their metadata, without importing them).
+    """
     versions = {}
     for package in ("aps", "gymnasium", "numpy", "msgpack", "websockets", "uvloop", "zmq", "ray"):
         with contextlib.suppress(ImportError):
             versions[package] = getattr(__import__(package), "__version__", "?")
+    for name in distributions:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -884,10 +982,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 names, setup, seconds=seconds, warmup=warmup, repeats=args.repeats
             )
     finally:
-        if "ray" in names and "ray" in sys.modules:
-            import ray  # type: ignore[import-not-found, unused-ignore]
-
-            ray.shutdown()
+        stop_ray()
 
     print()
     print(f"env-steps/s delivered to the learner, {args.env}, {args.workers} workers")
@@ -918,17 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": {
             str(size): {
                 "num_envs": size * args.workers,
-                "contenders": {
-                    name: {
-                        "rates": s.rates,
-                        "median": s.median if s.rates else None,
-                        "min": min(s.rates) if s.rates else None,
-                        "max": max(s.rates) if s.rates else None,
-                        "cpu_us_per_env_step": s.cpu_us,
-                        "error": s.error,
-                    }
-                    for name, s in series.items()
-                },
+                "contenders": {name: s.as_json() for name, s in series.items()},
                 "ratios": all_ratios(series),
             }
             for size, series in results.items()

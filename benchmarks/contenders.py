@@ -1,0 +1,458 @@
+"""The contenders the benchmark matrix adds to those of ``throughput.py``.
+
+- ``envpool`` (only if EnvPool is importable and knows the env): EnvPool's C++ envs, all of
+  them in the learner process, stepped by as many threads as there are workers. When EnvPool
+  lacks the exact id it runs another version of the same env (EnvPool 0.8 has
+  ``LunarLander-v2`` but not ``-v3``) and the table says so.
+- ``transport-limit``: what the wire allows, with no env. A learner and one process per worker
+  exchange aps's step messages over asyncio TCP streams: the learner encodes a
+  ``StepRequest`` with :mod:`aps.codec` (msgpack) for each worker, the worker decodes it and
+  answers with a ``StepResult`` it encoded once at start from a real step of its envs, so
+  both messages have the sizes aps's have; the learner decodes the replies and concatenates
+  them. No env, no aps session, learner or worker code.
+- ``env-limit``: what one core steps: a ``SyncVectorEnv`` of ONE worker's envs in the learner
+  process, nothing else. ``2 x env-limit`` is what two cores could step with no messages.
+- ``aps-detach``: worker-side inference (DETACH). The workers act with a 64-64 MLP
+  (``mlp_policy.py``, run by :class:`aps.policy.Policy` with torch, one thread) and stream
+  chunks of ``T`` steps, ``T = ceil(512 / envs per worker)`` by default; the learner takes
+  them from ``aps.Learner.chunks(T, max_in_flight=2)`` as fast as they come and counts the
+  env-steps they hold. No lockstep, and the workers' inference is inside the figure.
+
+Each window of ``aps-detach`` is one stream, opened at its start and closed at its end (the
+chunks still in flight are received and dropped, off the clock). Its rate is the steady rate
+of each worker, summed: from the arrival of the worker's first chunk to that of its last,
+over the env-steps of the chunks after the first. Neither the wait for the first chunks nor
+the dropped ones bias it; the CPU column covers the whole stream (see ``ApsDetach._stream``).
+
+This module is also the ``transport-limit`` worker program (``--transport-worker``, started
+by the contender, not by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import io
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import SyncVectorEnv
+from throughput import (
+    CONTENDERS,
+    LOOPBACK,
+    START_TIMEOUT,
+    STOP_GRACE,
+    ApsTcpAsync,
+    Array,
+    Contender,
+    Setup,
+    Window,
+    check_alive,
+    cpu_seconds,
+    timed_steps,
+)
+
+import aps
+from aps import codec
+from aps._loop import new_event_loop, run as run_loop
+from aps.framing import HEADER_SIZE, frame_header, parse_header
+from aps.launch.local import terminate
+from aps.messages import StepRequest, StepResult
+
+ROOT = Path(__file__).resolve().parent
+POLICY = f"{ROOT / 'mlp_policy.py'}:Agent"
+STEP_TIMEOUT = 60.0  # seconds one step of transport-limit may take before the window fails
+
+
+# EnvPool.
+
+
+def _import_envpool() -> Any:
+    """Import EnvPool without the notice its ``gym`` dependency prints on import."""
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import envpool  # type: ignore[import-not-found, unused-ignore]
+    return envpool
+
+
+def envpool_id(env_id: str) -> str | None:
+    """The EnvPool id for ``env_id``: itself, else the newest version of the same env, else None."""
+    known = set(_import_envpool().list_all_envs())
+    if env_id in known:
+        return env_id
+    base, sep, _ = env_id.rpartition("-v")
+    versions = []
+    for other in known:
+        other_base, other_sep, version = other.rpartition("-v")
+        if sep and other_sep and other_base == base and version.isdigit():
+            versions.append((int(version), other))
+    return max(versions)[1] if versions else None
+
+
+class EnvPool(Contender):
+    name = "envpool"
+    description = (
+        "EnvPool (C++ envs), all envs in the learner process, one thread per worker, "
+        "synchronous step"
+    )
+
+    def __init__(self, setup: Setup, pool: list[Array]) -> None:
+        super().__init__(setup, pool)
+        self._envs: Any = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if importlib.util.find_spec("envpool") is None:
+            return "envpool is not installed (pip install envpool)"
+        return None
+
+    @classmethod
+    def unavailable_for(cls, setup: Setup) -> str | None:
+        reason = cls.unavailable()
+        if reason is None and envpool_id(setup.env_id) is None:
+            reason = f"EnvPool {_import_envpool().__version__} has no {setup.env_id} (any version)"
+        return reason
+
+    def start(self) -> None:
+        setup = self.setup
+        envpool = _import_envpool()
+        task = envpool_id(setup.env_id)
+        assert task is not None  # unavailable_for checked it
+        if task != setup.env_id:
+            self.note = f"EnvPool {envpool.__version__} has no {setup.env_id}; ran {task}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its Box spaces warn about float64 bounds
+            self._envs = envpool.make_gymnasium(
+                task,
+                num_envs=setup.num_envs,
+                batch_size=setup.num_envs,
+                num_threads=setup.num_workers,
+                seed=setup.seed,
+            )
+        self._envs.reset()
+
+    def run(self, seconds: float) -> int:
+        assert self._envs is not None
+        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.num_envs
+
+    def close(self) -> None:
+        envs, self._envs = self._envs, None
+        if envs is not None:
+            envs.close()
+
+
+# The env limit: one core, one worker's envs.
+
+
+class EnvLimit(Contender):
+    name = "env-limit"
+    description = "single-core env rate: SyncVectorEnv of ONE worker's envs in the learner process"
+
+    def __init__(self, setup: Setup, pool: list[Array]) -> None:
+        # The first worker's part of each batch: its envs see the actions they would in aps.
+        super().__init__(setup, [a[: setup.envs_per_worker] for a in pool])
+        self._envs: SyncVectorEnv | None = None
+
+    def start(self) -> None:
+        make = partial(gym.make, self.setup.env_id)
+        self._envs = SyncVectorEnv([make] * self.setup.envs_per_worker)
+        self._envs.reset(seed=self.setup.seed)
+
+    def run(self, seconds: float) -> int:
+        assert self._envs is not None
+        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.envs_per_worker
+
+    def close(self) -> None:
+        envs, self._envs = self._envs, None
+        if envs is not None:
+            envs.close()
+
+
+# The transport limit: aps's step messages over asyncio TCP, pre-built replies.
+
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    size = parse_header(await reader.readexactly(HEADER_SIZE))
+    return await reader.readexactly(size)
+
+
+def _framed(payload: bytes) -> bytes:
+    return frame_header(len(payload)) + payload
+
+
+class TransportLimit(Contender):
+    name = "transport-limit"
+    description = (
+        "asyncio TCP + msgpack (aps.codec), pre-built replies: aps-sized step messages to one "
+        "process per worker, which answers without an env"
+    )
+
+    def __init__(self, setup: Setup, pool: list[Array]) -> None:
+        super().__init__(setup, pool)
+        self._runner: asyncio.Runner | None = None
+        self._streams: list[Stream] = []
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        setup = self.setup
+        listening = socket.create_server((LOOPBACK, 0))
+        try:
+            port = listening.getsockname()[1]
+            for index in range(setup.num_workers):
+                command = [sys.executable, str(Path(__file__).resolve()), "--transport-worker"]
+                command += [f"{LOOPBACK}:{port}", "--env", setup.env_id, "--index", str(index)]
+                command += ["--num-envs", str(setup.envs_per_worker)]
+                command += ["--seed", str(setup.seed + index * setup.envs_per_worker)]
+                self._processes.append(subprocess.Popen(command))
+            self._runner = asyncio.Runner(loop_factory=new_event_loop)
+            self._runner.run(self._accept(listening))
+        finally:
+            listening.close()
+
+    async def _accept(self, listening: socket.socket) -> None:
+        """Take one connection per worker; each names its index in its first frame."""
+        setup = self.setup
+        arrived: asyncio.Queue[Stream] = asyncio.Queue()
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            arrived.put_nowait((reader, writer))
+
+        server = await asyncio.start_server(on_connect, sock=listening)
+        try:
+            by_index: dict[int, Stream] = {}
+            async with asyncio.timeout(START_TIMEOUT):
+                while len(by_index) < setup.num_workers:
+                    check_alive(self._processes, "transport-limit worker")
+                    try:
+                        stream = await asyncio.wait_for(arrived.get(), 0.1)
+                    except TimeoutError:
+                        continue
+                    self._streams.append(stream)  # closed by close() whatever happens next
+                    by_index[int(await _read_frame(stream[0]))] = stream
+        finally:
+            server.close()
+        self._streams = [by_index[i] for i in range(setup.num_workers)]
+
+    def run(self, seconds: float) -> int:
+        assert self._runner is not None
+        return self._runner.run(self._run(seconds)) * self.setup.num_envs
+
+    async def _run(self, seconds: float) -> int:
+        pool, streams = self.pool, self._streams
+        workers = self.setup.num_workers
+        count = len(pool)
+        calls = 0
+        deadline = time.perf_counter() + seconds
+        async with asyncio.timeout(seconds + STEP_TIMEOUT):
+            while True:
+                parts = np.split(pool[calls % count], workers)
+                for (_, writer), part in zip(streams, parts, strict=True):
+                    writer.write(_framed(codec.encode(StepRequest(actions=part))))
+                results = []
+                for reader, _ in streams:
+                    reply = codec.decode(await _read_frame(reader))
+                    assert isinstance(reply, StepResult)
+                    results.append(reply)
+                np.concatenate([r.obs for r in results])
+                np.concatenate([r.reward for r in results])
+                np.concatenate([r.terminated for r in results])
+                np.concatenate([r.truncated for r in results])
+                calls += 1
+                if time.perf_counter() >= deadline:
+                    return calls
+
+    def close(self) -> None:
+        runner, self._runner = self._runner, None
+        streams, self._streams = self._streams, []
+        try:
+            if runner is not None:
+                runner.run(self._close_streams(streams))  # EOF: the workers leave
+        finally:
+            if runner is not None:
+                runner.close()
+            terminate(list(self._processes), STOP_GRACE)
+            self._processes.clear()
+
+    @staticmethod
+    async def _close_streams(streams: list[Stream]) -> None:
+        for _, writer in streams:
+            writer.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(STOP_GRACE):
+                await asyncio.gather(*(w.wait_closed() for _, w in streams))
+
+    def worker_pids(self) -> list[int] | None:
+        return [p.pid for p in self._processes]
+
+
+def transport_worker(address: str, env_id: str, num_envs: int, index: int, seed: int) -> None:
+    """Serve pre-built step replies to a ``transport-limit`` learner until it disconnects.
+
+    The reply is a ``StepResult`` of one real step of ``num_envs`` envs of ``env_id``,
+    encoded once; the envs are closed before serving.
+    """
+    envs = SyncVectorEnv([partial(gym.make, env_id)] * num_envs)
+    try:
+        envs.reset(seed=seed)
+        envs.action_space.seed(seed)
+        obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample())
+        reply = codec.encode(
+            StepResult(
+                obs=obs, reward=reward, terminated=terminated, truncated=truncated, info=info
+            )
+        )
+    finally:
+        envs.close()
+    host, _, port = address.rpartition(":")
+    with contextlib.suppress(KeyboardInterrupt):
+        run_loop(_serve(host, int(port), index, _framed(reply)))
+
+
+async def _serve(host: str, port: int, index: int, reply: bytes) -> None:
+    async with asyncio.timeout(START_TIMEOUT):
+        reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(_framed(str(index).encode()))
+        while True:
+            try:
+                request = codec.decode(await _read_frame(reader))
+            except asyncio.IncompleteReadError:
+                return  # the learner closed the connection (or exited): done
+            if not isinstance(request, StepRequest):
+                raise RuntimeError(f"expected a step request, got {type(request).__name__}")
+            writer.write(reply)
+    finally:
+        writer.close()
+
+
+# DETACH: workers act with a torch MLP and stream chunks.
+
+
+class ApsDetach(ApsTcpAsync):
+    """``aps.Learner.chunks`` over TCP: the learner takes chunks as fast as they arrive."""
+
+    name = "aps-detach"
+    description = (
+        "DETACH over tcp: workers act with a 64-64 MLP (aps.policy.Policy, torch, 1 thread) "
+        "and stream chunks of T steps; the learner consumes Learner.chunks(T, max_in_flight=2)"
+    )
+    chunk_env_steps: ClassVar[int] = 512  # per worker and chunk; the matrix's --detach-chunk
+    max_in_flight: ClassVar[int] = 2
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed (DETACH workers act with a torch policy)"
+        return None
+
+    @classmethod
+    def steps_per_chunk(cls, envs_per_worker: int) -> int:
+        """T: enough steps for about ``chunk_env_steps`` env-steps per chunk, at least 1."""
+        return max(1, -(-cls.chunk_env_steps // envs_per_worker))
+
+    def make_learner(self) -> aps.Learner:
+        return aps.Learner(
+            f"tcp://{LOOPBACK}:0",
+            num_workers=self.setup.num_workers,
+            policy=POLICY,
+            autoreset_mode="SameStep",  # every step is a transition; the DETACH docs' advice
+        )
+
+    def start(self) -> None:
+        from aps import policy
+
+        super().start()
+        assert self._runner is not None and self._learner is not None
+        learner = self._learner
+        factory = policy.load_policy_factory(POLICY)
+        agent = policy.build_module(
+            factory, learner.single_observation_space, learner.single_action_space
+        )
+        self._runner.run(learner.publish(agent))
+
+    def run(self, seconds: float) -> int:
+        return self.window(seconds).env_steps
+
+    def window(self, seconds: float) -> Window:
+        assert self._runner is not None
+        return self._runner.run(self._stream(seconds))
+
+    async def _stream(self, seconds: float) -> Window:
+        """One stream: the steady rate of each worker, summed.
+
+        A worker's rate runs from the arrival of its first chunk to that of its last one,
+        and counts the env-steps of the chunks after the first: so neither the time to the
+        first chunk (the pipeline filling) nor the chunks in flight at the end (dropped when
+        the stream closes) bias it. The stream goes on past ``seconds`` until every worker
+        has delivered two chunks. The CPU covers the whole stream up to the last chunk taken,
+        per env-step taken.
+        """
+        learner = self._learner
+        assert learner is not None
+        pids = self.worker_pids()
+        own_before, workers_before = cpu_seconds(pids)
+        start = time.perf_counter()
+        deadline = start + seconds
+        first: dict[int, float] = {}  # worker -> arrival of its first chunk
+        last: dict[int, float] = {}  # worker -> arrival of its latest chunk after the first
+        counted: dict[int, int] = {}  # worker -> env-steps of its chunks after the first
+        env_steps = 0
+        stream = learner.chunks(
+            self.steps_per_chunk(self.setup.envs_per_worker), max_in_flight=self.max_in_flight
+        )
+        try:
+            async for chunk in stream:
+                now = time.perf_counter()
+                env_steps += chunk.reward.size
+                worker = chunk.worker_id
+                if worker not in first:
+                    first[worker] = now
+                    counted[worker] = 0
+                else:
+                    counted[worker] += chunk.reward.size
+                    last[worker] = now
+                if now >= deadline and len(last) == self.setup.num_workers:
+                    break
+            elapsed = time.perf_counter() - start
+            own_after, workers_after = cpu_seconds(pids)
+        finally:
+            await stream.aclose()  # receives and drops the chunks in flight, off the clock
+        rate = sum(counted[w] / (last[w] - first[w]) for w in last)
+        workers = None
+        if workers_before is not None and workers_after is not None:
+            workers = workers_after - workers_before
+        return Window(env_steps, elapsed, own_after - own_before, workers, measured_rate=rate)
+
+
+EXTRA: dict[str, type[Contender]] = {
+    c.name: c for c in (EnvPool, TransportLimit, EnvLimit, ApsDetach)
+}
+ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="a transport-limit worker (started by the benchmark)")
+    p.add_argument("--transport-worker", metavar="HOST:PORT", required=True)
+    p.add_argument("--env", required=True)
+    p.add_argument("--num-envs", type=int, required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    transport_worker(args.transport_worker, args.env, args.num_envs, args.index, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""The benchmark matrix: aps, its peers and the limits of this machine, in one run.
+
+Columns: CartPole-v1 on 2 workers x 1 env, CartPole-v1 on 2 x 64 and LunarLander-v3 on
+2 x 64. Rows: the peers (Gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv``, Ray actors,
+ZeroMQ + JSON, EnvPool), the limits (the transport limit, the env limit and the ideal
+2-core rate derived from them) and aps (remote step over TCP and WebSocket, the await loop,
+DETACH streaming). The contenders are those of ``throughput.py`` and ``contenders.py``; the
+method is ``throughput.py``'s: per column every contender is started and warmed up, then the
+timed windows run round-robin, ``--repeats`` rounds, the order rotating each round.
+
+Derived row, per column and per round: ``ideal = min(workers x env-limit, transport-limit)``,
+from the windows of the same round. Ratios are of medians, with the range of the per-round
+ratios. The targets are reported, never asserted.
+
+Usage::
+
+    python benchmarks/matrix.py                  # 3 columns, 3 s windows, 3 rounds
+    python benchmarks/matrix.py --quick          # 1 s windows, 2 rounds
+    python benchmarks/matrix.py --columns CartPole-v1:64 --contenders aps-tcp,gym-async
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contenders import ALL, ApsDetach
+from throughput import POOL_SIZE, Series, Setup, fmt_ratio, machine, measure_size, ratio, stop_ray
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_JSON = ROOT / "results" / "matrix.json"
+IDEAL = "ideal"  # the derived row's key
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of the matrix: ``envs_per_worker`` envs of ``env_id`` on each worker."""
+
+    env_id: str
+    envs_per_worker: int
+
+    def label(self, workers: int) -> str:
+        return f"{self.env_id.split('-v')[0]} {workers}x{self.envs_per_worker}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.env_id}:{self.envs_per_worker}"
+
+
+COLUMNS = (Column("CartPole-v1", 1), Column("CartPole-v1", 64), Column("LunarLander-v3", 64))
+
+# Rows in table order: contender name -> label ({w}: the number of workers).
+ROWS = {
+    "gym-sync": "Gymnasium SyncVectorEnv (all envs in 1 process)",
+    "gym-async": "Gymnasium AsyncVectorEnv ({w} processes, envs grouped per process, shm)",
+    "ray": "Ray actors ({w}, one ray.get per step)",
+    "zmq-json": "ZeroMQ + JSON ({w} processes)",
+    "envpool": "EnvPool (C++ envs, {w} threads)",
+    "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
+    "env-limit": "env limit: SyncVectorEnv of one worker's envs, 1 process (single-core rate)",
+    IDEAL: "ideal {w}-core = min({w} x env limit, transport limit)",
+    "aps-tcp": "**aps** remote step, TCP (`ClusterEnv`)",
+    "aps-tcp-async": "**aps** remote step, TCP (`await Learner.step`)",
+    "aps-ws": "**aps** remote step, WebSocket (`ClusterEnv`)",
+    "aps-detach": "**aps** DETACH streaming, TCP (workers act with a torch MLP)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """``top >= factor x bottom`` (by the ratio of medians) in the columns ``keys``."""
+
+    what: str
+    keys: tuple[str, ...]  # Column.key values; () = every column
+    tops: tuple[str, ...]
+    bottom: str
+    factor: float
+
+
+LOCKSTEP = ("aps-tcp", "aps-tcp-async")
+TARGETS = (
+    Target("remote step >= 1.3x AsyncVectorEnv", ("CartPole-v1:64",), LOCKSTEP, "gym-async", 1.3),
+    Target("remote step >= 2.5x ZeroMQ + JSON", ("CartPole-v1:64",), LOCKSTEP, "zmq-json", 2.5),
+    Target("remote step >= 3x Ray actors", ("CartPole-v1:64",), LOCKSTEP, "ray", 3.0),
+    Target("remote step >= 0.8x ideal", ("LunarLander-v3:64",), LOCKSTEP, IDEAL, 0.8),
+    Target(
+        "remote step >= 0.8x transport limit", ("CartPole-v1:1",), LOCKSTEP, "transport-limit", 0.8
+    ),
+    Target("WebSocket within 20% of TCP", (), ("aps-ws",), "aps-tcp", 0.8),
+    Target(
+        "DETACH >= 0.8x ideal", ("CartPole-v1:64", "LunarLander-v3:64"), ("aps-detach",), IDEAL, 0.8
+    ),
+)
+
+Results = dict[Column, dict[str, Series]]
+
+
+def ideal(series: dict[str, Series], workers: int) -> Series | None:
+    """Per round, ``min(workers x env-limit, transport-limit)``; None without both."""
+    env, wire = series.get("env-limit"), series.get("transport-limit")
+    if env is None or wire is None:
+        return None
+    wire_by_round = dict(zip(wire.rounds, wire.rates, strict=True))
+    out = Series()
+    for round_, rate in zip(env.rounds, env.rates, strict=True):
+        if round_ in wire_by_round:
+            out.rates.append(min(workers * rate, wire_by_round[round_]))
+            out.rounds.append(round_)
+    return out if out.rates else None
+
+
+def _cell(s: Series | None) -> str:
+    if s is None:
+        return ""
+    if s.skipped:
+        return "skipped"
+    if not s.rates:
+        return "failed"
+    mark = " †" if s.note else ""
+    return f"{s.median:,.0f}{mark} ({min(s.rates):,.0f}-{max(s.rates):,.0f})"
+
+
+def render_table(results: Results, workers: int) -> str:
+    """Rows = contenders, columns = env x size; env-steps/s median (min-max)."""
+    columns = list(results)
+    head = "| | " + " | ".join(c.label(workers) for c in columns) + " |"
+    lines = [head, "|---|" + "---:|" * len(columns)]
+    for name, label in ROWS.items():
+        cells = [_cell(results[c].get(name)) for c in columns]
+        if any(cells):
+            lines.append(f"| {label.format(w=workers)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_cpu_table(results: Results, workers: int) -> str:
+    """CPU µs per env-step, all processes (learner + workers), median over the rounds."""
+    columns = list(results)
+    lines = ["| CPU µs/env-step | " + " | ".join(c.label(workers) for c in columns) + " |"]
+    lines.append("|---|" + "---:|" * len(columns))
+    for name in ROWS:
+        if name == IDEAL:
+            continue  # derived from other rows' rates; it used no CPU of its own
+        cells = []
+        for c in columns:
+            s = results[c].get(name)
+            cells.append(f"{statistics.median(s.cpu_us):.1f}" if s and s.cpu_us else "-")
+        if any(results[c].get(name) is not None for c in columns):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_notes(results: Results, workers: int) -> list[str]:
+    """Footnotes: what ran instead of the column's env, what was skipped or failed, and why."""
+    lines = []
+    for column, series in results.items():
+        for name, s in series.items():
+            if s.note:
+                lines.append(f"† {name}, {column.label(workers)}: {s.note}")
+            elif s.skipped:
+                lines.append(f"{name}, {column.label(workers)}: skipped: {s.skipped}")
+            elif s.error:
+                lines.append(f"{name}, {column.label(workers)}: failed: {s.error}")
+    return lines
+
+
+def check_targets(results: Results, workers: int) -> list[dict[str, Any]]:
+    """Every target in every column it names: its ratio and whether it held."""
+    out = []
+    for target in TARGETS:
+        for column, series in results.items():
+            if target.keys and column.key not in target.keys:
+                continue
+            for top in target.tops:
+                r = ratio(series, top, target.bottom)
+                if r is None:
+                    verdict = "not measured"
+                else:
+                    verdict = "holds" if r["median"] >= target.factor else "does NOT hold"
+                out.append(
+                    {
+                        "target": target.what,
+                        "column": column.label(workers),
+                        "contender": top,
+                        "against": target.bottom,
+                        "factor": target.factor,
+                        "ratio": r,
+                        "verdict": verdict,
+                    }
+                )
+    return out
+
+
+def render_targets(checks: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{c['column']}: {c['target']} ({c['contender']} / {c['against']} >= {c['factor']:g}): "
+        f"{c['verdict']}" + (f", {fmt_ratio(c['ratio'])}" if c["ratio"] else "")
+        for c in checks
+    ]
+
+
+def parse_columns(text: str) -> list[Column]:
+    columns = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        env_id, _, size = part.rpartition(":")
+        if not env_id or not size.isdigit() or int(size) < 1:
+            raise argparse.ArgumentTypeError(
+                f"a column is ENV_ID:ENVS_PER_WORKER with ENVS_PER_WORKER >= 1, got {part!r}"
+            )
+        columns.append(Column(env_id, int(size)))
+    if not columns:
+        raise argparse.ArgumentTypeError(f"no columns in {text!r}")
+    return columns
+
+
+def parse_contenders(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in ALL]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown contenders {unknown}; choose from {', '.join(ALL)}"
+        )
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    default_columns = ",".join(c.key for c in COLUMNS)
+    p.add_argument(
+        "--columns",
+        type=parse_columns,
+        default=list(COLUMNS),
+        help=f"ENV_ID:ENVS_PER_WORKER,... (default {default_columns})",
+    )
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument(
+        "--contenders",
+        type=parse_contenders,
+        default=[name for name in ROWS if name in ALL],
+        help=f"comma-separated subset of {','.join(ALL)} (default: all available)",
+    )
+    p.add_argument("--seconds", type=float, default=None, help="timed window (default 3; quick 1)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up (default 0.5; quick 0.2)")
+    p.add_argument("--repeats", type=int, default=None, help="rounds (default 3; quick 2)")
+    p.add_argument(
+        "--detach-chunk",
+        type=int,
+        default=ApsDetach.chunk_env_steps,
+        help="env-steps per DETACH chunk and worker: T = ceil(this / envs per worker) "
+        "(default %(default)s)",
+    )
+    p.add_argument("--quick", action="store_true", help="1 s windows, 2 rounds")
+    p.add_argument(
+        "--no-uvloop", action="store_true", help="run aps on asyncio's own loop (APS_UVLOOP=0)"
+    )
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.workers < 1 or args.detach_chunk < 1:
+        raise SystemExit(
+            f"--workers and --detach-chunk must be >= 1, got {args.workers} and {args.detach_chunk}"
+        )
+    if args.no_uvloop:
+        os.environ["APS_UVLOOP"] = "0"  # read by aps in this process and in its workers
+    seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 3.0)
+    warmup = args.warmup if args.warmup is not None else (0.2 if args.quick else 0.5)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
+    ApsDetach.chunk_env_steps = args.detach_chunk
+
+    skipped: dict[str, str] = {}
+    names = []
+    for name in args.contenders:
+        reason = ALL[name].unavailable()
+        if reason is None:
+            names.append(name)
+        else:
+            skipped[name] = reason
+            print(f"skipping {name}: {reason}")
+
+    print(
+        f"{len(args.columns)} columns x {len(names)} contenders, {args.workers} workers; "
+        f"{seconds:g} s windows, {repeats} interleaved rounds; {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    load_at_start = list(os.getloadavg())
+    results: Results = {}
+    try:
+        for column in args.columns:
+            print(f"{column.label(args.workers)} ({column.env_id}):", flush=True)
+            setup = Setup(column.env_id, args.workers, column.envs_per_worker)
+            series = measure_size(
+                names, setup, seconds=seconds, warmup=warmup, repeats=repeats, registry=ALL
+            )
+            derived = ideal(series, args.workers)
+            if derived is not None:
+                series[IDEAL] = derived
+            results[column] = series
+    finally:
+        stop_ray()
+
+    checks = check_targets(results, args.workers)
+    print()
+    print(f"env-steps/s delivered to the learner, {args.workers} workers x E envs each")
+    print("(median of the rounds, min-max in brackets)")
+    print()
+    print(render_table(results, args.workers))
+    for line in render_notes(results, args.workers):
+        print(line)
+    print()
+    print(render_cpu_table(results, args.workers))
+    print()
+    print("Targets (ratio of medians, range of the per-round ratios):")
+    for line in render_targets(checks):
+        print(f"  {line}")
+
+    report = {
+        "benchmark": "matrix",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {
+            "load_average_at_start": load_at_start,
+            **machine(distributions=("envpool", "torch")),
+        },
+        "settings": {
+            "columns": [c.key for c in args.columns],
+            "workers": args.workers,
+            "seconds": seconds,
+            "warmup": warmup,
+            "repeats": repeats,
+            "action_pool": POOL_SIZE,
+            "detach_chunk_env_steps": ApsDetach.chunk_env_steps,
+            "detach_steps_per_chunk": {
+                c.key: ApsDetach.steps_per_chunk(c.envs_per_worker) for c in args.columns
+            },
+            "detach_max_in_flight": ApsDetach.max_in_flight,
+        },
+        "contenders": {name: ALL[name].description for name in names},
+        "skipped": skipped,
+        "results": {
+            column.key: {name: s.as_json() for name, s in series.items()}
+            for column, series in results.items()
+        },
+        "targets": checks,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
