@@ -128,6 +128,10 @@ class ClusterEnv(VectorEnv):
         launcher: starts the workers (``aps.launch.ray(...)``, ``aps.launch.slurm(...)``,
             ``aps.launch.local(...)``); they are stopped when the env closes. See
             :class:`aps.Learner`.
+        on_worker_lost: ``"raise"`` (default) or ``"wait"``: a worker that resumes its
+            session changes nothing; one that another worker replaces ends its envs'
+            episodes (``truncated``, ``info["worker_restarted"]``). See :class:`aps.Learner`.
+        reconnect_timeout: how long ``"wait"`` waits, in seconds.
 
     Raises:
         Timeout: the workers did not all arrive in time.
@@ -154,6 +158,8 @@ class ClusterEnv(VectorEnv):
         policy: str | None = None,
         sync: SyncStrategy | None = None,
         launcher: Launcher | None = None,
+        on_worker_lost: Literal["raise", "wait"] = "raise",
+        reconnect_timeout: float = 60.0,
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
@@ -168,6 +174,8 @@ class ClusterEnv(VectorEnv):
             policy=policy,
             sync=sync,
             launcher=launcher,
+            on_worker_lost=on_worker_lost,
+            reconnect_timeout=reconnect_timeout,
         )
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
@@ -202,6 +210,8 @@ class ClusterEnv(VectorEnv):
         use_uvloop: bool | None = None,
         policy: str | None = None,
         sync: SyncStrategy | None = None,
+        on_worker_lost: Literal["raise", "wait"] = "raise",
+        reconnect_timeout: float = 60.0,
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -223,6 +233,9 @@ class ClusterEnv(VectorEnv):
             use_uvloop: see the class.
             policy: see the class.
             sync: see the class.
+            on_worker_lost: see the class; with ``"wait"`` a worker that ends early is
+                replaced by a new local worker.
+            reconnect_timeout: see the class.
         """
         if transport not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
@@ -237,6 +250,7 @@ class ClusterEnv(VectorEnv):
             token=token,
             timeouts=timeouts,
             use_uvloop=use_uvloop,
+            restart=on_worker_lost == "wait",
         )
         return cls(
             _LOCAL_URLS[transport],
@@ -248,6 +262,8 @@ class ClusterEnv(VectorEnv):
             policy=policy,
             sync=sync,
             launcher=launcher,
+            on_worker_lost=on_worker_lost,
+            reconnect_timeout=reconnect_timeout,
             _seed=seed,
         )
 

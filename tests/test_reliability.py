@@ -23,7 +23,7 @@ import pytest
 from gymnasium.vector import SyncVectorEnv
 
 import aps
-from tests.chaos import Relay, until
+from aps.testing import Relay, until
 from tests.conftest import FAST
 
 ENVS = 3  # per worker

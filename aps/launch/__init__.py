@@ -57,10 +57,13 @@ def local(
     timeouts: Timeouts | None = None,
     use_uvloop: bool | None = None,
     log_level: str = "WARNING",
+    restart: bool = False,
+    max_restarts: int = 100,
 ) -> LocalWorkers:
     """Workers on this machine: subprocesses (``tcp://``, ``ws://``) or tasks (``memory://``).
 
-    See :class:`LocalWorkers`; the learner hands them its token.
+    See :class:`LocalWorkers`; the learner hands them its token. ``restart=True`` replaces
+    workers that end early (use it with ``on_worker_lost="wait"``).
     """
     return LocalWorkers(
         env,
@@ -73,6 +76,8 @@ def local(
         timeouts=timeouts,
         use_uvloop=use_uvloop,
         log_level=log_level,
+        restart=restart,
+        max_restarts=max_restarts,
     )
 
 

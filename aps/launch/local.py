@@ -9,8 +9,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,10 @@ class LocalWorkers:
         use_uvloop: forwarded to subprocess workers (``--no-uvloop`` when ``False``).
         log_level: subprocess workers' log level (they share the caller's terminal).
         seed: first-reset seed when the learner gives none (see :class:`WorkerSpec`).
+        restart: start a new worker in place of one that ends early (a crash, a kill), up to
+            ``max_restarts`` times in all; pair it with the learner's
+            ``on_worker_lost="wait"``, which gives the new worker the lost one's envs.
+        max_restarts: the most replacements :attr:`restart` starts.
     """
 
     def __init__(
@@ -93,7 +98,11 @@ class LocalWorkers:
         use_uvloop: bool | None = None,
         log_level: str = "WARNING",
         seed: int | None = None,
+        restart: bool = False,
+        max_restarts: int = 100,
     ) -> None:
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         self._spec = WorkerSpec.of(
             env,
             num_workers=num_workers,
@@ -113,6 +122,12 @@ class LocalWorkers:
         self._processes: list[subprocess.Popen[bytes]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._state = "not started"
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        """Workers started in place of ones that ended early."""
+        self._respawn: list[Callable[[], Any]] = []  # per worker: how to start it again
+        self._supervisor: asyncio.Task[None] | None = None
 
     @property
     def spec(self) -> WorkerSpec:
@@ -134,22 +149,47 @@ class LocalWorkers:
         else:
             self._start_processes(url, spec)
         self._state = "running"
+        if self.restart:
+            self._supervisor = asyncio.create_task(self._supervise(), name="aps local restarts")
+
+    async def _supervise(self) -> None:
+        """Start a new worker in place of each one that ended, while restarts remain."""
+        while self.restarts < self.max_restarts:
+            for index, process in enumerate(self._processes):
+                if process.poll() is not None and self.restarts < self.max_restarts:
+                    log.warning(
+                        "local worker %d (pid %d) exited with %s; starting a new one",
+                        *(index, process.pid, process.returncode),
+                    )
+                    self._processes[index] = self._respawn[index]()
+                    self.restarts += 1
+            for index, task in enumerate(self._tasks):
+                if task.done() and self.restarts < self.max_restarts:
+                    log.warning("local worker task %d ended; starting a new one", index)
+                    self._tasks[index] = self._respawn[index]()
+                    self.restarts += 1
+            await asyncio.sleep(0.1)
 
     def _start_tasks(self, url: str, spec: WorkerSpec) -> None:
         for index in range(spec.num_workers):
-            worker = Worker(
-                url,
-                spec.env,
-                num_envs=spec.envs_per_worker,
-                seed=spec.seed_of(index),
-                env_kwargs=spec.env_kwargs_of(index),
-                token=spec.token,
-                timeouts=self._timeouts,
-                compute_delay=spec.compute_delay_of(index),
-                comm_delay=spec.comm_delay_of(index),
-                label=str(index),
-            )
-            self._tasks.append(asyncio.create_task(worker.run(), name=f"aps worker {index}"))
+
+            def start(index: int = index) -> asyncio.Task[None]:
+                worker = Worker(
+                    url,
+                    spec.env,
+                    num_envs=spec.envs_per_worker,
+                    seed=spec.seed_of(index),
+                    env_kwargs=spec.env_kwargs_of(index),
+                    token=spec.token,
+                    timeouts=self._timeouts,
+                    compute_delay=spec.compute_delay_of(index),
+                    comm_delay=spec.comm_delay_of(index),
+                    label=str(index),
+                )
+                return asyncio.create_task(worker.run(), name=f"aps worker {index}")
+
+            self._respawn.append(start)
+            self._tasks.append(start())
 
     def _start_processes(self, url: str, spec: WorkerSpec) -> None:
         spec = replace(spec, env=env_import_path(spec.env))
@@ -165,8 +205,9 @@ class LocalWorkers:
         paths = [p or os.getcwd() for p in sys.path]
         environ["PYTHONPATH"] = os.pathsep.join(paths)
         for index in range(spec.num_workers):
-            arguments = spec.worker_arguments(index)
-            self._processes.append(subprocess.Popen(command + arguments, env=environ))
+            arguments = command + spec.worker_arguments(index)
+            self._respawn.append(partial(subprocess.Popen, arguments, env=environ))
+            self._processes.append(self._respawn[index]())
 
     async def status(self) -> LaunchStatus:
         """The launch state and each worker's: ``pid N running``, ``exited with N``."""
@@ -182,29 +223,40 @@ class LocalWorkers:
     async def watch(self) -> None:
         """Return never while the workers live; raise when one of them ends early.
 
+        With :attr:`restart`, a worker that ends is replaced instead, until the restarts
+        run out.
+
         Raises:
             WorkerLost: a worker process exited or a worker task finished before its learner
                 closed; the message carries the exit status or the error.
         """
         while True:
-            for index, process in enumerate(self._processes):
-                code = process.poll()
-                if code is not None:
-                    raise WorkerLost(
-                        f"local worker process {index} (pid {process.pid}) exited with status "
-                        f"{code} before the learner closed; its output above says why",
-                        worker_id=index,
-                    )
-            for index, task in enumerate(self._tasks):
-                if task.done():
-                    exc = task.exception() if not task.cancelled() else None
-                    raise WorkerLost(
-                        f"local worker task {index} ended early: {exc!r}", worker_id=index
-                    ) from exc
+            if not self.restart or self.restarts >= self.max_restarts:
+                self._raise_if_ended()
             await asyncio.sleep(0.05)
+
+    def _raise_if_ended(self) -> None:
+        for index, process in enumerate(self._processes):
+            code = process.poll()
+            if code is not None:
+                raise WorkerLost(
+                    f"local worker process {index} (pid {process.pid}) exited with status "
+                    f"{code} before the learner closed; its output above says why",
+                    worker_id=index,
+                )
+        for index, task in enumerate(self._tasks):
+            if task.done():
+                exc = task.exception() if not task.cancelled() else None
+                raise WorkerLost(
+                    f"local worker task {index} ended early: {exc!r}", worker_id=index
+                ) from exc
 
     async def stop(self, grace: float = 5.0) -> None:
         """Wait up to ``grace`` seconds for the workers to leave, then end them; idempotent."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.wait([self._supervisor])
+            self._supervisor = None
         if self._tasks:
             done, pending = await asyncio.wait(self._tasks, timeout=grace)
             for task in pending:

@@ -1,10 +1,11 @@
-"""Public test helpers: the transport conformance suite.
+"""Public test helpers: the transport conformance suite and a link that fails on demand.
 
 Importing this package does not import pytest; see :mod:`aps.testing.conformance`.
 """
 
 from __future__ import annotations
 
+from aps.testing.chaos import Relay, until
 from aps.testing.conformance import (
     CHECK_TIMEOUT,
     TRANSPORT_CHECKS,
@@ -30,6 +31,8 @@ from aps.testing.conformance import (
 
 __all__ = [
     "CHECK_TIMEOUT",
+    "Relay",
+    "until",
     "TRANSPORT_CHECKS",
     "PairMaker",
     "TransportCheck",

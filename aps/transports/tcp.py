@@ -159,7 +159,9 @@ class TCPTransport:
                     writer.write(frame_header(size))
                     writer.write(owned_payload(view))
                 await writer.drain()
-            except (OSError, _ClosedLocally) as exc:
+            except (OSError, RuntimeError, _ClosedLocally) as exc:
+                # uvloop raises RuntimeError for a write to a transport the peer's reset has
+                # already closed; asyncio's own loop drops such writes silently.
                 if self._closed:
                     raise TransportClosed(
                         f"cannot send to {self.peer}: this transport was closed"

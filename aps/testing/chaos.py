@@ -1,4 +1,12 @@
-"""Faults on demand for reliability tests: a TCP relay that can lose data and cut links."""
+"""Faults on demand, to test a training setup against them: a TCP relay that loses and cuts.
+
+Put a :class:`Relay` between workers and a learner and break the links at chosen moments::
+
+    relay = Relay(learner.url)
+    await relay.start()          # workers dial relay.url
+    relay.lose_to_learner = True # the workers' next answers vanish on the way...
+    relay.cut()                  # ...and the connections reset: the workers resume
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+__all__ = ["Relay", "until"]
 
 
 class Relay:
@@ -22,13 +32,13 @@ class Relay:
         self._target = (parts.hostname, parts.port)
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
         self.lose_to_learner = False
         self.lose_to_worker = False
         self.cuts = 0
         self.url = ""
 
     async def start(self) -> str:
+        """Listen on a free 127.0.0.1 port; returns the URL workers dial (also :attr:`url`)."""
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"tcp://127.0.0.1:{port}"
@@ -71,6 +81,7 @@ class Relay:
         self.lose_to_learner = self.lose_to_worker = False
 
     async def aclose(self) -> None:
+        """Cut every connection and stop listening."""
         self.cut()
         if self._server is not None:
             self._server.close()
