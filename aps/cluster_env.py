@@ -202,6 +202,7 @@ class ClusterEnv(VectorEnv):
         use_uvloop: bool | None = None,
         policy: str | None = None,
         sync: SyncStrategy | None = None,
+        vector: str = "sync",
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -223,6 +224,9 @@ class ClusterEnv(VectorEnv):
             use_uvloop: see the class.
             policy: see the class.
             sync: see the class.
+            vector: how each worker runs its envs: ``"sync"`` (one after another),
+                ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
+                (EnvPool's envs); see :mod:`aps.vector`.
         """
         if transport not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
@@ -237,6 +241,7 @@ class ClusterEnv(VectorEnv):
             token=token,
             timeouts=timeouts,
             use_uvloop=use_uvloop,
+            vector=vector,
         )
         return cls(
             _LOCAL_URLS[transport],

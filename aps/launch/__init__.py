@@ -57,6 +57,7 @@ def local(
     timeouts: Timeouts | None = None,
     use_uvloop: bool | None = None,
     log_level: str = "WARNING",
+    vector: str = "sync",
 ) -> LocalWorkers:
     """Workers on this machine: subprocesses (``tcp://``, ``ws://``) or tasks (``memory://``).
 
@@ -73,6 +74,7 @@ def local(
         timeouts=timeouts,
         use_uvloop=use_uvloop,
         log_level=log_level,
+        vector=vector,
     )
 
 

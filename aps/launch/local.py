@@ -77,6 +77,8 @@ class LocalWorkers:
         use_uvloop: forwarded to subprocess workers (``--no-uvloop`` when ``False``).
         log_level: subprocess workers' log level (they share the caller's terminal).
         seed: first-reset seed when the learner gives none (see :class:`WorkerSpec`).
+        vector: how each worker runs its envs: ``"sync"``, ``"async"`` (a subprocess per
+            env) or ``"envpool"`` (see :mod:`aps.vector`).
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class LocalWorkers:
         use_uvloop: bool | None = None,
         log_level: str = "WARNING",
         seed: int | None = None,
+        vector: str = "sync",
     ) -> None:
         self._spec = WorkerSpec.of(
             env,
@@ -105,6 +108,7 @@ class LocalWorkers:
             log_level=log_level,
             seed=seed,
             connect_timeout=(timeouts or Timeouts()).connect,
+            vector=vector,
         )
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
@@ -148,6 +152,7 @@ class LocalWorkers:
                 compute_delay=spec.compute_delay_of(index),
                 comm_delay=spec.comm_delay_of(index),
                 label=str(index),
+                vector=spec.vector,
             )
             self._tasks.append(asyncio.create_task(worker.run(), name=f"aps worker {index}"))
 
