@@ -20,6 +20,7 @@ from aps.launch.base import LOG_LEVELS, WorkerSpec, client_factory
 from aps.launch.local import TOKEN_ENV
 from aps.launch.slurm import sbatch_script
 from aps.session import Timeouts
+from aps.vector import VECTOR_BACKENDS
 from aps.worker import Worker
 
 __all__ = ["main"]
@@ -27,8 +28,13 @@ __all__ = ["main"]
 _WORKER_HELP = """\
 Host Gymnasium envs for an aps learner. The worker dials the learner at URL
 (tcp://HOST:PORT, ws://HOST:PORT/, wss://..., or a plug-in scheme), runs its envs as
-one Gymnasium SyncVectorEnv and serves reset/step requests until the learner closes.
+one Gymnasium vector env (see --vector) and serves reset/step requests until the learner
+closes.
 """
+
+_VECTOR_HELP = """how the envs run: 'sync' one after another in this process (default), 'async' one
+subprocess each (Gymnasium's AsyncVectorEnv, for hosts with more cores than workers),
+'envpool' EnvPool's envs (--env an EnvPool id; pip install 'aps[envpool]')"""
 
 _ENV_HELP = """\
 what to run: a Gymnasium id (CartPole-v1), an import path 'package.module:factory',
@@ -53,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--num-envs", type=int, default=1, metavar="N", help="envs on this worker (default 1)"
     )
+    worker.add_argument("--vector", default="sync", choices=VECTOR_BACKENDS, help=_VECTOR_HELP)
     worker.add_argument(
         "--seed",
         type=int,
@@ -144,6 +151,7 @@ def _add_slurm_script(commands: argparse._SubParsersAction[argparse.ArgumentPars
     script.add_argument("url", metavar="URL", help="the learner's address as the nodes dial it")
     script.add_argument("--env", required=True, help=_ENV_HELP)
     script.add_argument("--num-envs", type=int, default=1, metavar="N", help="envs per worker")
+    script.add_argument("--vector", default="sync", choices=VECTOR_BACKENDS, help=_VECTOR_HELP)
     script.add_argument("--nodes", type=int, default=1, metavar="N", help="default 1")
     script.add_argument("--tasks-per-node", type=int, default=1, metavar="N", help="default 1")
     script.add_argument("--partition", default=None, metavar="NAME")
@@ -197,6 +205,7 @@ def _slurm_script(args: argparse.Namespace) -> str:
         log_level=args.log_level,
         connect_timeout=args.connect_timeout,
         tls_ca=args.tls_ca,
+        vector=args.vector,
     )
     return sbatch_script(
         spec,
@@ -251,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             compute_delay=args.compute_delay,
             label=args.label,
             comm_delay=args.comm_delay,
+            vector=args.vector,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

@@ -212,6 +212,7 @@ class ClusterEnv(VectorEnv):
         sync: SyncStrategy | None = None,
         on_worker_lost: Literal["raise", "wait"] = "raise",
         reconnect_timeout: float = 60.0,
+        vector: str = "sync",
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -236,6 +237,9 @@ class ClusterEnv(VectorEnv):
             on_worker_lost: see the class; with ``"wait"`` a worker that ends early is
                 replaced by a new local worker.
             reconnect_timeout: see the class.
+            vector: how each worker runs its envs: ``"sync"`` (one after another),
+                ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
+                (EnvPool's envs); see :mod:`aps.vector`.
         """
         if transport not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
@@ -251,6 +255,7 @@ class ClusterEnv(VectorEnv):
             timeouts=timeouts,
             use_uvloop=use_uvloop,
             restart=on_worker_lost == "wait",
+            vector=vector,
         )
         return cls(
             _LOCAL_URLS[transport],

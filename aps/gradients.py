@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps.errors import ConfigError, ProtocolError
 from aps.messages import GradientReport, GradientRound
@@ -33,7 +33,7 @@ class GradientSampler:
         policy: an :class:`aps.policy.Policy` (torch).
     """
 
-    def __init__(self, envs: SyncVectorEnv, policy: Any) -> None:
+    def __init__(self, envs: VectorEnv[Any, Any, Any], policy: Any) -> None:
         if envs.metadata.get("autoreset_mode") is not AutoresetMode.SAME_STEP:
             raise ConfigError(
                 "policy-gradient rounds need envs that autoreset in the same step; create the "

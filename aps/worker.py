@@ -2,7 +2,8 @@
 
 A worker dials the learner (workers always dial out, so the learner needs no access to the
 workers' ports), proves it knows the token, learns the autoreset mode, builds its envs as one
-:class:`gymnasium.vector.SyncVectorEnv` and then answers reset and step requests with whole
+Gymnasium vector env (:class:`~gymnasium.vector.SyncVectorEnv` by default, see
+:mod:`aps.vector` for the others) and then answers reset and step requests with whole
 batches, one message per request. An env that raises does not end the worker: the error
 travels to the learner as text (type and traceback) and the worker keeps serving.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import random
@@ -27,7 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AutoresetMode
 
 from aps import codec, transports
 from aps._imports import import_object, names_a_module
@@ -71,6 +73,7 @@ from aps.messages import (
 from aps.protocol import Role, prove
 from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
+from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
 
 __all__ = ["EnvSpec", "Worker", "resolve_env"]
 
@@ -125,6 +128,12 @@ def resolve_env(spec: EnvSpec, **env_kwargs: Any) -> Callable[[], gym.Env[Any, A
     return lambda: gym.make(env_id, **env_kwargs)
 
 
+def _make_env(spec: EnvSpec, env_kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    # A module-level function, so that a partial of it pickles: the async backend's
+    # subprocesses build their envs by resolving the spec themselves.
+    return resolve_env(spec, **env_kwargs)()
+
+
 def _describe(spec: EnvSpec) -> str:
     if isinstance(spec, str):
         return spec
@@ -151,8 +160,17 @@ class Worker:
             slower link.
         label: free text shown in the learner's :class:`~aps.learner.WorkerInfo` (launchers
             put the worker's index there, to tie learner worker ids to what they started).
+        vector: how the envs run (:mod:`aps.vector`): ``"sync"`` one after another in this
+            process, ``"async"`` one subprocess each (the env spec must then build in a
+            fresh process: an id, an import path, or a callable cloudpickle can carry),
+            ``"envpool"`` EnvPool's envs (``env`` an EnvPool id; ``NextStep`` autoreset only).
+
         reconnect: dial again and resume when the connection drops (``False``: end with the
             error instead).
+
+    Raises:
+        ConfigError: a bad argument, such as an unknown ``vector`` or an id EnvPool lacks.
+        MissingDependency: ``vector="envpool"`` without EnvPool installed.
 
     Example:
         >>> worker = Worker("tcp://127.0.0.1:7000", "CartPole-v1", num_envs=8)  # doctest: +SKIP
@@ -174,13 +192,21 @@ class Worker:
         comm_delay: float = 0.0,
         label: str = "",
         reconnect: bool = True,
+        vector: str = "sync",
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
         self._learner = learner
-        self._env_fn = resolve_env(env, **(env_kwargs or {}))
+        self._vector = check_backend(vector)
+        self._env = env
+        self._env_kwargs = dict(env_kwargs or {})
+        if self._vector == "envpool":
+            envpool_id(env)  # refuse an id EnvPool lacks now, not after dialing
+        else:
+            resolve_env(env, **self._env_kwargs)  # refuse a bad import path now
+        self._env_fn = functools.partial(_make_env, env, self._env_kwargs)
         self._env_name = _describe(env)
         self.num_envs = num_envs
         self._seed = seed
@@ -195,7 +221,7 @@ class Worker:
         self.label = label
         self._compute_delay = float(compute_delay)
         self._comm_delay = float(comm_delay)
-        self._envs: SyncVectorEnv | None = None
+        self._envs: AnyVectorEnv | None = None
         self._collector: _Collector | None = None
         self._weights_error: ApsError | None = None
         self._pending_seed = seed
@@ -378,8 +404,13 @@ class Worker:
             mode = AutoresetMode(answer.autoreset_mode)
             # Building the envs is the user's code and may be slow: it is outside the
             # handshake deadline on purpose, bounded by the learner's wait instead.
-            self._envs = SyncVectorEnv(
-                [self._env_fn] * self.num_envs, copy=False, autoreset_mode=mode
+            self._envs = make_vector_env(
+                self._vector,
+                self._env_fn,
+                num_envs=self.num_envs,
+                autoreset_mode=mode,
+                env=self._env,
+                env_kwargs=self._env_kwargs,
             )
             if answer.policy is not None:
                 self._collector = _Collector(self._envs, answer.policy, mode)
@@ -387,7 +418,13 @@ class Worker:
             await session.send(_report(exc))
             what = "envs" if self._envs is None else f"policy {answer.policy!r}"
             raise ConfigError(f"could not build the {what} for {self._env_name!r}: {exc}") from exc
-        log.info("worker %d ready: %d x %s", answer.worker_id, self.num_envs, self._env_name)
+        log.info(
+            "worker %d ready: %d x %s (%s)",
+            answer.worker_id,
+            self.num_envs,
+            self._env_name,
+            self._vector,
+        )
 
     async def _serve(self, session: Session) -> None:
         envs = self._envs
@@ -412,7 +449,7 @@ class Worker:
                     f"the learner refused this worker: {request.reason}"
                 )
 
-    async def _answer(self, session: Session, envs: SyncVectorEnv, request: Request) -> None:
+    async def _answer(self, session: Session, envs: AnyVectorEnv, request: Request) -> None:
         """Answer request ``seq`` once: run it, or send the kept answer if it already ran.
 
         Every answer is kept until the learner acknowledges it (``acked``), so that after a
@@ -557,7 +594,7 @@ class Worker:
         except Exception as exc:
             return _report(exc, seq)
 
-    def _step(self, envs: SyncVectorEnv, request: StepRequest) -> StepResult | ErrorReport:
+    def _step(self, envs: AnyVectorEnv, request: StepRequest) -> StepResult | ErrorReport:
         try:
             actions = check_batch(envs.single_action_space, request.actions, self.num_envs)
         except ConfigError as exc:
@@ -577,7 +614,7 @@ class Worker:
             seq=request.seq,
         )
 
-    def _reset(self, envs: SyncVectorEnv, request: ResetRequest) -> ResetResult | ErrorReport:
+    def _reset(self, envs: AnyVectorEnv, request: ResetRequest) -> ResetResult | ErrorReport:
         seed = request.seed if request.seed is not None else self._pending_seed
         self._pending_seed = None
         options = dict(request.options) if request.options is not None else None
@@ -606,7 +643,7 @@ class _Collector:
     recorded like any other (reward 0, not done) and not counted in episode lengths.
     """
 
-    def __init__(self, envs: SyncVectorEnv, policy_path: str, mode: AutoresetMode) -> None:
+    def __init__(self, envs: AnyVectorEnv, policy_path: str, mode: AutoresetMode) -> None:
         from aps import policy  # torch is needed only by workers that act
 
         policy.limit_threads(1)  # many workers share few cores; one thread each is fastest

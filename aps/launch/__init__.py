@@ -59,6 +59,7 @@ def local(
     log_level: str = "WARNING",
     restart: bool = False,
     max_restarts: int = 100,
+    vector: str = "sync",
 ) -> LocalWorkers:
     """Workers on this machine: subprocesses (``tcp://``, ``ws://``) or tasks (``memory://``).
 
@@ -78,6 +79,7 @@ def local(
         log_level=log_level,
         restart=restart,
         max_restarts=max_restarts,
+        vector=vector,
     )
 
 

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 from aps.errors import ConfigError
 from aps.session import Timeouts
 from aps.transports.base import TransportFactory
+from aps.vector import check_backend
 from aps.worker import EnvSpec
 
 __all__ = [
@@ -71,6 +72,8 @@ class WorkerSpec:
         tls_ca: a CA certificate file (PEM) on the workers' machines: workers then dial
             ``tcp://`` or ``wss://`` with TLS and check the learner's certificate against it
             (the learner listens with ``factory=TCPFactory(ssl_context=...)``).
+        vector: how each worker runs its envs: ``"sync"``, ``"async"`` or ``"envpool"``
+            (see :mod:`aps.vector`).
     """
 
     env: EnvSpec
@@ -86,6 +89,7 @@ class WorkerSpec:
     comm_delays: tuple[float, ...] = ()
     connect_timeout: float = Timeouts().connect
     tls_ca: str | None = None
+    vector: str = "sync"
 
     @classmethod
     def of(
@@ -120,6 +124,7 @@ class WorkerSpec:
         seed = self.seed
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
+        check_backend(self.vector)
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         timeout = self.connect_timeout
@@ -204,6 +209,8 @@ class WorkerSpec:
         arguments += ["--connect-timeout", repr(float(self.connect_timeout))]
         if self.tls_ca is not None:
             arguments += ["--tls-ca", str(self.tls_ca)]
+        if self.vector != "sync":
+            arguments += ["--vector", self.vector]
         if index is None:
             return arguments
         arguments += ["--label", str(index)]

@@ -82,6 +82,8 @@ class LocalWorkers:
             ``max_restarts`` times in all; pair it with the learner's
             ``on_worker_lost="wait"``, which gives the new worker the lost one's envs.
         max_restarts: the most replacements :attr:`restart` starts.
+        vector: how each worker runs its envs: ``"sync"``, ``"async"`` (a subprocess per
+            env) or ``"envpool"`` (see :mod:`aps.vector`).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class LocalWorkers:
         seed: int | None = None,
         restart: bool = False,
         max_restarts: int = 100,
+        vector: str = "sync",
     ) -> None:
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
@@ -114,6 +117,7 @@ class LocalWorkers:
             log_level=log_level,
             seed=seed,
             connect_timeout=(timeouts or Timeouts()).connect,
+            vector=vector,
         )
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
@@ -185,6 +189,7 @@ class LocalWorkers:
                     compute_delay=spec.compute_delay_of(index),
                     comm_delay=spec.comm_delay_of(index),
                     label=str(index),
+                    vector=spec.vector,
                 )
                 return asyncio.create_task(worker.run(), name=f"aps worker {index}")
 

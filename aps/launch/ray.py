@@ -90,6 +90,7 @@ class _WorkerActor:
                 compute_delay=spec.compute_delay_of(index),
                 comm_delay=spec.comm_delay_of(index),
                 label=str(index),
+                vector=spec.vector,
             )
             run(worker.run(), use_uvloop=self.use_uvloop)
         except ApsError as exc:
@@ -130,8 +131,8 @@ class RayWorkers:
             ``env_vars``), e.g. to ship a local env module to the nodes.
         learner_host: the name or address actors dial when the learner listens on a
             wildcard address (``0.0.0.0``); default the driver node's IP as Ray sees it.
-        env_kwargs, seed, compute_delays, comm_delays, log_level, connect_timeout, tls_ca:
-            see :class:`~aps.launch.WorkerSpec`.
+        env_kwargs, seed, compute_delays, comm_delays, log_level, connect_timeout, tls_ca,
+            vector: see :class:`~aps.launch.WorkerSpec`.
         use_uvloop: the actors' event loop (default: uvloop when installed).
         poll_interval: seconds between two checks of :meth:`watch`.
 
@@ -163,6 +164,7 @@ class RayWorkers:
         log_level: str = "WARNING",
         connect_timeout: float = Timeouts().connect,
         tls_ca: str | None = None,
+        vector: str = "sync",
         use_uvloop: bool | None = None,
         poll_interval: float = 0.2,
     ) -> None:
@@ -178,6 +180,7 @@ class RayWorkers:
             log_level=log_level,
             connect_timeout=connect_timeout,
             tls_ca=tls_ca,
+            vector=vector,
         )
         for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:

@@ -226,8 +226,8 @@ class SlurmJob:
             ``./aps-slurm``); must be visible from the nodes.
         learner_host: the name or address the nodes dial when the learner listens on a
             wildcard address (``0.0.0.0``); default this machine's host name.
-        env_kwargs, seed, compute_delays, comm_delays, log_level, connect_timeout, tls_ca:
-            see :class:`~aps.launch.WorkerSpec`.
+        env_kwargs, seed, compute_delays, comm_delays, log_level, connect_timeout, tls_ca,
+            vector: see :class:`~aps.launch.WorkerSpec`.
         poll_interval: seconds between two ``squeue`` calls of :meth:`watch`.
 
     Raises:
@@ -257,6 +257,7 @@ class SlurmJob:
         log_level: str = "INFO",
         connect_timeout: float = Timeouts().connect,
         tls_ca: str | None = None,
+        vector: str = "sync",
         poll_interval: float = 2.0,
     ) -> None:
         for name, value in (("nodes", nodes), ("tasks_per_node", tasks_per_node)):
@@ -274,6 +275,7 @@ class SlurmJob:
             log_level=log_level,
             connect_timeout=connect_timeout,
             tls_ca=tls_ca,
+            vector=vector,
         )
         self._options: dict[str, Any] = {
             "nodes": nodes,

@@ -1,0 +1,404 @@
+"""How a worker hosts its envs: the vector env backends.
+
+``"sync"`` (the default) steps the envs one after another in the worker's own process, as
+:class:`gymnasium.vector.SyncVectorEnv`. ``"async"`` gives each env a subprocess, as
+:class:`gymnasium.vector.AsyncVectorEnv` with observations in shared memory where the space
+allows it: for hosts with more cores than workers, and envs whose step costs more than a
+pipe round trip. ``"envpool"`` runs EnvPool's C++ envs (:class:`EnvPoolVectorEnv`), for the
+ids EnvPool has.
+
+Every backend delivers what the worker sends on: batched observations, float64 rewards, bool
+terminations and truncations, and infos in Gymnasium's vector layout (each key with a
+``_key`` mask). The sync and async backends run the same env code and give identical
+results for the same seeds and actions; EnvPool's envs are its own implementations, with
+their own random initial states and infos.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import multiprocessing
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.error import CustomSpaceError
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.utils import batch_space
+from gymnasium.vector.vector_env import VectorWrapper
+
+from aps._imports import names_a_module
+from aps.errors import ConfigError, MissingDependency
+
+__all__ = [
+    "VECTOR_BACKENDS",
+    "AnyVectorEnv",
+    "EnvPoolVectorEnv",
+    "EnvProcessTraceback",
+    "check_backend",
+    "envpool_id",
+    "make_vector_env",
+]
+
+log = logging.getLogger("aps.worker")
+
+VECTOR_BACKENDS = ("sync", "async", "envpool")
+"""The names a worker's ``vector`` argument (``aps worker --vector``) accepts."""
+
+AnyVectorEnv: TypeAlias = VectorEnv[Any, Any, Any]
+"""What :func:`make_vector_env` returns, whatever the backend."""
+
+_SEED_LIMIT = 2**31
+"""EnvPool seeds are C++ ints: env ``i`` gets ``seed + i``, which must stay below this."""
+
+
+def check_backend(vector: object) -> str:
+    """Return ``vector`` if it names a backend.
+
+    Raises:
+        ConfigError: it names none.
+    """
+    if not isinstance(vector, str) or vector not in VECTOR_BACKENDS:
+        raise ConfigError(
+            f"vector must be one of {', '.join(map(repr, VECTOR_BACKENDS))}, got {vector!r}; "
+            "'sync' steps the envs in the worker's process, 'async' gives each env a "
+            "subprocess, 'envpool' runs EnvPool's envs"
+        )
+    return vector
+
+
+def make_vector_env(
+    vector: str,
+    env_fn: Callable[[], gym.Env[Any, Any]],
+    *,
+    num_envs: int,
+    autoreset_mode: AutoresetMode,
+    env: object = None,
+    env_kwargs: dict[str, Any] | None = None,
+) -> AnyVectorEnv:
+    """Build ``num_envs`` envs as one vector env of the chosen backend.
+
+    Args:
+        vector: the backend, one of :data:`VECTOR_BACKENDS`.
+        env_fn: builds one env (sync and async). For async it must survive pickling
+            (cloudpickle): each subprocess builds its own env from it.
+        num_envs: how many envs.
+        autoreset_mode: Gymnasium's autoreset mode, as the learner asked.
+        env: the env spec the worker was given; envpool needs it to be an EnvPool id.
+        env_kwargs: keyword arguments for ``envpool.make`` (envpool only; ``env_fn``
+            carries them for the other backends).
+
+    Raises:
+        ConfigError: the backend cannot run these envs in this mode.
+        MissingDependency: envpool is not installed.
+    """
+    vector = check_backend(vector)
+    if vector == "sync":
+        # copy=False: the worker encodes each result before the next step overwrites it.
+        return SyncVectorEnv([env_fn] * num_envs, copy=False, autoreset_mode=autoreset_mode)
+    if vector == "async":
+        return _RebuildOnError(lambda: _async_vector_env(env_fn, num_envs, autoreset_mode))
+    return EnvPoolVectorEnv(
+        envpool_id(env), num_envs=num_envs, autoreset_mode=autoreset_mode, env_kwargs=env_kwargs
+    )
+
+
+def _async_vector_env(
+    env_fn: Callable[[], gym.Env[Any, Any]], num_envs: int, mode: AutoresetMode
+) -> _AsyncVectorEnv:
+    # Not fork: the worker's process runs an event loop and often other threads (the
+    # in-process workers of ClusterEnv.local share the learner's), and forking a threaded
+    # process can deadlock the child. A fresh process builds its env from the pickled env_fn.
+    methods = multiprocessing.get_all_start_methods()
+    context = "forkserver" if "forkserver" in methods else "spawn"
+    try:
+        return _AsyncVectorEnv(
+            [env_fn] * num_envs,
+            shared_memory=True,
+            copy=False,
+            context=context,
+            autoreset_mode=mode,
+        )
+    except (TypeError, ValueError) as exc:
+        # Spaces with no shared-memory layout (Graph, Sequence: TypeError; a custom space:
+        # ValueError from CustomSpaceError) fail before any subprocess starts; their
+        # observations travel through the pipes instead. Any other error recurs below.
+        if isinstance(exc, ValueError) and not isinstance(exc.__cause__, CustomSpaceError):
+            raise
+        log.info("observations travel through pipes, not shared memory: %s", exc)
+    return _AsyncVectorEnv(
+        [env_fn] * num_envs, shared_memory=False, copy=False, context=context, autoreset_mode=mode
+    )
+
+
+class EnvProcessTraceback(Exception):
+    """The traceback of an env that raised in its subprocess (the cause of the re-raise)."""
+
+
+class _AsyncVectorEnv(AsyncVectorEnv):
+    """Gymnasium's AsyncVectorEnv, raising env errors without logging them as warnings.
+
+    Gymnasium logs a subprocess's error through :mod:`warnings` before it re-raises the
+    error here; where warnings are errors, that warning replaces the env's error and leaves
+    the vector env waiting for a step that never comes. Here the env's own exception is
+    raised, with its subprocess traceback as the cause, so the learner sees both.
+    """
+
+    def _raise_if_errors(self, successes: Iterable[bool]) -> None:
+        failed = sum(not success for success in successes)
+        if not failed:
+            return
+        errors = [self.error_queue.get() for _ in range(failed)]
+        for index, _, _, _ in errors:
+            # The subprocess has ended; its pipe is of no more use (as in Gymnasium's).
+            self.parent_pipes[index].close()
+            self.parent_pipes[index] = None  # type: ignore[call-overload]
+        self._state = AsyncState.DEFAULT
+        index, error_type, error, trace = errors[-1]
+        if not isinstance(error, BaseException):
+            error = error_type(error)
+        raise error from EnvProcessTraceback(f"env {index}'s subprocess raised:\n{trace}")
+
+
+class _RebuildOnError(VectorWrapper):
+    """An async vector env that starts its subprocesses afresh after an env raised.
+
+    Gymnasium's :class:`~gymnasium.vector.AsyncVectorEnv` ends the subprocess whose env
+    raised and is unusable after that, but a worker outlives an env error (the error goes
+    to the learner, which may reset and go on), as it does with the sync backend. The new
+    envs need a reset, as after any error. Errors that leave every subprocess alive change
+    nothing.
+    """
+
+    def __init__(self, build: Callable[[], _AsyncVectorEnv]) -> None:
+        self._build = build
+        self._pool = build()
+        super().__init__(self._pool)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the envs; see :meth:`gymnasium.vector.VectorEnv.reset`."""
+        try:
+            return self._pool.reset(seed=seed, options=options)
+        except Exception:
+            self._recover()
+            raise
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Step the envs; see :meth:`gymnasium.vector.VectorEnv.step`."""
+        try:
+            return self._pool.step(actions)
+        except Exception:
+            self._recover()
+            raise
+
+    def _recover(self) -> None:
+        pool = self._pool
+        # A subprocess whose env raised has ended, and its pipe is gone.
+        pipes: list[Any] = list(pool.parent_pipes)
+        if all(pipe is not None for pipe in pipes) and all(p.is_alive() for p in pool.processes):
+            return
+        pool.close(terminate=True)
+        self._pool = self.env = self._build()
+
+
+def envpool_id(env: object) -> str:
+    """Check that EnvPool is installed and has the env ``env`` names; return the id.
+
+    Raises:
+        MissingDependency: EnvPool is not installed.
+        ConfigError: ``env`` is no string, or no id EnvPool has; the message names the ids
+            it has that come closest.
+    """
+    envpool = _import_envpool()
+    if not isinstance(env, str) or names_a_module(env):
+        raise ConfigError(
+            f"vector='envpool' builds EnvPool's own envs from an id such as 'CartPole-v1', "
+            f"not {env!r}; use vector='sync' or 'async' for factories"
+        )
+    known: list[str] = list(envpool.list_all_envs())
+    if env in known:
+        return env
+    family = env.rpartition("-v")[0] or env
+    close = [k for k in known if k.rpartition("-v")[0] == family]
+    close += [k for k in difflib.get_close_matches(env, known, n=6, cutoff=0.6) if k not in close]
+    hint = f"the closest ids it has: {', '.join(close[:6])}; " if close else ""
+    raise ConfigError(
+        f"EnvPool {getattr(envpool, '__version__', '?')} has no env {env!r}; {hint}"
+        "envpool.list_all_envs() lists them all. Use one of those, or vector='sync' or "
+        "'async' to run Gymnasium's"
+    )
+
+
+def _import_envpool() -> Any:
+    try:
+        # By name: envpool is optional and ships no type information.
+        return importlib.import_module("envpool")
+    except ImportError as exc:
+        raise MissingDependency(
+            f"vector='envpool' needs EnvPool ({exc}); install it with "
+            "pip install 'aps[envpool]' (Linux only), or use vector='sync' or 'async'"
+        ) from exc
+
+
+class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
+    """EnvPool's envs as a Gymnasium vector env with the worker's contract.
+
+    EnvPool's Gymnasium mode autoresets like Gymnasium's ``NextStep`` mode (the step after
+    an episode's end resets that env, with reward 0 and neither flag set), so that is the
+    only mode offered. Its differences from Gymnasium's vector envs are mapped here:
+
+    - EnvPool seeds its envs once, when it builds them (env ``i`` gets ``seed + i``, as
+      Gymnasium's ``reset(seed=seed)`` does): a reset with a seed builds the pool anew with
+      that seed; a reset without one goes on from the envs' current random state.
+    - Infos are EnvPool's (``env_id``, ``elapsed_step``, ``players`` and what the env adds),
+      each key given its ``_key`` mask (every env has every key).
+    - Rewards are float64 and the observation space is batched, as in Gymnasium.
+
+    Reset options are refused: EnvPool takes none but ``reset_mask``, which only
+    ``SameStep`` users (policy-gradient rounds) need.
+
+    Args:
+        env_id: an EnvPool id (see :func:`envpool_id`).
+        num_envs: how many envs.
+        autoreset_mode: must be ``NextStep``.
+        env_kwargs: keyword arguments for ``envpool.make`` (``max_episode_steps``,
+            ``num_threads``...).
+        seed: the seed of the envs before the first seeded reset (default: random).
+
+    Raises:
+        ConfigError: another autoreset mode, or arguments ``envpool.make`` refuses.
+        MissingDependency: EnvPool is not installed.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        num_envs: int,
+        autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+        env_kwargs: dict[str, Any] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if AutoresetMode(autoreset_mode) is not AutoresetMode.NEXT_STEP:
+            raise ConfigError(
+                f"vector='envpool' autoresets in the next step only (EnvPool's own way), but "
+                f"the learner asks for {AutoresetMode(autoreset_mode).value}; create the "
+                "learner with autoreset_mode='NextStep' or use vector='sync' or 'async'"
+            )
+        self._envpool = _import_envpool()
+        self._env_id = env_id
+        self._env_kwargs = dict(env_kwargs or {})
+        self.num_envs = num_envs
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0]) % (_SEED_LIMIT - num_envs)
+        self._pool = self._make(seed)
+        self.single_observation_space = self._pool.single_observation_space
+        self.single_action_space = self._pool.single_action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def _make(self, seed: int) -> Any:
+        try:
+            pool = self._envpool.make(
+                self._env_id,
+                env_type="gymnasium",
+                num_envs=self.num_envs,
+                seed=seed,
+                **self._env_kwargs,
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"envpool.make({self._env_id!r}, num_envs={self.num_envs}, seed={seed}, "
+                f"**{self._env_kwargs!r}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        with warnings.catch_warnings():
+            # A pool builds its spaces on first use (and keeps them), float32 Boxes from
+            # float64 bounds, which Gymnasium warns about; nothing a user can act on.
+            warnings.filterwarnings("ignore", ".*Box .* precision lowered", UserWarning)
+            pool.observation_space, pool.action_space  # noqa: B018
+        return pool
+
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every env; a seed builds the envs anew with it (see the class).
+
+        Raises:
+            ConfigError: options were given, or a seed that is no int in
+                ``[0, 2**31 - num_envs)``.
+        """
+        if options is not None:
+            raise ConfigError(
+                f"vector='envpool' takes no reset options, got {options!r}; use vector='sync' "
+                "or 'async' for envs that read options"
+            )
+        if seed is not None:
+            if not isinstance(seed, int) or not 0 <= seed < _SEED_LIMIT - self.num_envs:
+                raise ConfigError(
+                    f"vector='envpool' needs an int seed in [0, {_SEED_LIMIT - self.num_envs}), "
+                    f"got {seed!r}"
+                )
+            self._pool.close()
+            self._pool = self._make(seed)
+        obs, info = self._pool.reset()
+        _check_layout(obs, info)
+        return obs, _vector_info(info, self.num_envs)
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Step every env; the results are laid out as Gymnasium's vector envs lay them."""
+        if not isinstance(actions, dict):
+            actions = np.asarray(actions)  # EnvPool reads dtype and shape; lists have none
+        obs, reward, terminated, truncated, info = self._pool.step(actions)
+        return (
+            obs,
+            np.asarray(reward, dtype=np.float64),
+            np.asarray(terminated, dtype=np.bool_),
+            np.asarray(truncated, dtype=np.bool_),
+            _vector_info(info, self.num_envs),
+        )
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Stop EnvPool's threads."""
+        self._pool.close()
+
+
+def _vector_info(info: dict[str, Any], num_envs: int) -> dict[str, Any]:
+    """EnvPool's batched info dict in Gymnasium's vector layout: a ``_key`` mask per key."""
+    result: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, dict):
+            result[key] = _vector_info(value, num_envs)
+        else:
+            result[key] = np.asarray(value)
+        result[f"_{key}"] = np.ones(num_envs, dtype=np.bool_)
+    return result
+
+
+def _check_layout(*values: Any) -> None:
+    """Refuse arrays that repeat one element, as EnvPool builds made for NumPy 1 return.
+
+    EnvPool 0.8.4 gives the arrays it hands NumPy 2 zero strides: every observation and info
+    entry then repeats the first element (1.2.5 does not).
+    """
+    for value in values:
+        if isinstance(value, dict):
+            _check_layout(*value.values())
+        elif isinstance(value, tuple | list):
+            _check_layout(*value)
+        elif isinstance(value, np.ndarray) and any(
+            stride == 0 and size > 1
+            for stride, size in zip(value.strides, value.shape, strict=True)
+        ):
+            raise MissingDependency(
+                f"EnvPool returned an array of shape {value.shape} with strides {value.strides}: "
+                f"this EnvPool build does not work with NumPy {np.__version__}; install "
+                "EnvPool >= 1.2 (pip install 'aps[envpool]') or NumPy < 2"
+            )
