@@ -184,6 +184,7 @@ class _Remote:
     restarted: bool = False
     lost: int = 0
     needs_reset: bool = False
+    preparing: bool = False  # its reset is outstanding: other requests wait (counted in lost)
     reset_next: bool = False  # NextStep: the step after a restart is the envs' reset
 
 
@@ -639,7 +640,8 @@ class Learner:
         del self._by_session[remote.session_id]
         remote.session_id = spare.session_id
         self._by_session[spare.session_id] = remote
-        remote.lost = len(remote.unanswered)
+        # Chunks the lost worker owed a stream are asked of the new one (see _chunk_pump).
+        remote.lost += sum(isinstance(r, RolloutRequest) for r in remote.unanswered)
         remote.unanswered.clear()
         remote.sent = remote.received = 0
         remote.steps_since_sync = remote.last_chunk_version = 0
@@ -1376,6 +1378,7 @@ class Learner:
         active = [r for r in self._remotes if r.info.worker_id not in self._dropped]
         try:
             for remote in active:
+                remote.lost = 0
                 await self._prepare(remote, "chunks")
                 for _ in range(max_in_flight):
                     await self._request_chunk(remote, num_steps)
@@ -1416,12 +1419,21 @@ class Learner:
     async def _prepare(self, remote: _Remote, operation: str) -> None:
         """Reset a replacement's envs before it acts on its own."""
         if remote.needs_reset:
-            answer = await self._call(remote, ResetRequest(seed=None, options=None), operation)
+            remote.preparing = True
+            try:
+                reset = ResetRequest(seed=None, options=None)
+                answer = await self._call(remote, reset, operation)
+            finally:
+                remote.preparing = False
             if isinstance(answer, ErrorReport):
                 raise self._worker_error(remote, answer)
             remote.needs_reset = remote.reset_next = False
 
     async def _request_chunk(self, remote: _Remote, num_steps: int) -> None:
+        if remote.preparing:
+            # A reset is outstanding (lockstep on the wire): ask once it is answered.
+            remote.lost += 1
+            return
         await self._maybe_sync(remote)
         await self._send_request(remote, RolloutRequest(num_steps=num_steps))
 
@@ -1436,8 +1448,8 @@ class Learner:
             try:
                 answer = await self._answer_from(remote, operation)
                 if answer is None:
-                    owed = remote.lost
                     await self._prepare(remote, operation)
+                    owed, remote.lost = remote.lost, 0
                     for _ in range(owed):
                         await self._request_chunk(remote, num_steps)
                     continue

@@ -112,6 +112,10 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.AWAIT_STEP, _R, StepResult): State.IDLE,
         (State.AWAIT_STEP, _R, ErrorReport): State.IDLE,
         (State.IDLE, _S, Weights): State.IDLE,
+        # Weights need no answer: they may follow a reset or step the worker has not answered
+        # (a replacement worker is reset while a new version is published).
+        (State.AWAIT_RESET, _S, Weights): State.AWAIT_RESET,
+        (State.AWAIT_STEP, _S, Weights): State.AWAIT_STEP,
         (State.IDLE, _S, RolloutRequest): State.COLLECTING,
         (State.COLLECTING, _S, Weights): State.COLLECTING,
         (State.COLLECTING, _S, RolloutRequest): State.COLLECTING,
