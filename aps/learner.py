@@ -472,26 +472,31 @@ class Learner:
 
     async def _admit(self, session: Session) -> None:
         admitted = False
+        reason = ""
         try:
             await self._handshake(session)
             admitted = True
         except ApsError as exc:
-            self._refuse(session, exc)
+            reason = self._refuse(session, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # A bug must not leave a silent task behind: refuse the worker and say why.
             log.exception("admitting %s failed unexpectedly", session.peer)
-            self._refuse(session, exc)
+            reason = self._refuse(session, exc)
         finally:
             if not admitted:
-                await session.aclose()
+                # The goodbye tells the peer why (unless a Reject or a goodbye already did).
+                await session.aclose(reason)
 
-    def _refuse(self, session: Session, exc: BaseException) -> None:
-        text = f"{session.peer}: {type(exc).__name__}: {exc}"
+    def _refuse(self, session: Session, exc: BaseException) -> str:
+        """Log and remember why ``session`` was refused; return the reason for its goodbye."""
+        reason = f"{type(exc).__name__}: {exc}"
+        text = f"{session.peer}: {reason}"
         self._refusals.append(text)
         del self._refusals[:-20]  # keep the last few for error messages, never grow
         log.warning("refused a worker at %s", text)
+        return reason[:200]
 
     async def _reject(self, session: Session, error: ApsError) -> None:
         with contextlib.suppress(TransportError, InvalidState):
