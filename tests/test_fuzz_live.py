@@ -756,7 +756,7 @@ async def capture_honest_hello() -> bytes:
         async with asyncio.timeout(10):
             transport = await listener.accept()
             nonce = os.urandom(32)
-            await transport.send(codec.encode(Challenge(protocol_version=1, nonce=nonce)))
+            await transport.send(codec.encode(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce)))
             frame = await transport.receive()
         await transport.aclose()
     finally:
