@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         help="keep dialing a learner that is not up yet for this long (default %(default)s)",
     )
     worker.add_argument(
+        "--no-reconnect",
+        action="store_true",
+        help="end when the connection drops, instead of dialing again (for --connect-timeout) "
+        "and resuming the session",
+    )
+    worker.add_argument(
         "--label",
         default="",
         metavar="TEXT",
@@ -259,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             factory=client_factory(args.url, args.tls_ca),
             compute_delay=args.compute_delay,
             label=args.label,
+            reconnect=not args.no_reconnect,
             comm_delay=args.comm_delay,
             vector=args.vector,
         )

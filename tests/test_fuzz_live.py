@@ -756,7 +756,8 @@ async def capture_honest_hello() -> bytes:
         async with asyncio.timeout(10):
             transport = await listener.accept()
             nonce = os.urandom(32)
-            await transport.send(codec.encode(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce)))
+            challenge = Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce)
+            await transport.send(codec.encode(challenge))
             frame = await transport.receive()
         await transport.aclose()
     finally:

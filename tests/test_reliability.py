@@ -316,3 +316,37 @@ async def test_drop_goes_on_with_the_other_workers(fleet: Workers) -> None:
             async for chunk in learner.chunks(4):
                 assert chunk.worker_id != lost
                 break
+
+
+async def test_a_worker_without_reconnect_ends_when_its_link_drops(
+    relay_learner: tuple[aps.Learner, Relay],
+) -> None:
+    _, relay = relay_learner
+    worker = aps.Worker(relay.url, "CartPole-v1", timeouts=FAST, reconnect=False)
+    task = asyncio.create_task(worker.run())
+    await until(lambda: worker.worker_id is not None)
+    relay.cut()
+    with pytest.raises(aps.TransportError):
+        await asyncio.wait_for(task, 20)
+
+
+async def test_a_worker_joins_a_restarted_learner_as_a_new_worker(fleet: Workers) -> None:
+    async with aps.Learner(LOOPBACK, num_workers=1, timeouts=FAST) as first:
+        relay = Relay(first.url)
+        await relay.start()
+        try:
+            worker = fleet.task(relay.url, seed=5)
+            await asyncio.wait_for(first.reset(seed=0), 20)
+            await asyncio.wait_for(first.step(np.zeros(ENVS, np.int64)), 20)
+            # The learner "restarts": a new one takes over the address the workers dial.
+            async with aps.Learner(LOOPBACK, num_workers=1, timeouts=FAST) as second:
+                relay.retarget(second.url)
+                relay.cut()
+                ref = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * ENVS)
+                obs, _ = await asyncio.wait_for(second.reset(seed=3), 30)
+                np.testing.assert_array_equal(obs, ref.reset(seed=3)[0])
+                action = np.ones(ENVS, np.int64)
+                same_step(await asyncio.wait_for(second.step(action), 20), ref.step(action))
+                assert worker.resumes == 0 and second.workers[0].worker_id == 0
+        finally:
+            await relay.aclose()

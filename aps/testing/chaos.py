@@ -27,15 +27,20 @@ class Relay:
     """
 
     def __init__(self, learner_url: str) -> None:
-        parts = urlsplit(learner_url)
-        assert parts.hostname is not None and parts.port is not None
-        self._target = (parts.hostname, parts.port)
+        self.retarget(learner_url)
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self.lose_to_learner = False
         self.lose_to_worker = False
         self.cuts = 0
         self.url = ""
+
+    def retarget(self, learner_url: str) -> None:
+        """Send new connections to another learner (one that took over after a restart)."""
+        parts = urlsplit(learner_url)
+        if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
+            raise ValueError(f"a relay forwards to tcp://host:port, got {learner_url!r}")
+        self._target = (parts.hostname, parts.port)
 
     async def start(self) -> str:
         """Listen on a free 127.0.0.1 port; returns the URL workers dial (also :attr:`url`)."""
