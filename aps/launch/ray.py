@@ -121,10 +121,10 @@ class RayWorkers:
         address: the Ray cluster to join when Ray is not running here yet (``"auto"``,
             ``"ray://head:10001"``); ``None`` starts a local Ray.
         restart: let Ray restart a dead actor (up to ``max_restarts`` times); the restarted
-            actor dials the learner again. aps does not hand a worker's env slots to a
-            newcomer: a learner that already admitted all its workers refuses the restarted
-            one, and the lost worker's ``WorkerLost`` stands. Restarts help with deaths
-            before all workers are admitted (a preempted node during start-up).
+            actor dials the learner again as a new worker. A learner with
+            ``on_worker_lost="wait"`` gives it the lost worker's env slots; under
+            ``"raise"`` it is refused once all workers are admitted, and restarts only help
+            with deaths during start-up (a preempted node).
         max_restarts: how many restarts per actor with ``restart=True``.
         init_kwargs: more ``ray.init`` arguments, used only when this launcher starts Ray.
         runtime_env: Ray's runtime environment for the actors (``working_dir``, ``pip``,
