@@ -349,6 +349,7 @@ class Learner:
         self._counts: list[int] = []
         self._offsets: list[int] = []
         self._busy = False
+        self._partial: dict[_Remote, asyncio.Task[Message]] = {}  # send() -> recv()
         self._was_reset = False
         self._broken: ApsError | None = None
         self._closed = False
@@ -422,6 +423,7 @@ class Learner:
                 await self._stream.aclose()
         if self._gradient_mode:
             await self.stop_gradients()
+        await self._cancel_partial()
         self._closed = True
         if self._accept_task is not None:
             self._accept_task.cancel()
@@ -890,32 +892,164 @@ class Learner:
         """
         if not self._was_reset:
             raise InvalidState("call reset() before step()")
+        requests = self._step_requests(self._remotes, actions, self._counts)
+        answers = await self._exchange(requests, "step")
+        return self._step_results(self._remotes, answers)
+
+    def _step_requests(
+        self, remotes: Sequence[_Remote], actions: Any, counts: Sequence[int]
+    ) -> list[Request]:
         space = self.single_action_space
-        batch = check_batch(space, actions, self.num_envs)
+        batch = check_batch(space, actions, sum(counts))
         # A replacement's envs are reset instead of stepped (see _restarted_step).
-        requests: list[Request] = [
+        return [
             ResetRequest(seed=None, options=None)
             if remote.needs_reset or remote.reset_next
             else StepRequest(actions=part)
-            for remote, part in zip(self._remotes, split(space, batch, self._counts), strict=True)
+            for remote, part in zip(remotes, split(space, batch, counts), strict=True)
         ]
-        answers = await self._exchange(requests, "step")
+
+    def _step_results(self, remotes: Sequence[_Remote], answers: Sequence[Message]) -> StepReturn:
+        """Stitch the step answers of ``remotes`` (in env order) into one batch."""
         results = [
             self._restarted_step(remote, answer)
             if isinstance(answer, ResetResult)
             else _expect(answer, StepResult)
-            for remote, answer in zip(self._remotes, answers, strict=True)
+            for remote, answer in zip(remotes, answers, strict=True)
         ]
+        offsets = np.cumsum([0] + [r.info.num_envs for r in remotes]).tolist()
         # Concatenating copies even a single worker's batch: users get writable arrays.
         return (
             concat(self.single_observation_space, [r.obs for r in results]),
             np.concatenate([r.reward for r in results]),
             np.concatenate([r.terminated for r in results]),
             np.concatenate([r.truncated for r in results]),
-            merge_infos(
-                list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs
-            ),
+            merge_infos(list(zip(offsets, (r.info for r in results), strict=False)), offsets[-1]),
         )
+
+    # Partial batches (EnvPool's asynchronous API): send to some workers, take who is ready.
+
+    async def send(self, actions: Any, worker_ids: Sequence[int] | None = None) -> None:
+        """Step the envs of some workers without waiting for them; :meth:`recv` takes results.
+
+        With this and :meth:`recv` a learner overlaps its own work (inference, updates) with
+        the workers' stepping, and never waits for the slowest worker: send to the workers
+        :meth:`recv` returned, while the others are still stepping.
+
+        Args:
+            actions: a batch of actions for the envs of ``worker_ids``, in that order
+                (``sum`` of their ``num_envs`` rows).
+            worker_ids: the workers to step (default: every worker); none may have a step
+                sent and not yet received.
+
+        Raises:
+            ConfigError: an unknown or repeated worker id, or actions of the wrong shape
+                (nothing was sent).
+            InvalidState: called before :meth:`reset`, for a worker whose last step is not
+                received yet, or while another kind of operation runs.
+        """
+        if not self._was_reset:
+            raise InvalidState("call reset() before send()")
+        if not self._partial:
+            await self._lockstep("send")
+        remotes = self._select(worker_ids)
+        requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
+        self._busy = True
+        for remote, request in zip(remotes, requests, strict=True):
+            # Registered first: a send that fails below is still answered (or raised) in recv.
+            self._partial[remote] = asyncio.create_task(
+                self._partial_answer(remote, request), name=f"aps step {remote.info.worker_id}"
+            )
+            try:
+                await self._send_request(remote, request)
+            except WorkerLost as exc:
+                self._broken = exc
+                await self._cancel_partial()
+                raise
+
+    def _select(self, worker_ids: Sequence[int] | None) -> list[_Remote]:
+        by_id = {r.info.worker_id: r for r in self._remotes}
+        ids = list(by_id) if worker_ids is None else list(worker_ids)
+        if len(set(ids)) != len(ids) or not ids:
+            raise ConfigError(f"worker_ids must be distinct and not empty, got {worker_ids!r}")
+        for worker_id in ids:
+            remote = by_id.get(worker_id)
+            if remote is None:
+                raise ConfigError(
+                    f"no worker {worker_id!r}; the workers are {sorted(by_id)} (see .workers)"
+                )
+            if remote in self._partial:
+                raise InvalidState(
+                    f"worker {worker_id} still has a step sent and not received; recv() first"
+                )
+        return [by_id[i] for i in ids]
+
+    async def _partial_answer(self, remote: _Remote, request: Request) -> Message:
+        answer = await self._answer_from(remote, "step")
+        if answer is None:
+            answer = await self._after_restart(remote, request, "step")
+        return answer
+
+    async def recv(self, min_workers: int = 1) -> StepReturn:
+        """Wait until ``min_workers`` of the workers sent to have answered; return their envs.
+
+        Returns every worker that has answered by then (at least ``min_workers``), in env
+        order, batched like :meth:`step`; ``info["env_id"]`` holds each row's global env
+        index (as EnvPool does).
+
+        Raises:
+            ConfigError: ``min_workers`` is not between 1 and the workers awaited.
+            InvalidState: nothing was sent.
+            WorkerError | WorkerLost | Timeout: as :meth:`step`.
+        """
+        waiting = self._partial
+        if not waiting:
+            raise InvalidState("send() before recv()")
+        if not isinstance(min_workers, int) or not 1 <= min_workers <= len(waiting):
+            raise ConfigError(
+                f"min_workers must be in 1..{len(waiting)} (the workers sent to), "
+                f"got {min_workers!r}"
+            )
+        while sum(task.done() for task in waiting.values()) < min_workers:
+            await asyncio.wait(
+                [t for t in waiting.values() if not t.done()], return_when=asyncio.FIRST_COMPLETED
+            )
+        ready = [r for r in self._remotes if r in waiting and waiting[r].done()]
+        answers: list[Message] = []
+        failure: BaseException | None = None
+        for remote in ready:
+            task = waiting.pop(remote)
+            error = task.exception() if not task.cancelled() else InvalidState("cancelled")
+            if error is not None:
+                failure = failure or error
+            elif isinstance(answer := task.result(), ErrorReport):
+                failure = failure or self._worker_error(remote, answer)
+            else:
+                answers.append(answer)
+        if isinstance(failure, WorkerLost | Timeout | ProtocolError):
+            self._broken = failure
+            await self._cancel_partial()
+        if not waiting:
+            self._busy = False
+        if failure is not None:
+            raise failure
+        result = self._step_results(ready, answers)
+        env_ids = np.concatenate(
+            [np.arange(r.info.env_offset, r.info.env_offset + r.info.num_envs) for r in ready]
+        )
+        result[4]["env_id"] = env_ids
+        result[4]["_env_id"] = np.ones(len(env_ids), dtype=np.bool_)
+        return result
+
+    async def _cancel_partial(self) -> None:
+        tasks = list(self._partial.values())
+        self._partial.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if tasks:
+            self._busy = False
 
     def _restarted_step(self, remote: _Remote, reset: ResetResult) -> StepResult:
         """Turn the reset of a replacement worker's envs into their step result.
@@ -939,8 +1073,8 @@ class Learner:
             info=info,
         )
 
-    async def _exchange(self, requests: Sequence[Request], operation: str) -> list[Message]:
-        """Send one request per worker, then collect one answer from each, in worker order."""
+    async def _lockstep(self, operation: str) -> None:
+        """Refuse a lockstep call the learner cannot make now; end an abandoned stream."""
         if self._stream is not None:
             await self._stream.aclose()  # a new operation ends an abandoned chunk stream
         if self._broken is not None:
@@ -953,7 +1087,12 @@ class Learner:
                 "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
             )
         if self._busy:
-            raise InvalidState(f"{operation}() called while another reset/step is running")
+            what = "sent steps are not all received (recv())" if self._partial else "running"
+            raise InvalidState(f"{operation}() called while another operation is {what}")
+
+    async def _exchange(self, requests: Sequence[Request], operation: str) -> list[Message]:
+        """Send one request per worker, then collect one answer from each, in worker order."""
+        await self._lockstep(operation)
         self._busy = True
         try:
             return await self._exchange_unguarded(requests, operation)
