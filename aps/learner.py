@@ -24,6 +24,7 @@ import collections
 import contextlib
 import dataclasses
 import ipaddress
+import itertools
 import logging
 import math
 import os
@@ -917,7 +918,7 @@ class Learner:
             else _expect(answer, StepResult)
             for remote, answer in zip(remotes, answers, strict=True)
         ]
-        offsets = np.cumsum([0] + [r.info.num_envs for r in remotes]).tolist()
+        offsets = [0, *itertools.accumulate(r.info.num_envs for r in remotes)]
         # Concatenating copies even a single worker's batch: users get writable arrays.
         return (
             concat(self.single_observation_space, [r.obs for r in results]),
