@@ -594,6 +594,7 @@ class Learner:
             remote.received <= hello.served <= remote.sent
             and hello.num_envs == info.num_envs
             and hello.version <= remote.metrics.version
+            and info.worker_id not in self._dropped
         ):
             await self._reject(
                 session,
@@ -602,7 +603,9 @@ class Learner:
                     f"{hello.served} requests of {info.num_envs} envs holding version "
                     f"{hello.version}, but it was sent {remote.sent} requests "
                     f"({remote.received} answered) for {info.num_envs} envs, and version "
-                    f"{remote.metrics.version}; restart the worker without resuming"
+                    f"{remote.metrics.version}"
+                    + (", and it was dropped" if info.worker_id in self._dropped else "")
+                    + "; restart the worker without resuming"
                 ),
             )
         await self._welcome(session, hello, info.worker_id, remote.session_id, resumed=True)

@@ -253,6 +253,8 @@ class Worker:
             ProtocolError: the learner broke the protocol or speaks another version.
             ConnectionLost: the connection broke and ``reconnect`` is off.
         """
+        loop = asyncio.get_running_loop()
+        lost_at: float | None = None  # when the session's connection last dropped
         try:
             while True:
                 session = Session(
@@ -262,11 +264,16 @@ class Worker:
                 )
                 try:
                     await self._handshake(session)
+                    lost_at = None
                     session.start_heartbeats()
                     await self._serve(session)
                     return
                 except (TransportError, Timeout) as exc:
-                    if not self._can_resume(session, exc):
+                    lost_at = loop.time() if lost_at is None else lost_at
+                    # A learner that keeps failing the resume is given up on like one that
+                    # cannot be reached: after timeouts.connect.
+                    late = loop.time() - lost_at > self._timeouts.connect
+                    if late or not self._can_resume(session, exc):
                         raise
                     log.warning(
                         "worker %s lost its learner at %s (%s); dialing again to resume",
