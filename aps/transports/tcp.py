@@ -1,6 +1,8 @@
 """The TCP transport: ``tcp://host:port``, optionally with TLS.
 
-Frames travel over asyncio streams behind the 4-byte length header of :mod:`aps.framing`.
+Frames travel behind the 4-byte length header of :mod:`aps.framing`, read by an
+:class:`asyncio.BufferedProtocol` straight into the frame decoder's memory: a large frame is
+allocated once, at its announced size after the size check, and filled by the socket reads.
 Listening on port 0 binds a free port, which :attr:`TCPListener.url` reports; IPv6 literals
 go in brackets (``tcp://[::1]:0``). An empty host (``tcp://:5555``) listens on all
 interfaces.
@@ -34,10 +36,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import ssl
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 from urllib.parse import urlsplit
 
 from aps._typing import Frame
@@ -51,21 +55,15 @@ from aps.errors import (
     Timeout,
     TransportClosed,
 )
-from aps.framing import (
-    HEADER_SIZE,
-    check_max_frame_size,
-    frame_header,
-    frame_view,
-    parse_header,
-)
+from aps.framing import FrameDecoder, check_max_frame_size, frame_header, frame_view
 from aps.transports._util import AcceptQueue, check_ssl_side, detach, format_host, owned_payload
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["TCPFactory", "TCPListener", "TCPTransport"]
 
-# The StreamReader pauses the socket once twice this many bytes wait unread. readexactly()
-# is not bounded by it; a larger value means fewer pause/resume round trips for big frames.
-_READ_LIMIT = 2**20
+# Reading pauses once whole frames of this many bytes wait for receive(), so a slow consumer
+# bounds the memory a fast peer can make it hold. A frame being read is always finished.
+_READ_LIMIT = 2 * 2**20
 
 # Frames up to this size are copied behind their header and written with one call (one
 # syscall, one TCP segment for small messages). Larger payloads are written separately so the
@@ -78,14 +76,142 @@ _COALESCE_LIMIT = 64 * 2**10
 _CLOSE_TIMEOUT = 5.0
 
 
-class _ClosedLocally(Exception):
-    """Injected into the stream reader by aclose() to wake a pending receive."""
-
-
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """The event loop's side of one connection: frames in, write flow control out.
+
+    Bytes are read straight into the :class:`~aps.framing.FrameDecoder`'s memory: a large
+    frame is allocated once at its announced size (after the size check) and filled by the
+    socket reads themselves, so it is neither grown nor copied on its way in.
+    """
+
+    def __init__(
+        self, max_frame_size: int, on_connect: Callable[[_Connection], None] | None = None
+    ) -> None:
+        self.decoder = FrameDecoder(max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self._on_connect = on_connect
+        self._loop = asyncio.get_running_loop()
+        self._over_ssl = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Set when the peer ended its side (eof) or the connection is gone (lost).
+        self.eof = False
+        self.lost = False
+        self.lost_error: BaseException | None = None
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+
+    # asyncio.BufferedProtocol callbacks.
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's do not subclass asyncio.Transport).
+        self.transport = cast(asyncio.Transport, transport)
+        self._over_ssl = transport.get_extra_info("sslcontext") is not None
+        if self._on_connect is not None:
+            self._on_connect(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        decoder = self.decoder
+        decoder.buffer_updated(nbytes)
+        if decoder.ready_bytes or decoder.failed:
+            if decoder.ready_bytes >= _READ_LIMIT or decoder.failed:
+                # A refused header leaves nothing worth reading: receive() closes.
+                self._pause_reading()
+            self.wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.wake()
+        # Plain TCP stays open for writing after the peer's FIN (as asyncio streams do);
+        # TLS cannot half-close.
+        return not self._over_ssl
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.lost_error = exc
+        self.wake()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # Used by TCPTransport.
+
+    def wake(self) -> None:
+        """Wake the pending receive(), if any, to look at the state again."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wake_senders(self) -> None:
+        """Wake every send() waiting for buffer space (aclose does, so they see it)."""
+        self.resume_writing()
+
+    async def wait(self) -> None:
+        """Wait until :meth:`wake` is called; cancelling loses nothing."""
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def frame_taken(self) -> None:
+        """receive() took a frame: read again if the backlog is small enough now."""
+        if self._reading_paused and self.decoder.ready_bytes < _READ_LIMIT:
+            self._reading_paused = False
+            assert self.transport is not None
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    async def drain(self) -> None:
+        """Wait until the write buffer is below its high-water mark.
+
+        Raises:
+            ConnectionResetError: the connection is gone (or broke meanwhile).
+        """
+        if self.lost:
+            raise self.lost_error or ConnectionResetError("connection lost")
+        if not self._writing_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._drain_waiters:
+                self._drain_waiters.remove(waiter)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused:
+            self._reading_paused = True
+            assert self.transport is not None
+            if not self.transport.is_closing():
+                self.transport.pause_reading()
 
 
 class TCPTransport:
@@ -99,23 +225,20 @@ class TCPTransport:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        connection: _Connection,
+        transport: asyncio.Transport,
         *,
         peer: str,
         max_frame_size: int,
     ) -> None:
-        self._reader = reader
-        self._writer = writer
+        self._connection = connection
+        self._transport = transport
         self._peer_name = peer
         self.max_frame_size = max_frame_size
         self._send_lock = asyncio.Lock()
         self._receiving = False
         self._closed = False
-        # The body length announced by a header that receive() consumed before it was
-        # cancelled: the next receive() must read that body, not a new header.
-        self._pending_length: int | None = None
-        sock = writer.get_extra_info("socket")
+        sock = self._transport.get_extra_info("socket")
         if sock is not None:
             try:
                 # asyncio usually sets this already; small frames (heartbeats, step replies)
@@ -131,6 +254,10 @@ class TCPTransport:
 
     async def send(self, frame: Frame) -> None:
         """Send one whole frame; concurrent calls are serialized.
+
+        A large ``bytes`` payload is handed to the event loop as is, behind its header,
+        without a copy (other buffer types are copied once, so that mutating them after
+        ``send`` returns cannot change what is sent).
 
         Cancellation: the frame is handed to the event loop's buffer in one synchronous step,
         so cancelling while waiting for buffer space still delivers it whole, and cancelling
@@ -151,15 +278,17 @@ class TCPTransport:
         async with self._send_lock:
             if self._closed:
                 raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
-            writer = self._writer
+            connection = self._connection
             try:
+                if connection.lost:
+                    raise connection.lost_error or ConnectionResetError("connection lost")
                 if size <= _COALESCE_LIMIT:
-                    writer.write(frame_header(size) + view)
+                    self._transport.write(frame_header(size) + view)
                 else:
-                    writer.write(frame_header(size))
-                    writer.write(owned_payload(view))
-                await writer.drain()
-            except (OSError, _ClosedLocally) as exc:
+                    self._transport.write(frame_header(size))
+                    self._transport.write(owned_payload(view))
+                await connection.drain()
+            except OSError as exc:
                 if self._closed:
                     raise TransportClosed(
                         f"cannot send to {self.peer}: this transport was closed"
@@ -175,8 +304,9 @@ class TCPTransport:
     async def receive(self) -> bytes:
         """Wait for the next whole frame.
 
-        Cancellation: no frame is lost. Bytes stay in the stream buffer until a whole frame
-        is there, and a header already read is remembered for the next call.
+        Frames that arrived before the connection ended (cleanly or not) are returned
+        first. Cancellation: no frame is lost; bytes stay in the decoder until a whole
+        frame is there.
 
         Raises:
             EndOfStream: the peer closed cleanly, at a frame boundary.
@@ -194,61 +324,71 @@ class TCPTransport:
         if self._closed:
             raise TransportClosed(f"cannot receive from {self.peer}: this transport is closed")
         self._receiving = True
+        connection = self._connection
         try:
-            if self._pending_length is None:
-                length = parse_header(await self._reader.readexactly(HEADER_SIZE))
-                if length > self.max_frame_size:
+            while True:
+                try:
+                    frame = connection.decoder.next_frame()
+                except FrameTooLarge:
                     await self.aclose()
-                    raise FrameTooLarge(length, self.max_frame_size)
-                self._pending_length = length
-            frame = await self._reader.readexactly(self._pending_length)
-            self._pending_length = None
-            return frame
-        except asyncio.IncompleteReadError as exc:
-            if self._closed:
-                raise TransportClosed(
-                    f"cannot receive from {self.peer}: this transport was closed"
-                ) from None
-            if self._pending_length is None and not exc.partial:
-                raise EndOfStream(f"{self.peer} closed the connection") from None
-            expected = HEADER_SIZE if self._pending_length is None else self._pending_length
-            raise ConnectionLost(
-                f"{self.peer} closed the connection in the middle of a frame "
-                f"({len(exc.partial)} of {expected} bytes arrived)"
-            ) from exc
-        except (OSError, _ClosedLocally) as exc:
-            if self._closed:
-                raise TransportClosed(
-                    f"cannot receive from {self.peer}: this transport was closed"
-                ) from None
-            raise ConnectionLost(
-                f"connection to {self.peer} lost while receiving: {_reason(exc)}"
-            ) from exc
+                    raise
+                if frame is not None:
+                    connection.frame_taken()
+                    return frame
+                if self._closed:
+                    raise TransportClosed(
+                        f"cannot receive from {self.peer}: this transport was closed"
+                    )
+                if connection.eof or connection.lost:
+                    raise self._ended()
+                await connection.wait()
         finally:
             self._receiving = False
+
+    def _ended(self) -> EndOfStream | ConnectionLost:
+        """The error for a connection that ended with no whole frame left to return."""
+        connection = self._connection
+        error = connection.lost_error
+        if error is not None:
+            lost = ConnectionLost(
+                f"connection to {self.peer} lost while receiving: {_reason(error)}"
+            )
+            lost.__cause__ = error
+            return lost
+        partial = connection.decoder.partial
+        if partial is None:
+            return EndOfStream(f"{self.peer} closed the connection")
+        arrived, expected = partial
+        return ConnectionLost(
+            f"{self.peer} closed the connection in the middle of a frame "
+            f"({arrived} of {expected} bytes arrived)"
+        )
 
     async def aclose(self) -> None:
         """Close the connection after flushing frames already sent.
 
-        Idempotent and never raises a backend error. Wakes a pending ``receive`` at once;
-        waits up to a few seconds for buffered frames to leave, then aborts. If cancelled,
-        the connection is aborted before the cancellation propagates.
+        Idempotent and never raises a backend error. Wakes a pending ``receive`` (and a
+        ``send`` waiting for buffer space) at once; waits up to a few seconds for buffered
+        frames to leave, then aborts. If cancelled, the connection is aborted before the
+        cancellation propagates.
         """
         if self._closed:
             return
         self._closed = True
-        self._reader.set_exception(_ClosedLocally())
-        writer = self._writer
+        connection = self._connection
+        connection.wake()
+        connection.wake_senders()
+        transport = self._transport
         try:
-            writer.close()
+            transport.close()
             async with asyncio.timeout(_CLOSE_TIMEOUT):
-                await writer.wait_closed()
+                await asyncio.shield(connection.closed)
         except asyncio.CancelledError:
-            writer.transport.abort()
+            transport.abort()
             raise
         except Exception:
             # A reset, a TLS error or the timeout: the connection is unusable either way.
-            writer.transport.abort()
+            transport.abort()
 
     async def __aenter__(self) -> Self:
         return self
@@ -319,11 +459,12 @@ class TCPListener:
     def __repr__(self) -> str:
         return f"<TCPListener {self.url}>"
 
-    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _on_connect(self, connection: _Connection) -> None:
+        assert connection.transport is not None  # this runs in connection_made
         transport = TCPTransport(
-            reader,
-            writer,
-            peer=_peer_of(writer, self._scheme, fallback=f"{self._scheme}://unknown"),
+            connection,
+            connection.transport,
+            peer=_peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown"),
             max_frame_size=self._max_frame_size,
         )
         if not self._queue.put(transport):
@@ -365,11 +506,12 @@ class TCPFactory:
             ConfigError: ``url`` is malformed, or the SSL context is a server-side one.
         """
         scheme, host, port = _parse_url(url, listening=False)
+        assert host is not None  # _parse_url refuses a url without one
         context = check_ssl_side(self._client_ssl, "client", url, "TCPFactory")
         try:
             async with asyncio.timeout(timeout) as deadline:
-                reader, writer = await asyncio.open_connection(
-                    host, port, ssl=context, limit=_READ_LIMIT
+                transport, connection = await asyncio.get_running_loop().create_connection(
+                    lambda: _Connection(self.max_frame_size), host, port, ssl=context
                 )
         except TimeoutError as exc:
             if deadline.expired():
@@ -386,10 +528,12 @@ class TCPFactory:
                 "that address with matching TLS settings",
                 url=url,
             ) from exc
+        # uvloop may call connection_made only after create_connection returned, so the
+        # transport comes from here.
         return TCPTransport(
-            reader,
-            writer,
-            peer=_peer_of(writer, scheme, fallback=url),
+            connection,
+            transport,
+            peer=_peer_of(transport, scheme, fallback=url),
             max_frame_size=self.max_frame_size,
         )
 
@@ -410,8 +554,12 @@ class TCPFactory:
         try:
             if port == 0:
                 host = await _first_address(host)
-            server = await asyncio.start_server(
-                listener._on_connect, host, port, ssl=context, limit=_READ_LIMIT
+            max_frame_size = self.max_frame_size
+            server = await asyncio.get_running_loop().create_server(
+                lambda: _Connection(max_frame_size, listener._on_connect),
+                host,
+                port,
+                ssl=context,
             )
         except OSError as exc:
             raise ConnectError(
@@ -463,8 +611,8 @@ async def _first_address(host: str | None) -> str:
     return str(infos[0][4][0])
 
 
-def _peer_of(writer: asyncio.StreamWriter, scheme: str, *, fallback: str) -> str:
-    address = writer.get_extra_info("peername")
+def _peer_of(transport: asyncio.BaseTransport, scheme: str, *, fallback: str) -> str:
+    address = transport.get_extra_info("peername")
     if isinstance(address, tuple) and len(address) >= 2:
         return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
     return fallback
