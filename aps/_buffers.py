@@ -8,11 +8,13 @@ machines makes it several times slower to write than memory already in use.
 
 :func:`allocate` therefore does what CPython's own readers (``socket.recv``, ``os.read``) do
 in C: it creates an uninitialised ``bytes`` object and hands out a writable view of its
-contents, to be filled before anyone else sees the object. It also advises the kernel to
-back buffers of 4 MiB and more with transparent huge pages (one fault per 2 MiB instead of
-per 4 KiB), as numpy does for its own large arrays.
+contents, to be filled before anyone else sees the object.
 
-Both are CPython details, reached through :mod:`ctypes`. Where they are unavailable (another
+(Advising transparent huge pages for these buffers, as numpy does for its arrays, was tried
+and dropped: on virtual machines that hand free memory back to the host, a fresh huge page
+can cost more than the 4 KiB faults it saves; a 40 MB frame took 100 ms instead of 27 ms.)
+
+This is a CPython detail, reached through :mod:`ctypes`. Where it is unavailable (another
 interpreter, a build without ``ctypes``), :func:`allocate` returns a ``bytearray`` and
 :func:`seal` copies it into ``bytes``: correct, one copy slower.
 """
@@ -23,12 +25,6 @@ import sys
 from typing import Any
 
 __all__ = ["allocate", "seal"]
-
-# Buffers at least this large get the huge-page advice (numpy's threshold too): smaller ones
-# come from the heap, often from memory already touched.
-_HUGE_PAGE_AFTER = 4 * 2**20
-_PAGE = 4096
-_MADV_HUGEPAGE = 14  # Linux only; other systems never get the advice
 
 
 def _fillable_bytes() -> Any:
@@ -45,23 +41,10 @@ def _fillable_bytes() -> Any:
     # The characters of a bytes object start where its fixed part ends, less the one byte
     # reserved for the trailing NUL (PyBytesObject_SIZE is offsetof(ob_sval) + 1).
     offset = bytes.__basicsize__ - 1
-    madvise = None
-    if sys.platform.startswith("linux"):
-        try:
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-            madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            madvise.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            madvise = None
 
     def new(size: int) -> tuple[bytes, memoryview]:
         data: bytes = create(None, size)
         address = id(data) + offset  # in CPython, id() is the object's address
-        if madvise is not None and size >= _HUGE_PAGE_AFTER:
-            # Only whole pages inside the buffer; the advice is a hint and may be refused.
-            start = -(-address // _PAGE) * _PAGE
-            end = (address + size) // _PAGE * _PAGE
-            madvise(start, end - start, _MADV_HUGEPAGE)
         view = memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")
         return data, view
 
