@@ -189,22 +189,21 @@ class _Connection(asyncio.BufferedProtocol):
                 self.transport.resume_reading()
 
     async def drain(self) -> None:
-        """Wait until the write buffer is below its high-water mark.
+        """Wait until the write buffer is below its low-water mark, if it went over the high.
 
         Raises:
             ConnectionResetError: the connection is gone (or broke meanwhile).
         """
+        if self._writing_paused and not self.lost:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._drain_waiters:
+                    self._drain_waiters.remove(waiter)
         if self.lost:
             raise self.lost_error or ConnectionResetError("connection lost")
-        if not self._writing_paused:
-            return
-        waiter = self._loop.create_future()
-        self._drain_waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if waiter in self._drain_waiters:
-                self._drain_waiters.remove(waiter)
 
     def _pause_reading(self) -> None:
         if not self._reading_paused:
@@ -255,14 +254,17 @@ class TCPTransport:
     async def send(self, frame: Frame) -> None:
         """Send one whole frame; concurrent calls are serialized.
 
-        A large ``bytes`` payload is handed to the event loop as is, behind its header,
-        without a copy (other buffer types are copied once, so that mutating them after
-        ``send`` returns cannot change what is sent).
+        The frame is handed to the event loop once the frames sent before it have (nearly)
+        left, and ``send`` returns without waiting for it to leave in turn: a connection
+        buffers at most one frame plus 64 KiB, and a large frame sent to several peers one
+        after the other goes out to all of them at once. A ``bytes`` payload is buffered as
+        is, without a copy (other buffer types are copied once, so that mutating them after
+        ``send`` returns cannot change what is sent). A connection that breaks after that
+        raises on the next call.
 
-        Cancellation: the frame is handed to the event loop's buffer in one synchronous step,
-        so cancelling while waiting for buffer space still delivers it whole, and cancelling
-        while waiting for another sender delivers nothing. Either way the stream stays in
-        step.
+        Cancellation: while waiting for another sender or for earlier frames to leave,
+        nothing is sent; the frame is then handed over whole in one synchronous step.
+        Either way the stream stays in step.
 
         Raises:
             TransportClosed: this side already closed (also raised if it closes meanwhile).
@@ -276,30 +278,25 @@ class TCPTransport:
         if size > self.max_frame_size:
             raise FrameTooLarge(size, self.max_frame_size)
         async with self._send_lock:
-            if self._closed:
-                raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
             connection = self._connection
             try:
-                if connection.lost:
-                    raise connection.lost_error or ConnectionResetError("connection lost")
-                if size <= _COALESCE_LIMIT:
-                    self._transport.write(frame_header(size) + view)
-                else:
-                    self._transport.write(frame_header(size))
-                    self._transport.write(owned_payload(view))
-                await connection.drain()
+                if not self._closed:
+                    await connection.drain()
+                    if self._transport.is_closing() and not self._closed:
+                        # Bytes written now would be dropped without a word.
+                        raise ConnectionResetError("the connection is closing")
             except OSError as exc:
-                if self._closed:
-                    raise TransportClosed(
-                        f"cannot send to {self.peer}: this transport was closed"
-                    ) from None
-                raise ConnectionLost(
-                    f"connection to {self.peer} lost while sending: {_reason(exc)}"
-                ) from exc
+                if not self._closed:
+                    raise ConnectionLost(
+                        f"connection to {self.peer} lost while sending: {_reason(exc)}"
+                    ) from exc
             if self._closed:
-                # aclose() ran while this frame waited for buffer space; an abort may have
-                # dropped it, so do not report success.
-                raise TransportClosed(f"cannot send to {self.peer}: this transport was closed")
+                raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
+            if size <= _COALESCE_LIMIT:
+                self._transport.write(frame_header(size) + view)
+            else:
+                self._transport.write(frame_header(size))
+                self._transport.write(owned_payload(view))
 
     async def receive(self) -> bytes:
         """Wait for the next whole frame.
