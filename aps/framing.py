@@ -5,9 +5,10 @@ behind a header: its length as a 4-byte little-endian unsigned integer. Frames a
 at most ``2**32 - 1`` bytes; a transport usually sets a much lower ``max_frame_size``.
 
 Sending is :func:`encode_frame` (or :func:`frame_header` followed by the payload, which avoids
-copying a large payload). Receiving is a :class:`FrameDecoder`: feed it whatever bytes arrived,
-then take whole frames out. The decoder checks each header against its limit before it buffers
-the body, so a peer cannot make it allocate more than one read's worth beyond the limit.
+copying a large payload). Receiving is a :class:`FrameDecoder`: feed it whatever bytes arrived
+(or let the reader write straight into its buffers, as :class:`asyncio.BufferedProtocol`
+does), then take whole frames out. The decoder checks each header against its limit before it
+allocates the body, so a peer cannot make it allocate more than the limit.
 
 This module does no I/O and imports no event loop, so it is tested with plain function calls.
 

@@ -538,10 +538,10 @@ def test_tcp_large_frames_round_trip_both_ways(
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_tcp_send_buffers_one_frame_then_waits_for_the_reader(loop: str) -> None:
+def test_tcp_send_queues_small_frames_behind_a_large_one_then_waits(loop: str) -> None:
     size = 48 * 2**20  # more than the kernel's socket buffers take
-    first = bytes(range(256)) * (size // 256)
-    second = b"next"
+    large = bytes(range(256)) * (size // 256)
+    small = [bytes([i % 256]) * 1000 for i in range(200)]  # 1004 bytes each on the wire
 
     async def main() -> None:
         reading = asyncio.Event()
@@ -549,24 +549,33 @@ def test_tcp_send_buffers_one_frame_then_waits_for_the_reader(loop: str) -> None
 
         async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reading.wait()
-            for _ in range(2):
-                length = aps.framing.parse_header(await reader.readexactly(4))
-                received.append(await reader.readexactly(length))
+            while header := await reader.read(4):
+                header += await reader.readexactly(4 - len(header))
+                received.append(await reader.readexactly(aps.framing.parse_header(header)))
 
         async with raw_server(handler) as address:
-            async with await TCPFactory(max_frame_size=size).connect(
-                f"tcp://{address}", timeout=5
-            ) as transport:
-                await transport.send(first)  # buffered whole: send() returns
+            factory = TCPFactory(max_frame_size=size)
+            async with await factory.connect(f"tcp://{address}", timeout=5) as transport:
                 assert isinstance(transport, TCPTransport)
-                assert transport._transport.get_write_buffer_size() > 0
-                blocked = asyncio.create_task(transport.send(second))
+                await transport.send(large)  # nobody reads, yet send() returns
+                assert transport._transport.get_write_buffer_size() > 2**20
+                sent = 0
+
+                async def send_small() -> None:
+                    nonlocal sent
+                    for frame in small:
+                        await transport.send(frame)
+                        sent += 1
+
+                blocked = asyncio.create_task(send_small())
                 await asyncio.sleep(0.2)
-                assert not blocked.done()  # backpressure: the first frame has not left yet
+                # Small frames queue behind the large one up to 64 KiB, then wait for it.
+                assert not blocked.done()
+                assert 60 <= sent <= 66, sent
                 reading.set()
                 await blocked
-                await until(lambda: len(received) == 2, "both frames")
-                assert received == [first, second]
+                await until(lambda: len(received) == 1 + len(small), "every frame")
+        assert received == [large, *small]
 
     run_on(loop, main)
 

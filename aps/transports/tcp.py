@@ -55,7 +55,13 @@ from aps.errors import (
     Timeout,
     TransportClosed,
 )
-from aps.framing import FrameDecoder, check_max_frame_size, frame_header, frame_view
+from aps.framing import (
+    HEADER_SIZE,
+    FrameDecoder,
+    check_max_frame_size,
+    frame_header,
+    frame_view,
+)
 from aps.transports._util import AcceptQueue, check_ssl_side, detach, format_host, owned_payload
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
@@ -64,6 +70,10 @@ __all__ = ["TCPFactory", "TCPListener", "TCPTransport"]
 # Reading pauses once whole frames of this many bytes wait for receive(), so a slow consumer
 # bounds the memory a fast peer can make it hold. A frame being read is always finished.
 _READ_LIMIT = 2 * 2**20
+
+# send() waits while more than this many bytes wait in the write buffer, besides the last
+# large frame (one over this size): a small frame does not wait for a large one to leave.
+_BACKLOG = 64 * 2**10
 
 # Frames up to this size are copied behind their header and written with one call (one
 # syscall, one TCP segment for small messages). Larger payloads are written separately so the
@@ -102,6 +112,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The wire size of the last large frame written since the buffer last drained, and
+        # the bytes written after it: small frames may queue behind one large frame.
+        self._large = 0
+        self._after_large = 0
         # Set when the peer ended its side (eof) or the connection is gone (lost).
         self.eof = False
         self.lost = False
@@ -155,10 +169,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        self._large = self._after_large = 0  # the buffer drained: nothing large waits
+        self.wake_senders()
 
     # Used by TCPTransport.
 
@@ -169,8 +181,11 @@ class _Connection(asyncio.BufferedProtocol):
             waiter.set_result(None)
 
     def wake_senders(self) -> None:
-        """Wake every send() waiting for buffer space (aclose does, so they see it)."""
-        self.resume_writing()
+        """Wake every send() waiting for buffer space (aclose does too, so they see it)."""
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait(self) -> None:
         """Wait until :meth:`wake` is called; cancelling loses nothing."""
@@ -188,20 +203,35 @@ class _Connection(asyncio.BufferedProtocol):
             if not self.transport.is_closing():
                 self.transport.resume_reading()
 
-    async def drain(self) -> None:
-        """Wait until the write buffer is below its low-water mark, if it went over the high.
+    def handed_over(self, nbytes: int) -> None:
+        """Count a frame of ``nbytes`` (header included) just written to the transport."""
+        if nbytes > _BACKLOG:
+            self._large = nbytes
+            self._after_large = 0
+        else:
+            self._after_large += nbytes
+
+    async def drain(self, transport: asyncio.Transport) -> None:
+        """Wait while the write buffer holds more than 64 KiB besides the last large frame.
+
+        A wait lasts until the buffer is back below asyncio's low-water mark (16 KiB by
+        default), which also forgets the large frame.
 
         Raises:
             ConnectionResetError: the connection is gone (or broke meanwhile).
         """
+        allowance = _BACKLOG
+        if self._after_large <= _BACKLOG:
+            allowance += self._large
         if self._writing_paused and not self.lost:
-            waiter = self._loop.create_future()
-            self._drain_waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._drain_waiters:
-                    self._drain_waiters.remove(waiter)
+            if transport.get_write_buffer_size() > allowance:
+                waiter = self._loop.create_future()
+                self._drain_waiters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    if waiter in self._drain_waiters:
+                        self._drain_waiters.remove(waiter)
         if self.lost:
             raise self.lost_error or ConnectionResetError("connection lost")
 
@@ -254,13 +284,15 @@ class TCPTransport:
     async def send(self, frame: Frame) -> None:
         """Send one whole frame; concurrent calls are serialized.
 
-        The frame is handed to the event loop once the frames sent before it have (nearly)
-        left, and ``send`` returns without waiting for it to leave in turn: a connection
-        buffers at most one frame plus 64 KiB, and a large frame sent to several peers one
-        after the other goes out to all of them at once. A ``bytes`` payload is buffered as
-        is, without a copy (other buffer types are copied once, so that mutating them after
-        ``send`` returns cannot change what is sent). A connection that breaks after that
-        raises on the next call.
+        ``send`` hands the frame to the event loop and returns without waiting for it to
+        leave, as long as the connection holds at most 64 KiB of unsent data besides the
+        last large frame (over 64 KiB) it was handed; otherwise it first waits for the
+        buffer to drain. So a large frame and the small ones after it do not wait for each
+        other, a large frame sent to several peers one after the other goes out to all of
+        them at once, and a connection never holds more than two large frames plus 64 KiB.
+        A ``bytes`` payload is buffered as is, without a copy (other buffer types are copied
+        once, so that mutating them after ``send`` returns cannot change what is sent). A
+        connection that breaks after the frame was handed over raises on the next call.
 
         Cancellation: while waiting for another sender or for earlier frames to leave,
         nothing is sent; the frame is then handed over whole in one synchronous step.
@@ -281,7 +313,7 @@ class TCPTransport:
             connection = self._connection
             try:
                 if not self._closed:
-                    await connection.drain()
+                    await connection.drain(self._transport)
                     if self._transport.is_closing() and not self._closed:
                         # Bytes written now would be dropped without a word.
                         raise ConnectionResetError("the connection is closing")
@@ -297,6 +329,7 @@ class TCPTransport:
             else:
                 self._transport.write(frame_header(size))
                 self._transport.write(owned_payload(view))
+            connection.handed_over(HEADER_SIZE + size)
 
     async def receive(self) -> bytes:
         """Wait for the next whole frame.
