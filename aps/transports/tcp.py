@@ -317,7 +317,7 @@ class TCPTransport:
                     if self._transport.is_closing() and not self._closed:
                         # Bytes written now would be dropped without a word.
                         raise ConnectionResetError("the connection is closing")
-            except OSError as exc:
+            except Exception as exc:  # what broke the connection: any backend error
                 if not self._closed:
                     raise ConnectionLost(
                         f"connection to {self.peer} lost while sending: {_reason(exc)}"
