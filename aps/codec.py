@@ -24,6 +24,7 @@ before writing to them.
 from __future__ import annotations
 
 import dataclasses
+import struct
 import types
 import typing
 from collections.abc import Callable
@@ -33,6 +34,7 @@ import gymnasium as gym
 import msgpack
 import numpy as np
 
+from aps._buffers import allocate, seal
 from aps._typing import Frame
 from aps.errors import FrameTooLarge, WireError
 from aps.messages import MESSAGE_TYPES, Message
@@ -226,6 +228,83 @@ def _packb(value: Any) -> bytes:
     packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True, buf_size=1024)
     result: bytes = packer.pack(value)
     return result
+
+
+# Arrays of at least this many bytes are not copied into msgpack's buffer: the frame is
+# assembled once around them (see _pack_frame), and decode() views them in the frame.
+_LARGE_ARRAY = 64 * 2**10
+
+# What msgpack writes for ExtType(EXT_NDARRAY, b""): the stand-in for a large array while the
+# rest of the message is packed. A real array's payload is never empty (it has a header).
+_STAND_IN = msgpack.ExtType(EXT_NDARRAY, b"")
+_STAND_IN_BYTES = b"\xc7\x00" + bytes([EXT_NDARRAY])
+
+
+def _ext_prefix(length: int) -> bytes:
+    """The msgpack ext header of an EXT_NDARRAY payload of ``length`` bytes (over 255)."""
+    if length <= 0xFFFF:
+        return b"\xc8" + length.to_bytes(2, "big") + bytes([EXT_NDARRAY])
+    if length <= 0xFFFFFFFF:
+        return b"\xc9" + length.to_bytes(4, "big") + bytes([EXT_NDARRAY])
+    raise ValueError(f"an array of {length} bytes is too large for a msgpack ext (4 GiB - 1)")
+
+
+def _pack_frame(body: dict[str, Any]) -> bytes:
+    """Pack ``body``, copying each large array's data exactly once, into the frame itself.
+
+    msgpack would copy a large array three times (``tobytes()``, the ext payload, its own
+    buffer) plus once more into the result, each time into fresh memory. Instead the
+    message is packed with a 3-byte stand-in for each large array, noting where it lands;
+    then the frame is allocated at its final size and filled: the packed bytes around the
+    stand-ins, and each array's ext header, array header and data (written by numpy, which
+    also lays out non-contiguous and big-endian arrays on the way). The bytes are identical
+    to what packing the arrays inline gives.
+    """
+    large: list[tuple[int, np.ndarray[Any, Any], np.dtype[Any], bytes]] = []
+
+    def default(value: Any) -> Any:
+        if type(value) is np.ndarray and value.nbytes >= _LARGE_ARRAY and not value.dtype.hasobject:
+            name = _WIRE_NAME.get(value.dtype)
+            if name is None:
+                little = _SWAPPED.get(value.dtype.str)
+                if little is None:
+                    raise _dtype_error(value.dtype)
+                name = little.str
+            with packer.getbuffer() as packed:
+                offset = packed.nbytes  # where msgpack writes what this call returns
+            large.append((offset, value, _LITTLE[name], _header(name, value.shape)))
+            return _STAND_IN
+        return _default(value)
+
+    packer = msgpack.Packer(
+        default=default, use_bin_type=True, strict_types=True, buf_size=1024, autoreset=False
+    )
+    packer.pack(body)
+    if not large:
+        result: bytes = packer.bytes()
+        return result
+    prefixes = [_ext_prefix(len(header) + array.nbytes) for _, array, _, header in large]
+    with packer.getbuffer() as packed:
+        total = packed.nbytes + sum(
+            len(prefix) + len(header) + array.nbytes - len(_STAND_IN_BYTES)
+            for prefix, (_, array, _, header) in zip(prefixes, large, strict=True)
+        )
+        frame, view = allocate(total)
+        done = 0  # bytes of the packed message copied so far
+        at = 0  # bytes of the frame written so far
+        for prefix, (offset, array, dtype, header) in zip(prefixes, large, strict=True):
+            assert packed[offset : offset + len(_STAND_IN_BYTES)] == _STAND_IN_BYTES
+            for part in (packed[done:offset], prefix, header):
+                view[at : at + len(part)] = part
+                at += len(part)
+            target = np.ndarray(array.shape, dtype, view, at)
+            np.copyto(target, array, casting="equiv")
+            at += array.nbytes
+            done = offset + len(_STAND_IN_BYTES)
+        view[at:] = packed[done:]
+    del target
+    view.release()
+    return seal(frame)
 
 
 class _PathError(WireError):
@@ -426,7 +505,7 @@ def encode(message: Message) -> bytes:
             raise _field_error(spec, field, value, "encode")
         body[field.name] = value
     try:
-        return _packb(body)
+        return _pack_frame(body)
     except Exception as exc:
         raise _locate(spec, body, exc) from exc
 
@@ -603,6 +682,137 @@ _EXT_HOOKS = [_make_ext_hook(depth) for depth in range(MAX_OBJECT_DEPTH + 1)]
 _TOP_HOOK = _EXT_HOOKS[0]
 
 
+# --------------------------------------------------------------------------------------------
+# Large arrays without a copy. msgpack hands every ext payload to ext_hook as a new bytes
+# object, so an array decoded the ordinary way is a view of a copy. For a frame holding large
+# arrays, decode() first walks the msgpack structure (a cheap scan of headers, in Python),
+# and unpacks a copy of the frame in which each large array's ext is replaced by a 6-byte
+# reference; ext_hook turns each reference into a view of the frame itself.
+
+_EXT_REFERENCE: Final = 127
+"""Extension code of a reference to a large array of the frame being decoded. It exists only
+inside decode(): a frame that holds it is refused, like any unknown code."""
+
+_REFERENCE = struct.Struct(">BbI")  # fixext 4, the code, the index of the array
+
+# The walk gives up (and the frame is unpacked the ordinary way) after this many objects: a
+# frame with large arrays has few objects, and the scan must stay cheap for the others.
+_MAX_SCAN_OBJECTS = 4096
+
+# The longest array header: the dtype, up to MAX_NDIM dims of up to 9 bytes each, padding.
+_MAX_ARRAY_HEADER = 16 + 9 * MAX_NDIM
+
+
+def _large_arrays(frame: bytes) -> list[tuple[int, int, int]] | None:
+    """Find the large arrays of a frame: ``(ext start, payload start, payload length)``.
+
+    Returns ``None`` when there are none, when the frame is not exactly one well-formed
+    msgpack object, or when it holds too many objects to scan; decode() then unpacks it the
+    ordinary way, which also produces the proper error for a malformed frame.
+    """
+    size = len(frame)
+    found: list[tuple[int, int, int]] = []
+    pos = 0
+    remaining = 1  # objects still to read; a container adds its elements
+    for _ in range(_MAX_SCAN_OBJECTS):
+        if pos >= size:
+            return None
+        b = frame[pos]
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):  # fixint, nil, bool
+            pos += 1
+        elif b <= 0x8F:  # fixmap
+            remaining += 2 * (b & 0x0F)
+            pos += 1
+        elif b <= 0x9F:  # fixarray
+            remaining += b & 0x0F
+            pos += 1
+        elif b <= 0xBF:  # fixstr
+            pos += 1 + (b & 0x1F)
+        elif b in (0xCA, 0xCB):  # float32, float64
+            pos += 5 if b == 0xCA else 9
+        elif 0xCC <= b <= 0xD3:  # uint8..uint64, int8..int64
+            pos += 1 + (1 << ((b - 0xCC) % 4))
+        elif 0xD4 <= b <= 0xD8:  # fixext 1..16
+            if pos + 1 >= size or frame[pos + 1] == _EXT_REFERENCE:
+                return None
+            pos += 2 + (1 << (b - 0xD4))
+        else:
+            width = _LENGTH_WIDTH.get(b)
+            if width is None or pos + 1 + width > size:  # 0xC1 (never used), or truncated
+                return None
+            count = int.from_bytes(frame[pos + 1 : pos + 1 + width], "big")
+            pos += 1 + width
+            if b in (0xDC, 0xDD):  # array16, array32
+                remaining += count
+            elif b in (0xDE, 0xDF):  # map16, map32
+                remaining += 2 * count
+            elif b in (0xC7, 0xC8, 0xC9):  # ext8, ext16, ext32: a type byte, then the payload
+                if pos >= size or frame[pos] == _EXT_REFERENCE:
+                    return None
+                if frame[pos] == EXT_NDARRAY and count >= _LARGE_ARRAY:
+                    found.append((pos - 1 - width, pos + 1, count))
+                pos += 1 + count
+            else:  # bin, str: the payload
+                pos += count
+        remaining -= 1
+        if remaining == 0:
+            return found if found and pos == size else None
+    return None
+
+
+# The width of the length field that follows these type bytes (bin, ext, str, array, map).
+_LENGTH_WIDTH = {
+    0xC4: 1, 0xC5: 2, 0xC6: 4,  # bin
+    0xC7: 1, 0xC8: 2, 0xC9: 4,  # ext
+    0xD9: 1, 0xDA: 2, 0xDB: 4,  # str
+    0xDC: 2, 0xDD: 4,  # array
+    0xDE: 2, 0xDF: 4,  # map
+}  # fmt: skip
+
+
+def _with_references(frame: bytes, found: list[tuple[int, int, int]]) -> bytes:
+    """A copy of ``frame`` with each large array's ext replaced by a reference to it."""
+    parts: list[bytes | memoryview] = []
+    done = 0
+    with memoryview(frame) as view:
+        for index, (start, payload, length) in enumerate(found):
+            parts.append(view[done:start])
+            parts.append(_REFERENCE.pack(0xD6, _EXT_REFERENCE, index))
+            done = payload + length
+        parts.append(view[done:])
+        return b"".join(parts)
+
+
+def _reference_hook(frame: bytes, found: list[tuple[int, int, int]]) -> Callable[[int, bytes], Any]:
+    def ext_hook(code: int, data: bytes) -> Any:
+        if code != _EXT_REFERENCE:
+            return _TOP_HOOK(code, data)
+        _, payload, length = found[int.from_bytes(data, "big")]
+        return _view_array(frame, payload, length)
+
+    return ext_hook
+
+
+def _view_array(frame: bytes, start: int, length: int) -> np.ndarray[Any, Any]:
+    """The array whose ext payload is ``frame[start : start + length]``, as a view of it."""
+    try:
+        dtype, shape, offset = _parse_header(frame[start : start + min(length, _MAX_ARRAY_HEADER)])
+    except IndexError:
+        raise WireError("array header is truncated") from None
+    nbytes = dtype.itemsize
+    for dim in shape:
+        nbytes *= dim  # Python ints: a lying header cannot overflow this product
+    if nbytes != length - offset:
+        raise WireError(
+            f"array header says shape {shape} of {dtype} ({nbytes} bytes) "
+            f"but {length - offset} bytes follow"
+        )
+    try:
+        return np.ndarray(shape, dtype, frame, start + offset)
+    except ValueError as exc:  # zero-size arrays with absurd dims pass the length check
+        raise WireError(f"array of shape {shape} cannot be built: {exc}") from exc
+
+
 def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Message:
     """Decode one frame into the message it holds.
 
@@ -631,11 +841,19 @@ def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Mes
         raise WireError(f"a frame must be bytes, got {type(frame).__qualname__}") from exc
     if size > max_frame_size:
         raise FrameTooLarge(size, max_frame_size)
+    data: Frame = frame
+    ext_hook = _TOP_HOOK
+    # Only bytes are viewed in place: a view of a caller's bytearray would not be read-only.
+    if type(frame) is bytes and size > _LARGE_ARRAY:
+        found = _large_arrays(frame)
+        if found is not None:
+            data = _with_references(frame, found)
+            ext_hook = _reference_hook(frame, found)
     try:
         # No container can hold more items than the frame has bytes.
         body = msgpack.unpackb(
-            frame,
-            ext_hook=_TOP_HOOK,
+            data,
+            ext_hook=ext_hook,
             object_hook=_str_keys,
             use_list=False,
             raw=False,

@@ -632,7 +632,12 @@ class Policy:
                     f"weight {name!r} has dtype {tensor.dtype}, which numpy cannot hold; "
                     "convert the module to float32 (module.float()) before publishing it"
                 )
-            weights[name] = np.array(tensor.detach().cpu().numpy(), copy=True, order="C")
+            # The copy is made by torch and viewed by numpy. np.array(..., copy=True) would
+            # allocate through numpy, which advises transparent huge pages for large arrays:
+            # on virtual machines that return free memory to their host, first-touch huge
+            # pages made a 40 MB snapshot take about 100 ms instead of 15-30 ms.
+            copy = tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            weights[name] = copy.numpy()
         return weights
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:

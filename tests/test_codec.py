@@ -27,6 +27,7 @@ from aps.messages import (
     ResetRequest,
     StepRequest,
     StepResult,
+    Weights,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -296,6 +297,94 @@ def test_decoded_arrays_are_read_only_views_of_the_payload() -> None:
     writable[0, 0] = 1.0
 
 
+def test_large_arrays_encode_to_the_same_bytes_as_inline_packing() -> None:
+    message = _large_weights()
+    arrays = message.arrays
+    inline = {  # what packing every array as an ordinary ExtType gives
+        name: array_ext(
+            value.dtype.newbyteorder("<").str,
+            list(value.shape),
+            np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes(),
+        )
+        for name, value in arrays.items()
+        if isinstance(value, np.ndarray)
+    }
+    inline["nested"] = {
+        "deep": [array_ext("<f4", [20_000], arrays["nested"]["deep"][0].tobytes()), 3]
+    }
+    expected = frame({"t": "weights", "version": 2, "arrays": inline, "epsilon": 0.25})
+    assert codec.encode(message) == expected
+
+
+def test_large_arrays_decode_as_read_only_views_of_the_frame() -> None:
+    message = _large_weights()
+    encoded = codec.encode(message)
+    decoded = codec.decode(encoded)
+    assert same_message(decoded, message)
+    assert isinstance(decoded, Weights)
+    for name in ("big", "swapped", "strided", "fortran"):
+        array = decoded.arrays[name]
+        assert array.base is encoded, name  # a view of the frame: no copy at all
+        assert not array.flags.writeable
+    assert decoded.arrays["nested"]["deep"][0].base is encoded
+    # Small arrays still come the ordinary way, as views of msgpack's payload copy.
+    assert decoded.arrays["small"].base is not encoded
+    with pytest.raises(ValueError, match="read-only"):
+        decoded.arrays["big"][0, 0] = 1.0
+
+
+def test_large_arrays_in_a_mutable_buffer_are_copied() -> None:
+    encoded = codec.encode(_large_weights())
+    for buffer in (bytearray(encoded), memoryview(bytearray(encoded))):
+        decoded = codec.decode(buffer)
+        assert isinstance(decoded, Weights)
+        assert same_message(decoded, _large_weights())
+        big = decoded.arrays["big"]
+        assert not big.flags.writeable
+        buffer[len(buffer) // 2] ^= 0xFF  # the caller's buffer changes; the array does not
+        assert np.array_equal(big, _large_weights().arrays["big"])
+
+
+def test_frames_with_many_objects_and_large_arrays_decode_the_ordinary_way() -> None:
+    many = {f"k{i}": i for i in range(3000)}  # 6000 objects: more than the scan looks at
+    big = np.arange(20_000, dtype=np.float64)
+    encoded = codec.encode(ResetRequest(seed=1, options={"many": many, "big": big}))
+    decoded = codec.decode(encoded)
+    assert isinstance(decoded, ResetRequest)
+    assert decoded.options["many"] == many
+    assert np.array_equal(decoded.options["big"], big)
+    assert decoded.options["big"].base is not encoded
+
+
+def test_the_internal_reference_code_is_refused_on_the_wire() -> None:
+    big = np.zeros(20_000, np.float64)
+    for forged in (
+        msgpack.ExtType(127, b"\x00\x00\x00\x00"),  # what decode() uses as a reference
+        msgpack.ExtType(127, b"\x00" * 100),
+    ):
+        data = frame(
+            {
+                "t": "reset",
+                "seed": None,
+                "options": {"a": forged, "b": array_ext("<f8", [20_000], big.tobytes())},
+            }
+        )
+        with pytest.raises(WireError, match="unknown msgpack extension code 127"):
+            codec.decode(data)
+
+
+def test_large_arrays_with_a_lying_header_are_refused() -> None:
+    raw = np.ones(10_000, np.float64).tobytes()  # not zero: padding cannot hide in it
+    for ext, match in (
+        (array_ext("<f8", [10_001], raw), "80008 bytes"),
+        (array_ext("<f8", [10_000], raw, pad=False), "padding"),
+        (array_ext("<c16", [5_000], raw), "not supported"),
+    ):
+        data = frame({"t": "reset", "seed": None, "options": {"a": ext}})
+        with pytest.raises(WireError, match=match):
+            codec.decode(data)
+
+
 def test_decode_accepts_bytearray_and_memoryview() -> None:
     encoded = codec.encode(STEP_RESULT)
     for buffer in (bytearray(encoded), memoryview(encoded)):
@@ -436,8 +525,26 @@ def test_arbitrary_bytes_decode_or_raise_wire_error(data: bytes) -> None:
     decodes_or_wire_error(data)
 
 
+def _large_weights() -> Weights:
+    """A weights message with arrays over the 64 KiB at which they travel without copies."""
+    rng = np.random.default_rng(7)
+    return Weights(
+        version=2,
+        arrays={
+            "big": rng.standard_normal((130, 140)).astype(np.float32),  # 72,800 bytes
+            "small": np.arange(5, dtype=np.int16),
+            "swapped": rng.standard_normal(9000).astype(">f8"),  # big-endian, 72,000 bytes
+            "strided": rng.standard_normal((300, 200))[::2, ::-3],  # not contiguous
+            "fortran": np.asfortranarray(rng.integers(0, 9, (90, 100), dtype=np.int64)),
+            "nested": {"deep": [rng.standard_normal(20_000).astype(np.float32), 3]},
+        },
+        epsilon=0.25,
+    )
+
+
 _valid_frames = [
     codec.encode(STEP_RESULT),
+    codec.encode(_large_weights()),
     codec.encode(hello()),
     codec.encode(
         Ready(

@@ -7,6 +7,7 @@ import ast
 import itertools
 import pathlib
 import struct
+import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -198,3 +199,143 @@ def test_framing_does_no_io() -> None:
         if isinstance(node, ast.ImportFrom)
     }
     assert not imported & {"asyncio", "socket", "ssl", "selectors", "trio", "anyio"}
+
+
+# Reading straight into the decoder (get_buffer / buffer_updated, as asyncio.BufferedProtocol).
+
+
+def read_into(decoder: FrameDecoder, data: bytes, most: int | None = None) -> None:
+    """Write ``data`` the way a socket read does: at most ``most`` bytes per get_buffer()."""
+    view = memoryview(data)
+    while view.nbytes:
+        target = decoder.get_buffer()
+        assert target.nbytes > 0 and not target.readonly
+        count = min(target.nbytes, view.nbytes, most or view.nbytes)
+        target[:count] = view[:count]
+        decoder.buffer_updated(count)
+        view = view[count:]
+
+
+LARGE = bytes(range(256)) * 300  # 76,800 bytes: over 64 KiB, so it gets a buffer of its own
+MIXED = [b"a", LARGE, b"", b"xyz" * 1000, LARGE[::-1], b"z"]
+MIXED_WIRE = b"".join(encode_frame(frame) for frame in MIXED)
+
+
+def test_buffered_reads_split_at_every_byte_boundary() -> None:
+    for i in range(len(WIRE) + 1):
+        decoder = FrameDecoder(1024)
+        read_into(decoder, WIRE[:i])
+        read_into(decoder, WIRE[i:])
+        assert list(decoder) == FRAMES, i
+        assert decoder.at_boundary and decoder.buffered == 0
+
+
+def test_buffered_reads_of_large_frames_split_anywhere() -> None:
+    # Every boundary near the headers and the start and end of each large body, plus a
+    # stride through the rest.
+    edges: set[int] = set()
+    position = 0
+    for frame in MIXED:
+        for anchor in (position, position + HEADER_SIZE, position + HEADER_SIZE + len(frame)):
+            edges.update(range(max(0, anchor - 6), anchor + 7))
+        position += HEADER_SIZE + len(frame)
+    edges.update(range(0, len(MIXED_WIRE), 997))
+    for i in sorted(e for e in edges if e <= len(MIXED_WIRE)):
+        decoder = FrameDecoder(len(LARGE))
+        read_into(decoder, MIXED_WIRE[:i])
+        read_into(decoder, MIXED_WIRE[i:])
+        assert list(decoder) == MIXED, i
+
+
+def test_buffered_reads_byte_by_byte_and_in_odd_sizes() -> None:
+    for most in (1, 3, 4096, 65_537, None):
+        decoder = FrameDecoder(len(LARGE))
+        read_into(decoder, MIXED_WIRE, most)
+        frames = list(decoder)
+        assert frames == MIXED, most
+        assert all(type(frame) is bytes for frame in frames)
+
+
+def test_a_large_frame_is_read_into_its_own_buffer_and_no_further() -> None:
+    decoder = FrameDecoder(2**20)
+    read_into(decoder, encode_frame(b"s") + frame_header(len(LARGE)) + LARGE[:10])
+    assert decoder.next_frame() == b"s"
+    target = decoder.get_buffer()
+    # The rest of the large frame exactly: a read cannot take bytes of the next frame.
+    assert target.nbytes == len(LARGE) - 10
+    assert decoder.partial == (10, len(LARGE))
+    assert decoder.buffered == HEADER_SIZE + 10
+    target[:] = LARGE[10:]
+    decoder.buffer_updated(target.nbytes)
+    assert decoder.ready_bytes == HEADER_SIZE + len(LARGE)
+    assert decoder.next_frame() == LARGE
+    assert decoder.at_boundary and decoder.partial is None and decoder.ready_bytes == 0
+
+
+def test_many_frames_in_one_buffered_read() -> None:
+    frames = [bytes([i % 256]) * (i % 37) for i in range(30_000)]
+    wire = b"".join(encode_frame(frame) for frame in frames)
+    decoder = FrameDecoder(100)
+    read_into(decoder, wire)
+    assert decoder.ready_bytes == len(wire)
+    assert list(decoder) == frames
+
+
+def test_buffered_frames_at_the_limit_and_one_over() -> None:
+    decoder = FrameDecoder(len(LARGE))
+    read_into(decoder, encode_frame(LARGE) + frame_header(len(LARGE) + 1) + b"never read")
+    assert decoder.failed
+    assert decoder.next_frame() == LARGE  # the frame before the bad header still arrives
+    with pytest.raises(FrameTooLarge) as info:
+        decoder.next_frame()
+    assert (info.value.size, info.value.limit) == (len(LARGE) + 1, len(LARGE))
+    assert decoder.buffered == 0 and decoder.partial is None  # nothing kept, nothing allocated
+    read_into(decoder, b"more bytes are dropped")
+    with pytest.raises(FrameTooLarge):
+        decoder.next_frame()
+
+
+def test_partial_reports_the_header_or_body_being_read() -> None:
+    decoder = FrameDecoder(100)
+    assert decoder.partial is None
+    read_into(decoder, b"\x05\x00")
+    assert decoder.partial == (2, HEADER_SIZE)
+    read_into(decoder, b"\x00\x00ab")
+    assert decoder.partial == (2, 5)
+    read_into(decoder, b"cde")
+    assert decoder.partial is None
+    assert decoder.next_frame() == b"abcde"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 5, 300, 70_000, 200_000]), max_size=8),
+    reads=st.lists(st.integers(min_value=1, max_value=300_000), max_size=20),
+)
+def test_any_frames_any_buffered_reads(sizes: list[int], reads: list[int]) -> None:
+    frames = [bytes([i + 1]) * size for i, size in enumerate(sizes)]
+    wire = memoryview(b"".join(encode_frame(frame) for frame in frames))
+    decoder = FrameDecoder(200_000)
+    for most in [*reads, len(wire)]:
+        part, wire = wire[:most], wire[most:]
+        read_into(decoder, bytes(part))
+    assert list(decoder) == frames
+    assert decoder.at_boundary
+
+
+def test_large_frames_are_filled_in_place_or_copied_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aps._buffers
+
+    data, view = aps._buffers.allocate(len(LARGE))
+    view[:] = LARGE
+    del view
+    sealed = aps._buffers.seal(data)
+    assert type(sealed) is bytes and sealed == LARGE
+    if sys.implementation.name == "cpython":
+        assert sealed is data  # filled in place: one allocation, no copy
+    # Without in-place filling (other interpreters) the frames are the same, copied once.
+    monkeypatch.setattr(aps._buffers, "_new", None)
+    decoder = FrameDecoder(len(LARGE))
+    read_into(decoder, MIXED_WIRE, 5000)
+    frames = list(decoder)
+    assert frames == MIXED and all(type(frame) is bytes for frame in frames)

@@ -461,6 +461,20 @@ def test_weights_are_copies_with_buffers_and_their_dtypes() -> None:
     assert weights_nbytes(weights) == (4 * 12 + 12 + 12 * 3 + 3) * 4 + 8
 
 
+def test_weights_of_non_contiguous_tensors_are_c_contiguous_copies() -> None:
+    policy = qpolicy()
+    layer = policy.module.get_submodule("network.0")
+    transposed = torch.arange(12 * 4, dtype=torch.float32).reshape(12, 4).t().contiguous().t()
+    assert not transposed.is_contiguous()
+    with torch.no_grad():
+        layer.weight = torch.nn.Parameter(transposed)
+    array = policy.get_weights()["network.0.weight"]
+    assert array.flags.c_contiguous and array.flags.writeable
+    np.testing.assert_array_equal(array, transposed.numpy())
+    array[0, 0] = -1.0
+    assert layer.weight[0, 0] == 0.0
+
+
 def test_float64_modules_act_and_round_trip() -> None:
     torch.manual_seed(0)
     module = build_module(QNetwork, OBS, DISCRETE).double()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib.util
 import pathlib
+import random
 import shutil
 import socket
 import ssl
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import aps._loop
 import aps.framing
 import aps.testing
 import aps.transports
@@ -45,7 +47,7 @@ from aps.testing import (
 )
 from aps.transports import Listener, Transport, TransportFactory, memory_transport_pair, registry
 from aps.transports.memory import MemoryFactory, MemoryTransport
-from aps.transports.tcp import TCPFactory
+from aps.transports.tcp import TCPFactory, TCPTransport
 from aps.transports.websocket import WebSocketFactory
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -350,6 +352,257 @@ async def test_tcp_aclose_unblocks_a_send_to_a_peer_that_never_reads(
         with pytest.raises(TransportClosed):
             await sender
         stop.set()
+
+
+# TCP reads straight into each frame's buffer (an asyncio.BufferedProtocol). These run on
+# asyncio's own loop and on uvloop, whose buffered-read paths differ.
+
+LOOPS = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"]
+
+
+def run_on(loop: str, main: Callable[[], Any], seconds: float = 60) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(seconds):
+            await main()
+
+    aps._loop.run(bounded(), use_uvloop=loop == "uvloop")
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def _decoder(transport: Transport) -> aps.framing.FrameDecoder:
+    assert isinstance(transport, TCPTransport)
+    return transport._connection.decoder
+
+
+_SMALL = [b"hello", b"", b"\x00" * 7, bytes(range(256)), b"", b"x"]
+_LARGE = bytes(range(251)) * 400  # 100,400 bytes: read into a buffer of its own
+_MIXED = [b"a", _LARGE, b"", _LARGE[::-1], b"z"]
+
+
+def _wire(frames: list[bytes]) -> bytes:
+    return b"".join(aps.framing.encode_frame(frame) for frame in frames)
+
+
+def _splits(frames: list[bytes]) -> list[int]:
+    """Every byte boundary of small frames; around the headers and body ends of large ones."""
+    points: set[int] = set()
+    position = 0
+    for frame in frames:
+        end = position + aps.framing.HEADER_SIZE + len(frame)
+        if len(frame) < 1000:
+            points.update(range(position, end + 1))
+        else:
+            for anchor in (position, position + aps.framing.HEADER_SIZE, end):
+                points.update(range(max(0, anchor - 5), anchor + 6))
+            points.update(range(position, end, 4099))
+        position = end
+    return sorted(p for p in points if p <= position)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("frames", [_SMALL, _MIXED], ids=["small", "mixed"])
+def test_tcp_frames_split_at_every_byte_boundary(loop: str, frames: list[bytes]) -> None:
+    wire = _wire(frames)
+    cuts = _splits(frames)
+
+    async def main() -> None:
+        go: asyncio.Queue[int] = asyncio.Queue()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for cut in cuts:
+                writer.write(wire[:cut])
+                await writer.drain()
+                await go.get()  # the first part was read: now the rest
+                writer.write(wire[cut:])
+                await writer.drain()
+            await reader.read()
+
+        async with raw_server(handler) as address:
+            factory = TCPFactory(max_frame_size=LIMIT)
+            async with await factory.connect(f"tcp://{address}", timeout=5) as transport:
+                decoder = _decoder(transport)
+                for cut in cuts:
+                    # Wait until the first part was read, so that the frames really are
+                    # split across two reads at this byte.
+                    await until(lambda cut=cut: decoder.buffered >= cut, f"{cut} bytes read")
+                    go.put_nowait(cut)
+                    for frame in frames:
+                        got = await transport.receive()
+                        assert type(got) is bytes and got == frame, cut
+
+    run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tcp_many_frames_in_one_read(loop: str) -> None:
+    frames = [bytes([i % 256]) * (i % 41) for i in range(20_000)]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_wire(frames))  # one write: most reads hold hundreds of frames
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with raw_server(handler) as address:
+            async with await TCPFactory().connect(f"tcp://{address}", timeout=5) as transport:
+                for i, frame in enumerate(frames):
+                    assert await transport.receive() == frame, i
+
+    run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tcp_frame_at_the_limit_and_one_over(loop: str) -> None:
+    payload = random.Random(5).randbytes(LIMIT)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_wire([payload]) + aps.framing.frame_header(LIMIT + 1) + b"body")
+        await reader.read()
+
+    async def main() -> None:
+        async with raw_server(handler) as address:
+            factory = TCPFactory(max_frame_size=LIMIT)
+            async with await factory.connect(f"tcp://{address}", timeout=5) as transport:
+                assert await transport.receive() == payload
+                with pytest.raises(FrameTooLarge, match="1048577 bytes exceeds the limit") as info:
+                    await transport.receive()
+                assert (info.value.size, info.value.limit) == (LIMIT + 1, LIMIT)
+                assert _decoder(transport).partial is None  # refused before any allocation
+                with pytest.raises(TransportClosed):
+                    await transport.receive()
+
+    run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tcp_end_of_stream_inside_a_large_frame(loop: str) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(aps.framing.frame_header(LIMIT) + bytes(100_000))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        async with raw_server(handler) as address:
+            factory = TCPFactory(max_frame_size=LIMIT)
+            async with await factory.connect(f"tcp://{address}", timeout=5) as transport:
+                with pytest.raises(ConnectionLost, match=r"frame \(100000 of 1048576 bytes"):
+                    await transport.receive()
+
+    run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("tls_on", [False, True], ids=["plain", "tls"])
+def test_tcp_large_frames_round_trip_both_ways(
+    loop: str, tls_on: bool, request: pytest.FixtureRequest
+) -> None:
+    size = 24 * 2**20
+    rng = random.Random(11)
+    frames = [rng.randbytes(size), rng.randbytes(size // 3) * 3, bytes(size)]
+    if tls_on:
+        server_context, client_context = request.getfixturevalue("tls")
+        factory = TCPFactory(
+            server_ssl_context=server_context,
+            client_ssl_context=client_context,
+            max_frame_size=size,
+        )
+    else:
+        factory = TCPFactory(max_frame_size=size)
+
+    async def main() -> None:
+        async with await factory.listen("tcp://127.0.0.1:0") as listener:
+            client = await factory.connect(listener.url, timeout=5)
+            async with client, await listener.accept() as server:
+
+                async def pump(sender: Transport, receiver: Transport) -> None:
+                    async def send_all() -> None:
+                        for frame in frames:
+                            await sender.send(frame)
+
+                    task = asyncio.create_task(send_all())
+                    for frame in frames:
+                        got = await receiver.receive()
+                        assert type(got) is bytes and len(got) == size and got == frame
+                    await task
+
+                await asyncio.gather(pump(client, server), pump(server, client))
+
+    run_on(loop, main, seconds=100)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tcp_send_queues_small_frames_behind_a_large_one_then_waits(loop: str) -> None:
+    size = 48 * 2**20  # more than the kernel's socket buffers take
+    large = bytes(range(256)) * (size // 256)
+    small = [bytes([i % 256]) * 1000 for i in range(200)]  # 1004 bytes each on the wire
+
+    async def main() -> None:
+        reading = asyncio.Event()
+        received: list[bytes] = []
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reading.wait()
+            while header := await reader.read(4):
+                header += await reader.readexactly(4 - len(header))
+                received.append(await reader.readexactly(aps.framing.parse_header(header)))
+
+        async with raw_server(handler) as address:
+            factory = TCPFactory(max_frame_size=size)
+            async with await factory.connect(f"tcp://{address}", timeout=5) as transport:
+                assert isinstance(transport, TCPTransport)
+                await transport.send(large)  # nobody reads, yet send() returns
+                assert transport._transport.get_write_buffer_size() > 2**20
+                sent = 0
+
+                async def send_small() -> None:
+                    nonlocal sent
+                    for frame in small:
+                        await transport.send(frame)
+                        sent += 1
+
+                blocked = asyncio.create_task(send_small())
+                await asyncio.sleep(0.2)
+                # Small frames queue behind the large one up to 64 KiB, then wait for it.
+                assert not blocked.done()
+                assert 60 <= sent <= 66, sent
+                reading.set()
+                await blocked
+                await until(lambda: len(received) == 1 + len(small), "every frame")
+        assert received == [large, *small]
+
+    run_on(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tcp_reading_pauses_while_whole_frames_wait(loop: str) -> None:
+    from aps.transports import tcp
+
+    frames = [bytes([i % 256]) * 65_000 for i in range(400)]  # 26 MB in all
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_wire(frames))
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with raw_server(handler) as address:
+            async with await TCPFactory().connect(f"tcp://{address}", timeout=5) as transport:
+                assert isinstance(transport, TCPTransport)
+                connection = transport._connection
+                await until(lambda: connection._reading_paused, "reading to pause")
+                # Bounded: the limit plus what one read brought past it.
+                assert connection.decoder.ready_bytes < tcp._READ_LIMIT + 2**20
+                for i, frame in enumerate(frames):
+                    assert await transport.receive() == frame, i
+
+    run_on(loop, main)
 
 
 async def test_tcp_connect_errors() -> None:

@@ -1,6 +1,8 @@
 """The TCP transport: ``tcp://host:port``, optionally with TLS.
 
-Frames travel over asyncio streams behind the 4-byte length header of :mod:`aps.framing`.
+Frames travel behind the 4-byte length header of :mod:`aps.framing`, read by an
+:class:`asyncio.BufferedProtocol` straight into the frame decoder's memory: a large frame is
+allocated once, at its announced size after the size check, and filled by the socket reads.
 Listening on port 0 binds a free port, which :attr:`TCPListener.url` reports; IPv6 literals
 go in brackets (``tcp://[::1]:0``). An empty host (``tcp://:5555``) listens on all
 interfaces.
@@ -34,10 +36,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import ssl
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 from urllib.parse import urlsplit
 
 from aps._typing import Frame
@@ -53,19 +57,23 @@ from aps.errors import (
 )
 from aps.framing import (
     HEADER_SIZE,
+    FrameDecoder,
     check_max_frame_size,
     frame_header,
     frame_view,
-    parse_header,
 )
 from aps.transports._util import AcceptQueue, check_ssl_side, detach, format_host, owned_payload
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["TCPFactory", "TCPListener", "TCPTransport"]
 
-# The StreamReader pauses the socket once twice this many bytes wait unread. readexactly()
-# is not bounded by it; a larger value means fewer pause/resume round trips for big frames.
-_READ_LIMIT = 2**20
+# Reading pauses once whole frames of this many bytes wait for receive(), so a slow consumer
+# bounds the memory a fast peer can make it hold. A frame being read is always finished.
+_READ_LIMIT = 2 * 2**20
+
+# send() waits while more than this many bytes wait in the write buffer, besides the last
+# large frame (one over this size): a small frame does not wait for a large one to leave.
+_BACKLOG = 64 * 2**10
 
 # Frames up to this size are copied behind their header and written with one call (one
 # syscall, one TCP segment for small messages). Larger payloads are written separately so the
@@ -78,14 +86,161 @@ _COALESCE_LIMIT = 64 * 2**10
 _CLOSE_TIMEOUT = 5.0
 
 
-class _ClosedLocally(Exception):
-    """Injected into the stream reader by aclose() to wake a pending receive."""
-
-
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """The event loop's side of one connection: frames in, write flow control out.
+
+    Bytes are read straight into the :class:`~aps.framing.FrameDecoder`'s memory: a large
+    frame is allocated once at its announced size (after the size check) and filled by the
+    socket reads themselves, so it is neither grown nor copied on its way in.
+    """
+
+    def __init__(
+        self, max_frame_size: int, on_connect: Callable[[_Connection], None] | None = None
+    ) -> None:
+        self.decoder = FrameDecoder(max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self._on_connect = on_connect
+        self._loop = asyncio.get_running_loop()
+        self._over_ssl = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The wire size of the last large frame written since the buffer last drained, and
+        # the bytes written after it: small frames may queue behind one large frame.
+        self._large = 0
+        self._after_large = 0
+        # Set when the peer ended its side (eof) or the connection is gone (lost).
+        self.eof = False
+        self.lost = False
+        self.lost_error: BaseException | None = None
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+
+    # asyncio.BufferedProtocol callbacks.
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's do not subclass asyncio.Transport).
+        self.transport = cast(asyncio.Transport, transport)
+        self._over_ssl = transport.get_extra_info("sslcontext") is not None
+        if self._on_connect is not None:
+            self._on_connect(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        decoder = self.decoder
+        decoder.buffer_updated(nbytes)
+        if decoder.ready_bytes or decoder.failed:
+            if decoder.ready_bytes >= _READ_LIMIT or decoder.failed:
+                # A refused header leaves nothing worth reading: receive() closes.
+                self._pause_reading()
+            self.wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.wake()
+        # Plain TCP stays open for writing after the peer's FIN (as asyncio streams do);
+        # TLS cannot half-close.
+        return not self._over_ssl
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.lost_error = exc
+        self.wake()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._large = self._after_large = 0  # the buffer drained: nothing large waits
+        self.wake_senders()
+
+    # Used by TCPTransport.
+
+    def wake(self) -> None:
+        """Wake the pending receive(), if any, to look at the state again."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wake_senders(self) -> None:
+        """Wake every send() waiting for buffer space (aclose does too, so they see it)."""
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Wait until :meth:`wake` is called; cancelling loses nothing."""
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def frame_taken(self) -> None:
+        """receive() took a frame: read again if the backlog is small enough now."""
+        if self._reading_paused and self.decoder.ready_bytes < _READ_LIMIT:
+            self._reading_paused = False
+            assert self.transport is not None
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def handed_over(self, nbytes: int) -> None:
+        """Count a frame of ``nbytes`` (header included) just written to the transport."""
+        if nbytes > _BACKLOG:
+            self._large = nbytes
+            self._after_large = 0
+        else:
+            self._after_large += nbytes
+
+    async def drain(self, transport: asyncio.Transport) -> None:
+        """Wait while the write buffer holds more than 64 KiB besides the last large frame.
+
+        A wait lasts until the buffer is back below asyncio's low-water mark (16 KiB by
+        default), which also forgets the large frame.
+
+        Raises:
+            ConnectionResetError: the connection is gone (or broke meanwhile).
+        """
+        allowance = _BACKLOG
+        if self._after_large <= _BACKLOG:
+            allowance += self._large
+        if self._writing_paused and not self.lost:
+            if transport.get_write_buffer_size() > allowance:
+                waiter = self._loop.create_future()
+                self._drain_waiters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    if waiter in self._drain_waiters:
+                        self._drain_waiters.remove(waiter)
+        if self.lost:
+            raise self.lost_error or ConnectionResetError("connection lost")
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused:
+            self._reading_paused = True
+            assert self.transport is not None
+            if not self.transport.is_closing():
+                self.transport.pause_reading()
 
 
 class TCPTransport:
@@ -99,23 +254,20 @@ class TCPTransport:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        connection: _Connection,
+        transport: asyncio.Transport,
         *,
         peer: str,
         max_frame_size: int,
     ) -> None:
-        self._reader = reader
-        self._writer = writer
+        self._connection = connection
+        self._transport = transport
         self._peer_name = peer
         self.max_frame_size = max_frame_size
         self._send_lock = asyncio.Lock()
         self._receiving = False
         self._closed = False
-        # The body length announced by a header that receive() consumed before it was
-        # cancelled: the next receive() must read that body, not a new header.
-        self._pending_length: int | None = None
-        sock = writer.get_extra_info("socket")
+        sock = self._transport.get_extra_info("socket")
         if sock is not None:
             try:
                 # asyncio usually sets this already; small frames (heartbeats, step replies)
@@ -132,10 +284,19 @@ class TCPTransport:
     async def send(self, frame: Frame) -> None:
         """Send one whole frame; concurrent calls are serialized.
 
-        Cancellation: the frame is handed to the event loop's buffer in one synchronous step,
-        so cancelling while waiting for buffer space still delivers it whole, and cancelling
-        while waiting for another sender delivers nothing. Either way the stream stays in
-        step.
+        ``send`` hands the frame to the event loop and returns without waiting for it to
+        leave, as long as the connection holds at most 64 KiB of unsent data besides the
+        last large frame (over 64 KiB) it was handed; otherwise it first waits for the
+        buffer to drain. So a large frame and the small ones after it do not wait for each
+        other, a large frame sent to several peers one after the other goes out to all of
+        them at once, and a connection never holds more than two large frames plus 64 KiB.
+        A ``bytes`` payload is buffered as is, without a copy (other buffer types are copied
+        once, so that mutating them after ``send`` returns cannot change what is sent). A
+        connection that breaks after the frame was handed over raises on the next call.
+
+        Cancellation: while waiting for another sender or for earlier frames to leave,
+        nothing is sent; the frame is then handed over whole in one synchronous step.
+        Either way the stream stays in step.
 
         Raises:
             TransportClosed: this side already closed (also raised if it closes meanwhile).
@@ -149,36 +310,33 @@ class TCPTransport:
         if size > self.max_frame_size:
             raise FrameTooLarge(size, self.max_frame_size)
         async with self._send_lock:
+            connection = self._connection
+            try:
+                if not self._closed:
+                    await connection.drain(self._transport)
+                    if self._transport.is_closing() and not self._closed:
+                        # Bytes written now would be dropped without a word.
+                        raise ConnectionResetError("the connection is closing")
+            except Exception as exc:  # what broke the connection: any backend error
+                if not self._closed:
+                    raise ConnectionLost(
+                        f"connection to {self.peer} lost while sending: {_reason(exc)}"
+                    ) from exc
             if self._closed:
                 raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
-            writer = self._writer
-            try:
-                if size <= _COALESCE_LIMIT:
-                    writer.write(frame_header(size) + view)
-                else:
-                    writer.write(frame_header(size))
-                    writer.write(owned_payload(view))
-                await writer.drain()
-            except (OSError, RuntimeError, _ClosedLocally) as exc:
-                # uvloop raises RuntimeError for a write to a transport the peer's reset has
-                # already closed; asyncio's own loop drops such writes silently.
-                if self._closed:
-                    raise TransportClosed(
-                        f"cannot send to {self.peer}: this transport was closed"
-                    ) from None
-                raise ConnectionLost(
-                    f"connection to {self.peer} lost while sending: {_reason(exc)}"
-                ) from exc
-            if self._closed:
-                # aclose() ran while this frame waited for buffer space; an abort may have
-                # dropped it, so do not report success.
-                raise TransportClosed(f"cannot send to {self.peer}: this transport was closed")
+            if size <= _COALESCE_LIMIT:
+                self._transport.write(frame_header(size) + view)
+            else:
+                self._transport.write(frame_header(size))
+                self._transport.write(owned_payload(view))
+            connection.handed_over(HEADER_SIZE + size)
 
     async def receive(self) -> bytes:
         """Wait for the next whole frame.
 
-        Cancellation: no frame is lost. Bytes stay in the stream buffer until a whole frame
-        is there, and a header already read is remembered for the next call.
+        Frames that arrived before the connection ended (cleanly or not) are returned
+        first. Cancellation: no frame is lost; bytes stay in the decoder until a whole
+        frame is there.
 
         Raises:
             EndOfStream: the peer closed cleanly, at a frame boundary.
@@ -196,61 +354,71 @@ class TCPTransport:
         if self._closed:
             raise TransportClosed(f"cannot receive from {self.peer}: this transport is closed")
         self._receiving = True
+        connection = self._connection
         try:
-            if self._pending_length is None:
-                length = parse_header(await self._reader.readexactly(HEADER_SIZE))
-                if length > self.max_frame_size:
+            while True:
+                try:
+                    frame = connection.decoder.next_frame()
+                except FrameTooLarge:
                     await self.aclose()
-                    raise FrameTooLarge(length, self.max_frame_size)
-                self._pending_length = length
-            frame = await self._reader.readexactly(self._pending_length)
-            self._pending_length = None
-            return frame
-        except asyncio.IncompleteReadError as exc:
-            if self._closed:
-                raise TransportClosed(
-                    f"cannot receive from {self.peer}: this transport was closed"
-                ) from None
-            if self._pending_length is None and not exc.partial:
-                raise EndOfStream(f"{self.peer} closed the connection") from None
-            expected = HEADER_SIZE if self._pending_length is None else self._pending_length
-            raise ConnectionLost(
-                f"{self.peer} closed the connection in the middle of a frame "
-                f"({len(exc.partial)} of {expected} bytes arrived)"
-            ) from exc
-        except (OSError, _ClosedLocally) as exc:
-            if self._closed:
-                raise TransportClosed(
-                    f"cannot receive from {self.peer}: this transport was closed"
-                ) from None
-            raise ConnectionLost(
-                f"connection to {self.peer} lost while receiving: {_reason(exc)}"
-            ) from exc
+                    raise
+                if frame is not None:
+                    connection.frame_taken()
+                    return frame
+                if self._closed:
+                    raise TransportClosed(
+                        f"cannot receive from {self.peer}: this transport was closed"
+                    )
+                if connection.eof or connection.lost:
+                    raise self._ended()
+                await connection.wait()
         finally:
             self._receiving = False
+
+    def _ended(self) -> EndOfStream | ConnectionLost:
+        """The error for a connection that ended with no whole frame left to return."""
+        connection = self._connection
+        error = connection.lost_error
+        if error is not None:
+            lost = ConnectionLost(
+                f"connection to {self.peer} lost while receiving: {_reason(error)}"
+            )
+            lost.__cause__ = error
+            return lost
+        partial = connection.decoder.partial
+        if partial is None:
+            return EndOfStream(f"{self.peer} closed the connection")
+        arrived, expected = partial
+        return ConnectionLost(
+            f"{self.peer} closed the connection in the middle of a frame "
+            f"({arrived} of {expected} bytes arrived)"
+        )
 
     async def aclose(self) -> None:
         """Close the connection after flushing frames already sent.
 
-        Idempotent and never raises a backend error. Wakes a pending ``receive`` at once;
-        waits up to a few seconds for buffered frames to leave, then aborts. If cancelled,
-        the connection is aborted before the cancellation propagates.
+        Idempotent and never raises a backend error. Wakes a pending ``receive`` (and a
+        ``send`` waiting for buffer space) at once; waits up to a few seconds for buffered
+        frames to leave, then aborts. If cancelled, the connection is aborted before the
+        cancellation propagates.
         """
         if self._closed:
             return
         self._closed = True
-        self._reader.set_exception(_ClosedLocally())
-        writer = self._writer
+        connection = self._connection
+        connection.wake()
+        connection.wake_senders()
+        transport = self._transport
         try:
-            writer.close()
+            transport.close()
             async with asyncio.timeout(_CLOSE_TIMEOUT):
-                await writer.wait_closed()
+                await asyncio.shield(connection.closed)
         except asyncio.CancelledError:
-            writer.transport.abort()
+            transport.abort()
             raise
         except Exception:
             # A reset, a TLS error or the timeout: the connection is unusable either way.
-            writer.transport.abort()
+            transport.abort()
 
     async def __aenter__(self) -> Self:
         return self
@@ -321,11 +489,12 @@ class TCPListener:
     def __repr__(self) -> str:
         return f"<TCPListener {self.url}>"
 
-    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _on_connect(self, connection: _Connection) -> None:
+        assert connection.transport is not None  # this runs in connection_made
         transport = TCPTransport(
-            reader,
-            writer,
-            peer=_peer_of(writer, self._scheme, fallback=f"{self._scheme}://unknown"),
+            connection,
+            connection.transport,
+            peer=_peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown"),
             max_frame_size=self._max_frame_size,
         )
         if not self._queue.put(transport):
@@ -367,11 +536,12 @@ class TCPFactory:
             ConfigError: ``url`` is malformed, or the SSL context is a server-side one.
         """
         scheme, host, port = _parse_url(url, listening=False)
+        assert host is not None  # _parse_url refuses a url without one
         context = check_ssl_side(self._client_ssl, "client", url, "TCPFactory")
         try:
             async with asyncio.timeout(timeout) as deadline:
-                reader, writer = await asyncio.open_connection(
-                    host, port, ssl=context, limit=_READ_LIMIT
+                transport, connection = await asyncio.get_running_loop().create_connection(
+                    lambda: _Connection(self.max_frame_size), host, port, ssl=context
                 )
         except TimeoutError as exc:
             if deadline.expired():
@@ -388,10 +558,12 @@ class TCPFactory:
                 "that address with matching TLS settings",
                 url=url,
             ) from exc
+        # uvloop may call connection_made only after create_connection returned, so the
+        # transport comes from here.
         return TCPTransport(
-            reader,
-            writer,
-            peer=_peer_of(writer, scheme, fallback=url),
+            connection,
+            transport,
+            peer=_peer_of(transport, scheme, fallback=url),
             max_frame_size=self.max_frame_size,
         )
 
@@ -412,8 +584,12 @@ class TCPFactory:
         try:
             if port == 0:
                 host = await _first_address(host)
-            server = await asyncio.start_server(
-                listener._on_connect, host, port, ssl=context, limit=_READ_LIMIT
+            max_frame_size = self.max_frame_size
+            server = await asyncio.get_running_loop().create_server(
+                lambda: _Connection(max_frame_size, listener._on_connect),
+                host,
+                port,
+                ssl=context,
             )
         except OSError as exc:
             raise ConnectError(
@@ -465,8 +641,8 @@ async def _first_address(host: str | None) -> str:
     return str(infos[0][4][0])
 
 
-def _peer_of(writer: asyncio.StreamWriter, scheme: str, *, fallback: str) -> str:
-    address = writer.get_extra_info("peername")
+def _peer_of(transport: asyncio.BaseTransport, scheme: str, *, fallback: str) -> str:
+    address = transport.get_extra_info("peername")
     if isinstance(address, tuple) and len(address) >= 2:
         return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
     return fallback
