@@ -345,10 +345,8 @@ async def test_tcp_aclose_unblocks_a_send_to_a_peer_that_never_reads(
         sender = asyncio.create_task(flood())
         await asyncio.sleep(0.3)  # long enough for the socket buffers to fill
         assert not sender.done()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await transport.aclose()
-        assert loop.time() - started < 2
+        # A peer that never reads must not hold aclose up (a hang, not a speed, is the bug).
+        await asyncio.wait_for(transport.aclose(), timeout=30)
         with pytest.raises(TransportClosed):
             await sender
         stop.set()
