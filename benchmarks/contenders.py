@@ -55,6 +55,7 @@ from throughput import (
     ApsTcpAsync,
     Array,
     Contender,
+    GymSync,
     Setup,
     Window,
     check_alive,
@@ -154,28 +155,14 @@ class EnvPool(Contender):
 # The env limit: one core, one worker's envs.
 
 
-class EnvLimit(Contender):
+class EnvLimit(GymSync):
     name = "env-limit"
     description = "single-core env rate: SyncVectorEnv of ONE worker's envs in the learner process"
 
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
         # The first worker's part of each batch: its envs see the actions they would in aps.
         super().__init__(setup, [a[: setup.envs_per_worker] for a in pool])
-        self._envs: SyncVectorEnv | None = None
-
-    def start(self) -> None:
-        make = partial(gym.make, self.setup.env_id)
-        self._envs = SyncVectorEnv([make] * self.setup.envs_per_worker)
-        self._envs.reset(seed=self.setup.seed)
-
-    def run(self, seconds: float) -> int:
-        assert self._envs is not None
-        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.envs_per_worker
-
-    def close(self) -> None:
-        envs, self._envs = self._envs, None
-        if envs is not None:
-            envs.close()
+        self.num_envs = setup.envs_per_worker
 
 
 # The transport limit: aps's step messages over asyncio TCP, pre-built replies.

@@ -33,7 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from contenders import ALL, ApsDetach
-from throughput import POOL_SIZE, Series, Setup, fmt_ratio, machine, measure_size, ratio, stop_ray
+from throughput import (
+    POOL_SIZE,
+    Series,
+    Setup,
+    fmt_ratio,
+    machine,
+    measure_size,
+    name_list,
+    ratio,
+    stop_ray,
+)
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_JSON = ROOT / "results" / "matrix.json"
@@ -220,16 +230,6 @@ def parse_columns(text: str) -> list[Column]:
     return columns
 
 
-def parse_contenders(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in ALL]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown contenders {unknown}; choose from {', '.join(ALL)}"
-        )
-    return names
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     default_columns = ",".join(c.key for c in COLUMNS)
@@ -242,7 +242,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument(
         "--contenders",
-        type=parse_contenders,
+        type=name_list(ALL),
         default=[name for name in ROWS if name in ALL],
         help=f"comma-separated subset of {','.join(ALL)} (default: all available)",
     )

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from contenders import ALL
-from throughput import POOL_SIZE, Series, Setup, machine, measure_size, stop_ray
+from throughput import POOL_SIZE, Series, Setup, machine, measure_size, name_list, stop_ray
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
@@ -158,16 +158,6 @@ def parse_ints(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def parse_contenders(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in ALL]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown contenders {unknown}; choose from {', '.join(ALL)}"
-        )
-    return names
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--env", default="CartPole-v1", help="Gymnasium id (default %(default)s)")
@@ -183,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--contenders",
-        type=parse_contenders,
+        type=name_list(ALL),
         default=list(CONTENDERS),
         help=f"comma-separated subset of {','.join(ALL)} (default {','.join(CONTENDERS)})",
     )

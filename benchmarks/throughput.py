@@ -45,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -341,16 +341,17 @@ class GymSync(Contender):
 
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
         super().__init__(setup, pool)
+        self.num_envs = setup.num_envs  # the envs it hosts
         self._envs: SyncVectorEnv | None = None
 
     def start(self) -> None:
         make = partial(gym.make, self.setup.env_id)
-        self._envs = SyncVectorEnv([make] * self.setup.num_envs)
+        self._envs = SyncVectorEnv([make] * self.num_envs)
         self._envs.reset(seed=self.setup.seed)
 
     def run(self, seconds: float) -> int:
         assert self._envs is not None
-        return timed_steps(self._envs.step, self.pool, seconds) * self.setup.num_envs
+        return timed_steps(self._envs.step, self.pool, seconds) * self.num_envs
 
     def close(self) -> None:
         envs, self._envs = self._envs, None
@@ -907,14 +908,19 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def parse_contenders(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in CONTENDERS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}"
-        )
-    return names
+def name_list(known: Collection[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated, non-empty subset of ``known``."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown contenders {unknown}; choose from {', '.join(known)}"
+            )
+        return names
+
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -926,7 +932,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--contenders",
-        type=parse_contenders,
+        type=name_list(CONTENDERS),
         default=list(CONTENDERS),
         help=f"comma-separated subset of {','.join(CONTENDERS)} (default: all available)",
     )

@@ -76,6 +76,7 @@ from throughput import (  # noqa: E402
     check_alive,
     fmt_ratio,
     machine,
+    name_list,
 )
 
 DEFAULT_JSON = ROOT / "results" / "weight_sync.json"
@@ -466,23 +467,13 @@ def render_targets(series: dict[str, Series]) -> list[str]:
     return lines
 
 
-def parse_contenders(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in CONTENDERS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}"
-        )
-    return names
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--params", type=int, default=None, help="agent parameters (default 10M)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument(
         "--contenders",
-        type=parse_contenders,
+        type=name_list(CONTENDERS),
         default=list(CONTENDERS),
         help=f"comma-separated subset of {','.join(CONTENDERS)} (default: all available)",
     )
