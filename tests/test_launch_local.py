@@ -185,3 +185,24 @@ def test_the_kubernetes_job_runs_one_seeded_worker_per_pod() -> None:
     assert out[:3] == ["aps", "worker", "tcp://127.0.0.1:7000"]
     assert out[out.index("--seed") + 1] == "32"
     assert out[out.index("--token-file") + 1] == "/var/run/aps/token"
+
+
+async def test_local_workers_restart_a_killed_worker_into_its_slots() -> None:
+    launcher = aps.launch.local("CartPole-v1", num_workers=2, envs_per_worker=2, restart=True)
+    async with aps.Learner(
+        "tcp://127.0.0.1:0",
+        num_workers=2,
+        launcher=launcher,
+        timeouts=FAST,
+        on_worker_lost="wait",
+        reconnect_timeout=60,
+    ) as learner:
+        await learner.wait_for_workers(timeout=60)
+        await asyncio.wait_for(learner.reset(seed=0), 30)
+        victim = learner.workers[0]
+        os.kill(victim.pid, 9)
+        *_, truncated, info = await asyncio.wait_for(learner.step(np.zeros(4, np.int64)), 60)
+        assert truncated[:2].all() and info["worker_restarted"][:2].all()
+        assert not info["_worker_restarted"][2:].any()
+        assert launcher.restarts == 1 and learner.restarts == 1
+        assert learner.workers[0].pid != victim.pid
