@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -37,12 +36,14 @@ from throughput import (
     POOL_SIZE,
     Series,
     Setup,
+    available,
     fmt_ratio,
     machine,
     measure_size,
     name_list,
     ratio,
     stop_ray,
+    write_json,
 )
 
 ROOT = Path(__file__).resolve().parent
@@ -277,15 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
     ApsDetach.chunk_env_steps = args.detach_chunk
 
-    skipped: dict[str, str] = {}
-    names = []
-    for name in args.contenders:
-        reason = ALL[name].unavailable()
-        if reason is None:
-            names.append(name)
-        else:
-            skipped[name] = reason
-            print(f"skipping {name}: {reason}")
+    names, skipped = available(args.contenders, ALL)
 
     print(
         f"{len(args.columns)} columns x {len(names)} contenders, {args.workers} workers; "
@@ -352,9 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "targets": checks,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

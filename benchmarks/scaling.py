@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -35,7 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from contenders import ALL
-from throughput import POOL_SIZE, Series, Setup, machine, measure_size, name_list, stop_ray
+from throughput import (
+    POOL_SIZE,
+    Series,
+    Setup,
+    available,
+    machine,
+    measure_size,
+    name_list,
+    stop_ray,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
@@ -195,13 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = args.seconds if args.seconds is not None else (0.5 if args.quick else 3.0)
     warmup = args.warmup if args.warmup is not None else (0.2 if args.quick else 0.5)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
-    names = []
-    for name in args.contenders:
-        reason = ALL[name].unavailable()
-        if reason is None:
-            names.append(name)
-        else:
-            print(f"skipping {name}: {reason}")
+    names, _ = available(args.contenders, ALL)
 
     print(
         f"{args.env}; {seconds:g} s windows, {repeats} rounds; {os.cpu_count()} CPUs, Python "
@@ -281,9 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "learner_cpu_flatness": flat,
         "figures": {k: str(v.relative_to(out)) for k, v in figures.items()},
     }
-    path = out / "scaling.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {path}, {figures['envs']}, {figures['workers']}")
+    write_json(out / "scaling.json", report)
+    print(f"wrote {figures['envs']}, {figures['workers']}")
     return 0
 
 

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from throughput import machine, write_json
 
 import aps
 from aps._loop import run
@@ -202,14 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     soak = Soak(args)
     result = run(soak.run())
     result["config"] = {k: v for k, v in vars(args).items() if k != "json"}
-    result["machine"] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    result["machine"] = machine()
     print(json.dumps(result, indent=2))
+    write_json(args.json, result)
     memory = result["memory"]
     for name in ("learner", "largest_worker"):
         growth = memory[name]["growth_pct"]

@@ -874,6 +874,29 @@ def render_targets(results: Results) -> list[str]:
     return lines
 
 
+def available(
+    names: Sequence[str], registry: Mapping[str, type[Contender]]
+) -> tuple[list[str], dict[str, str]]:
+    """Split ``names`` into the contenders that can run here and ``{name: why not}``."""
+    runnable: list[str] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        reason = registry[name].unavailable()
+        if reason is None:
+            runnable.append(name)
+        else:
+            skipped[name] = reason
+            print(f"skipping {name}: {reason}")
+    return runnable, skipped
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    """Write a benchmark's report (creating its folder) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {path}")
+
+
 def machine(distributions: Sequence[str] = ()) -> dict[str, Any]:
     """What the numbers were measured on.
 
@@ -962,15 +985,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 3.0)
     warmup = args.warmup if args.warmup is not None else (0.2 if args.quick else 0.5)
 
-    skipped: dict[str, str] = {}
-    names = []
-    for name in args.contenders:
-        reason = CONTENDERS[name].unavailable()
-        if reason is None:
-            names.append(name)
-        else:
-            skipped[name] = reason
-            print(f"skipping {name}: {reason}")
+    names, skipped = available(args.contenders, CONTENDERS)
 
     print(
         f"{args.env}, {args.workers} workers x {sizes} envs per worker; {seconds:g} s windows, "
@@ -1026,9 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "targets": render_targets(results),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

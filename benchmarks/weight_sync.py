@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
 import os
 import platform
 import socket
@@ -77,6 +76,7 @@ from throughput import (  # noqa: E402
     fmt_ratio,
     machine,
     name_list,
+    write_json,
 )
 
 DEFAULT_JSON = ROOT / "results" / "weight_sync.json"
@@ -569,9 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sync_only": render_sync_only(series, args.workers * nbytes),
         "targets": render_targets(series),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 
