@@ -1148,8 +1148,6 @@ class Learner:
     async def _send(self, remote: _Remote, message: Message, frame: bytes | None = None) -> None:
         """Send to ``remote``; a broken connection is noticed by the next receive."""
         try:
-            if remote.session.state is State.CLOSED:  # the worker said goodbye
-                raise TransportClosed(f"{remote.session.peer} closed the session")
             await remote.session.send(message, frame=frame)
         except TransportError as exc:
             if self.on_worker_lost == "raise":

@@ -21,6 +21,7 @@ from aps.errors import (
     InvalidState,
     ProtocolError,
     Timeout,
+    TransportClosed,
     TransportError,
     WireError,
 )
@@ -116,8 +117,16 @@ class Session:
         Raises:
             WireError: the message holds a value the codec cannot carry (nothing was sent).
             InvalidState: the protocol does not allow this message now.
+            TransportClosed: the session is closed (by this side, or after the peer's goodbye).
             TransportError: the transport failed.
         """
+        if self._closed:
+            # Closed by this side or after the peer's goodbye: a connection that is gone,
+            # not a protocol misuse.
+            raise TransportClosed(f"cannot send to {self.peer}: the session is closed")
+        await self._send(message, frame)
+
+    async def _send(self, message: Message, frame: bytes | None = None) -> None:
         if frame is None:
             frame = codec.encode(message)
         self._connection.send(message)
@@ -202,5 +211,5 @@ class Session:
             with contextlib.suppress(TransportError, InvalidState, WireError, TimeoutError):
                 # A peer that stopped reading must not hold this close up.
                 async with asyncio.timeout(1.0):
-                    await self.send(Goodbye(reason=reason))
+                    await self._send(Goodbye(reason=reason))  # past the closed check
         await self._transport.aclose()
