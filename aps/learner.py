@@ -80,7 +80,7 @@ from aps.messages import (
     Weights,
     Welcome,
 )
-from aps.protocol import NONCE_SIZE, Role, State, check_hello
+from aps.protocol import MAX_IN_FLIGHT, NONCE_SIZE, Role, State, check_hello
 from aps.session import Session, Timeouts
 from aps.sync import AlwaysSync, SyncContext, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -90,8 +90,6 @@ __all__ = ["Learner", "WorkerInfo"]
 MAX_HANDSHAKES = 64
 """The most connections a learner admits at once; more are closed at once."""
 
-MAX_IN_FLIGHT = 64
-"""The most rollout requests :meth:`Learner.chunks` keeps outstanding per worker."""
 
 REPORT_BACKLOG = 2
 """Gradient reports the learner buffers per worker; beyond them the workers wait (backpressure)."""

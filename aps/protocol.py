@@ -42,6 +42,7 @@ from aps.messages import (
 )
 
 __all__ = [
+    "MAX_IN_FLIGHT",
     "NONCE_SIZE",
     "TRANSITIONS",
     "Connection",
@@ -54,6 +55,10 @@ __all__ = [
 
 NONCE_SIZE = 32
 """Bytes of randomness in a :class:`~aps.messages.Challenge` nonce."""
+
+MAX_IN_FLIGHT = 64
+"""The most requests a learner keeps unanswered per worker; also the most answers a worker
+keeps for a resume (an unacknowledged answer is one of them)."""
 
 
 class Role(enum.Enum):

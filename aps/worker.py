@@ -70,7 +70,7 @@ from aps.messages import (
     Weights,
     Welcome,
 )
-from aps.protocol import Role, prove
+from aps.protocol import MAX_IN_FLIGHT, Role, prove
 from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
 from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
@@ -89,8 +89,6 @@ _REJECTIONS: dict[str, type[ApsError]] = {
     "ConfigError": ConfigError,
 }
 
-MAX_CACHED_ANSWERS = 64
-"""The most unacknowledged answers a worker keeps for a resume (the learner's pipelining cap)."""
 
 _ANSWERS: dict[type[Message], type[Message]] = {
     ResetRequest: ResetResult,
@@ -493,7 +491,7 @@ class Worker:
         # Encoded once: the frame is what is sent, and what is kept for a resend.
         frame = codec.encode(answer)
         answers[seq] = (answer, frame)
-        while len(answers) > MAX_CACHED_ANSWERS:
+        while len(answers) > MAX_IN_FLIGHT:
             answers.popitem(last=False)
         self._served += 1
         await session.send(answer, frame=frame)
