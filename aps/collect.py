@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from aps import codec
 from aps._typing import Array
+from aps.messages import Weights
 
 __all__ = ["Chunk", "Metrics", "PolicyVersions", "Rollout", "WorkerMetrics", "sample_states"]
 
@@ -263,6 +265,11 @@ class PolicyVersions:
     Divergence is measured on the learner with two scratch copies of the policy (one loaded
     with the current version, one with the worker's): zero extra bytes on the wire.
 
+    A version is snapshotted by encoding it: its :class:`~aps.messages.Weights` frame is made
+    once, straight from the agent's tensors, and its arrays are read-only views of that frame.
+    So a publish copies the weights once (into memory reused from earlier frames where
+    possible), and the frame sent to every worker is the version itself.
+
     torch is imported on the first :meth:`publish`, never before.
     """
 
@@ -278,12 +285,14 @@ class PolicyVersions:
         self.current = 0
         self.epsilon: float | None = None
         self._weights: dict[int, dict[str, Array]] = {}
+        self._frames: dict[int, bytes] = {}
         self._behaviour: dict[int, dict[str, float]] = {}
         self._nbytes: dict[int, int] = {}
         self._wrapped: Any = None  # the Policy around the user's agent, built once
         self._live: Any = None  # Policy holding the current version
         self._probe: Any = None  # Policy holding whichever old version was measured last
         self._probe_version = -1
+        self._live_version = -1
 
     def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Snapshot ``agent``'s weights as a new version and return its number (1, 2, ...).
@@ -305,24 +314,33 @@ class PolicyVersions:
             policy = self._wrapped  # wrapping checks the heads with a forward pass: once
         else:
             policy = self._wrapped = Policy(agent, *self._spaces)
-        weights = policy.get_weights()
         if self._live is None:
             # Scratch copies: training goes on in the user's agent, these hold versions.
             self._live, self._probe = policy.clone(), policy.clone()
-        self._live.set_weights(weights)
         if epsilon is not None:
             self._live.epsilon = epsilon
             self.epsilon = epsilon
-        self.current += 1
-        self._weights[self.current] = weights
+        version = self.current + 1
+        frame = codec.encode(
+            Weights(version=version, arrays=policy.get_weights(copy=False), epsilon=self.epsilon)
+        )
+        weights = codec.decode(frame, max_frame_size=len(frame))
+        assert isinstance(weights, Weights)
+        self.current = version
+        self._frames[version] = frame
+        self._weights[version] = weights.arrays
         # The behaviour of a version includes its exploration rate, kept for its KL later.
-        self._behaviour[self.current] = self._live.behaviour_params()
-        self._nbytes[self.current] = sum(a.nbytes for a in weights.values())
-        return self.current
+        self._behaviour[version] = self._live.behaviour_params()
+        self._nbytes[version] = sum(a.nbytes for a in weights.arrays.values())
+        return version
 
     def weights(self, version: int) -> dict[str, Array]:
-        """The arrays of ``version`` (which must still be kept)."""
+        """The arrays of ``version`` (which must still be kept), read-only."""
         return self._weights[version]
+
+    def frame(self, version: int) -> bytes:
+        """The encoded :class:`~aps.messages.Weights` of ``version`` (which must be kept)."""
+        return self._frames[version]
 
     def nbytes(self, version: int) -> int:
         """Bytes of ``version``'s arrays."""
@@ -332,6 +350,10 @@ class PolicyVersions:
         """Mean over ``obs`` of KL(pi_version(.|s) || pi_current(.|s)); 0 for the current one."""
         if version == self.current:
             return 0.0
+        if self._live_version != self.current:
+            # Loaded only when measured: strategies that never measure never pay for it.
+            self._live.set_weights(self._weights[self.current])
+            self._live_version = self.current
         if self._probe_version != version:
             self._probe.set_weights(self._weights[version])
             self._probe.set_behaviour_params(self._behaviour[version])
@@ -343,6 +365,7 @@ class PolicyVersions:
         keep = held | {self.current}
         for version in [v for v in self._weights if v not in keep]:
             del self._weights[version]
+            del self._frames[version]
             del self._nbytes[version]
             del self._behaviour[version]
 

@@ -321,7 +321,6 @@ class Learner:
         self.launcher = launcher
         self._launched = False
         self._versions: PolicyVersions | None = None
-        self._weights_frame: tuple[int, bytes] = (0, b"")
         self._gradient_mode = False
         self._gradient_remotes: list[_Remote] = []
         self._gradient_pumps: list[asyncio.Task[None]] = []
@@ -1373,10 +1372,8 @@ class Learner:
         message = Weights(
             version=version, arrays=versions.weights(version), epsilon=versions.epsilon
         )
-        if self._weights_frame[0] != version:
-            # One encoding per version, however many workers it goes to.
-            self._weights_frame = (version, codec.encode(message))
-        await self._send(remote, message, self._weights_frame[1])
+        # Encoded once, when published, however many workers it goes to.
+        await self._send(remote, message, versions.frame(version))
         metrics = remote.metrics
         metrics.version = version
         metrics.syncs += 1

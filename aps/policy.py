@@ -614,12 +614,17 @@ class Policy:
 
     # -- weights ---------------------------------------------------------------------------
 
-    def get_weights(self) -> dict[str, np.ndarray]:
+    def get_weights(self, *, copy: bool = True) -> dict[str, np.ndarray]:
         """The module's ``state_dict`` as numpy arrays.
 
+        Args:
+            copy: ``True`` gives C-contiguous copies. ``False`` gives views of the tensors
+                where they are on the CPU (copies elsewhere), valid only until the module
+                changes: for a caller that copies them at once (a publish encodes them).
+
         Returns:
-            ``{name: array}`` with the ``state_dict`` names and order, each array a C-contiguous
-            copy (on the CPU) with the tensor's own dtype and shape, buffers included.
+            ``{name: array}`` with the ``state_dict`` names and order, each array with the
+            tensor's own dtype and shape, buffers included.
 
         Raises:
             ConfigError: a tensor has a dtype numpy lacks (``bfloat16``); convert the module
@@ -632,12 +637,13 @@ class Policy:
                     f"weight {name!r} has dtype {tensor.dtype}, which numpy cannot hold; "
                     "convert the module to float32 (module.float()) before publishing it"
                 )
-            # The copy is made by torch and viewed by numpy. np.array(..., copy=True) would
-            # allocate through numpy, which advises transparent huge pages for large arrays:
-            # on virtual machines that return free memory to their host, first-touch huge
-            # pages made a 40 MB snapshot take about 100 ms instead of 15-30 ms.
-            copy = tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
-            weights[name] = copy.numpy()
+            if copy:
+                # The copy is made by torch and viewed by numpy. np.array(..., copy=True)
+                # would allocate through numpy, which advises transparent huge pages for
+                # large arrays: on virtual machines that return free memory to their host,
+                # first-touch huge pages made a 40 MB snapshot take about 100 ms, not 15-30.
+                tensor = tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            weights[name] = tensor.detach().cpu().numpy()
         return weights
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:

@@ -334,7 +334,7 @@ def test_large_frames_are_filled_in_place_or_copied_once(monkeypatch: pytest.Mon
     if sys.implementation.name == "cpython":
         assert sealed is data  # filled in place: one allocation, no copy
     # Without in-place filling (other interpreters) the frames are the same, copied once.
-    monkeypatch.setattr(aps._buffers, "_new", None)
+    monkeypatch.setattr(aps._buffers, "_FILLABLE", None)
     decoder = FrameDecoder(len(LARGE))
     read_into(decoder, MIXED_WIRE, 5000)
     frames = list(decoder)
