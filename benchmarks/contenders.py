@@ -324,6 +324,51 @@ async def _serve(host: str, port: int, index: int, reply: bytes) -> None:
         writer.close()
 
 
+# Partial batches: each worker is stepped again as soon as it answers.
+
+
+class ApsPartial(ApsTcpAsync):
+    """``Learner.send``/``recv(min_workers=1)``: EnvPool's asynchronous mode, over TCP.
+
+    Every env still gets an action chosen after its latest observation; what changes is
+    that a worker that answered is sent its next actions at once, without waiting for the
+    others, so the learner's work and every worker's stepping overlap.
+    """
+
+    name = "aps-partial"
+    description = (
+        "await Learner.send(actions, worker_ids) / Learner.recv(min_workers=1) over tcp: "
+        "each worker is stepped again as soon as it answers"
+    )
+
+    async def _run(self, seconds: float) -> int:
+        learner = self._learner
+        assert learner is not None
+        pool = self.pool
+        count = len(pool)
+        envs = self.setup.envs_per_worker
+        workers = list(range(self.setup.num_workers))
+        env_steps = 0
+        calls = 0
+        deadline = time.perf_counter() + seconds
+        await learner.send(pool[0], workers)
+        while True:
+            info = (await learner.recv(min_workers=1))[4]
+            ready = sorted({int(env) // envs for env in info["env_id"][::envs]})
+            env_steps += len(ready) * envs
+            calls += 1
+            if time.perf_counter() >= deadline:
+                break
+            await learner.send(pool[calls % count][: len(ready) * envs], ready)
+        if len(ready) < len(workers):
+            await learner.recv(min_workers=len(workers) - len(ready))  # settle, off the clock
+        return env_steps
+
+    def run(self, seconds: float) -> int:
+        assert self._runner is not None
+        return self._runner.run(self._run(seconds))
+
+
 # DETACH: workers act with a torch MLP and stream chunks.
 
 
@@ -424,7 +469,7 @@ class ApsDetach(ApsTcpAsync):
 
 
 EXTRA: dict[str, type[Contender]] = {
-    c.name: c for c in (EnvPool, TransportLimit, EnvLimit, ApsDetach)
+    c.name: c for c in (EnvPool, TransportLimit, EnvLimit, ApsPartial, ApsDetach)
 }
 ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
 

@@ -8,9 +8,19 @@ DETACH streaming). The contenders are those of ``throughput.py`` and ``contender
 method is ``throughput.py``'s: per column every contender is started and warmed up, then the
 timed windows run round-robin, ``--repeats`` rounds, the order rotating each round.
 
-Derived row, per column and per round: ``ideal = min(workers x env-limit, transport-limit)``,
-from the windows of the same round. Ratios are of medians, with the range of the per-round
-ratios. The targets are reported, never asserted.
+Derived rows, per column and per round, from the windows of the same round:
+
+- ``ideal = min(workers x env-limit, transport-limit)``: the targets' yardstick. It assumes
+  the messaging overlaps the stepping.
+- ``lockstep bound = 1 / (1 / transport-limit + 1 / (workers x env-limit))``: in lockstep
+  (``step()``, ``AsyncVectorEnv``) they cannot overlap. No worker steps before its actions
+  arrive, and the learner sends nothing before every answer is in. So each step pays one
+  transport round trip plus one worker's env time, one after the other. No lockstep
+  implementation over this transport goes faster here; the row shows how much of a
+  lockstep gap is aps's own.
+
+Ratios are of medians, with the range of the per-round ratios. The targets are reported,
+never asserted.
 
 Usage::
 
@@ -26,7 +36,7 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +58,8 @@ from throughput import (
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_JSON = ROOT / "results" / "matrix.json"
-IDEAL = "ideal"  # the derived row's key
+IDEAL = "ideal"  # the derived rows' keys
+LOCKSTEP_BOUND = "lockstep-bound"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +89,11 @@ ROWS = {
     "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
     "env-limit": "env limit: SyncVectorEnv of one worker's envs, 1 process (single-core rate)",
     IDEAL: "ideal {w}-core = min({w} x env limit, transport limit)",
+    LOCKSTEP_BOUND: "lockstep bound = 1 / (1 / transport limit + 1 / ({w} x env limit))",
     "aps-tcp": "**aps** remote step, TCP (`ClusterEnv`)",
     "aps-tcp-async": "**aps** remote step, TCP (`await Learner.step`)",
     "aps-ws": "**aps** remote step, WebSocket (`ClusterEnv`)",
+    "aps-partial": "**aps** partial batches, TCP (`send`/`recv(min_workers=1)`)",
     "aps-detach": "**aps** DETACH streaming, TCP (workers act with a torch MLP)",
 }
 
@@ -116,14 +129,24 @@ Results = dict[Column, dict[str, Series]]
 
 def ideal(series: dict[str, Series], workers: int) -> Series | None:
     """Per round, ``min(workers x env-limit, transport-limit)``; None without both."""
+    return _derive(series, lambda env, wire: min(workers * env, wire))
+
+
+def lockstep_bound(series: dict[str, Series], workers: int) -> Series | None:
+    """Per round, ``1 / (1 / transport-limit + 1 / (workers x env-limit))``; None without both."""
+    return _derive(series, lambda env, wire: 1 / (1 / wire + 1 / (workers * env)))
+
+
+def _derive(series: dict[str, Series], rate: Callable[[float, float], float]) -> Series | None:
+    """Per round, ``rate(env-limit, transport-limit)`` of that round's windows."""
     env, wire = series.get("env-limit"), series.get("transport-limit")
     if env is None or wire is None:
         return None
     wire_by_round = dict(zip(wire.rounds, wire.rates, strict=True))
     out = Series()
-    for round_, rate in zip(env.rounds, env.rates, strict=True):
+    for round_, env_rate in zip(env.rounds, env.rates, strict=True):
         if round_ in wire_by_round:
-            out.rates.append(min(workers * rate, wire_by_round[round_]))
+            out.rates.append(rate(env_rate, wire_by_round[round_]))
             out.rounds.append(round_)
     return out if out.rates else None
 
@@ -157,7 +180,7 @@ def render_cpu_table(results: Results, workers: int) -> str:
     lines = ["| CPU µs/env-step | " + " | ".join(c.label(workers) for c in columns) + " |"]
     lines.append("|---|" + "---:|" * len(columns))
     for name in ROWS:
-        if name == IDEAL:
+        if name in (IDEAL, LOCKSTEP_BOUND):
             continue  # derived from other rows' rates; it used no CPU of its own
         cells = []
         for c in columns:
@@ -206,6 +229,21 @@ def check_targets(results: Results, workers: int) -> list[dict[str, Any]]:
                         "verdict": verdict,
                     }
                 )
+    return out
+
+
+# Lockstep contenders, compared with what lockstep allows on this machine.
+LOCKSTEP_PEERS = ("gym-async", "zmq-json", "ray", *LOCKSTEP, "aps-ws")
+
+
+def lockstep_ratios(results: Results, workers: int) -> list[dict[str, Any]]:
+    """Each lockstep contender's share of the lockstep bound, per column (not a target)."""
+    out = []
+    for column, series in results.items():
+        for name in LOCKSTEP_PEERS:
+            r = ratio(series, name, LOCKSTEP_BOUND)
+            if r is not None:
+                out.append({"column": column.label(workers), "contender": name, "ratio": r})
     return out
 
 
@@ -295,9 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             series = measure_size(
                 names, setup, seconds=seconds, warmup=warmup, repeats=repeats, registry=ALL
             )
-            derived = ideal(series, args.workers)
-            if derived is not None:
-                series[IDEAL] = derived
+            for key, derive in ((IDEAL, ideal), (LOCKSTEP_BOUND, lockstep_bound)):
+                derived = derive(series, args.workers)
+                if derived is not None:
+                    series[key] = derived
             results[column] = series
     finally:
         stop_ray()
@@ -316,6 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Targets (ratio of medians, range of the per-round ratios):")
     for line in render_targets(checks):
         print(f"  {line}")
+    shares = lockstep_ratios(results, args.workers)
+    if shares:
+        print()
+        print("Share of the lockstep bound (not a target):")
+        for share in shares:
+            print(f"  {share['column']}: {share['contender']} {fmt_ratio(share['ratio'])}")
 
     report = {
         "benchmark": "matrix",
@@ -344,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for column, series in results.items()
         },
         "targets": checks,
+        "lockstep_bound_shares": shares,
     }
     write_json(args.json, report)
     return 0
