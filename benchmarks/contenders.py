@@ -165,6 +165,55 @@ class EnvLimit(GymSync):
         self.num_envs = setup.envs_per_worker
 
 
+class ActLimit(EnvLimit):
+    """A DETACH worker's loop without aps: act with the policy, step the envs, on one core."""
+
+    name = "act-limit"
+    description = (
+        "single-core rate of acting AND stepping: the aps-detach policy (aps.policy.Policy, "
+        "torch, 1 thread) acts on ONE worker's envs, which step, in the learner process"
+    )
+
+    def __init__(self, setup: Setup, pool: list[Array]) -> None:
+        super().__init__(setup, pool)
+        self._policy: Any = None
+        self._obs: Array | None = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return ApsDetach.unavailable()
+
+    def start(self) -> None:
+        from aps import policy
+
+        super().start()
+        assert self._envs is not None
+        envs = self._envs
+        policy.limit_threads(1)  # as the workers run it
+        factory = policy.load_policy_factory(POLICY)
+        agent = policy.build_module(
+            factory, envs.single_observation_space, envs.single_action_space
+        )
+        self._policy = policy.Policy(
+            agent, envs.single_observation_space, envs.single_action_space, seed=self.setup.seed
+        )
+        self._obs = envs.reset(seed=self.setup.seed)[0]
+
+    def run(self, seconds: float) -> int:
+        envs, policy = self._envs, self._policy
+        assert envs is not None
+        obs = self._obs
+        calls = 0
+        deadline = time.perf_counter() + seconds
+        while True:
+            actions = policy.act(obs)[0]
+            obs = envs.step(policy.env_actions(actions))[0]
+            calls += 1
+            if time.perf_counter() >= deadline:
+                self._obs = obs
+                return calls * self.num_envs
+
+
 # The transport limit: aps's step messages over asyncio TCP, pre-built replies.
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -469,7 +518,7 @@ class ApsDetach(ApsTcpAsync):
 
 
 EXTRA: dict[str, type[Contender]] = {
-    c.name: c for c in (EnvPool, TransportLimit, EnvLimit, ApsPartial, ApsDetach)
+    c.name: c for c in (EnvPool, TransportLimit, EnvLimit, ActLimit, ApsPartial, ApsDetach)
 }
 ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
 

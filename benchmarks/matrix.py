@@ -18,6 +18,11 @@ Derived rows, per column and per round, from the windows of the same round:
   transport round trip plus one worker's env time, one after the other. No lockstep
   implementation over this transport goes faster here; the row shows how much of a
   lockstep gap is aps's own.
+- ``DETACH bound = workers x act-limit``: ``act-limit`` runs a DETACH worker's loop (the
+  policy acts, the envs step) in one process with nothing else, so this is what 2 workers
+  acting with that policy could deliver if streaming cost nothing. The DETACH target is
+  against the ideal, which leaves out the inference; this row shows the share inference
+  takes and the share that is aps's own.
 
 Ratios are of medians, with the range of the per-round ratios. The targets are reported,
 never asserted.
@@ -60,6 +65,7 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_JSON = ROOT / "results" / "matrix.json"
 IDEAL = "ideal"  # the derived rows' keys
 LOCKSTEP_BOUND = "lockstep-bound"
+DETACH_BOUND = "detach-bound"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +94,10 @@ ROWS = {
     "envpool": "EnvPool (C++ envs, {w} threads)",
     "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
     "env-limit": "env limit: SyncVectorEnv of one worker's envs, 1 process (single-core rate)",
+    "act-limit": "act + env limit: the DETACH policy acting on one worker's envs, 1 process",
     IDEAL: "ideal {w}-core = min({w} x env limit, transport limit)",
     LOCKSTEP_BOUND: "lockstep bound = 1 / (1 / transport limit + 1 / ({w} x env limit))",
+    DETACH_BOUND: "DETACH bound = {w} x act + env limit",
     "aps-tcp": "**aps** remote step, TCP (`ClusterEnv`)",
     "aps-tcp-async": "**aps** remote step, TCP (`await Learner.step`)",
     "aps-ws": "**aps** remote step, WebSocket (`ClusterEnv`)",
@@ -137,6 +145,17 @@ def lockstep_bound(series: dict[str, Series], workers: int) -> Series | None:
     return _derive(series, lambda env, wire: 1 / (1 / wire + 1 / (workers * env)))
 
 
+def detach_bound(series: dict[str, Series], workers: int) -> Series | None:
+    """Per round, ``workers x act-limit``; None without it."""
+    act = series.get("act-limit")
+    if act is None or not act.rates:
+        return None
+    out = Series()
+    out.rates = [workers * rate for rate in act.rates]
+    out.rounds = list(act.rounds)
+    return out
+
+
 def _derive(series: dict[str, Series], rate: Callable[[float, float], float]) -> Series | None:
     """Per round, ``rate(env-limit, transport-limit)`` of that round's windows."""
     env, wire = series.get("env-limit"), series.get("transport-limit")
@@ -180,7 +199,7 @@ def render_cpu_table(results: Results, workers: int) -> str:
     lines = ["| CPU µs/env-step | " + " | ".join(c.label(workers) for c in columns) + " |"]
     lines.append("|---|" + "---:|" * len(columns))
     for name in ROWS:
-        if name in (IDEAL, LOCKSTEP_BOUND):
+        if name in (IDEAL, LOCKSTEP_BOUND, DETACH_BOUND):
             continue  # derived from other rows' rates; it used no CPU of its own
         cells = []
         for c in columns:
@@ -236,14 +255,18 @@ def check_targets(results: Results, workers: int) -> list[dict[str, Any]]:
 LOCKSTEP_PEERS = ("gym-async", "zmq-json", "ray", *LOCKSTEP, "aps-ws")
 
 
-def lockstep_ratios(results: Results, workers: int) -> list[dict[str, Any]]:
-    """Each lockstep contender's share of the lockstep bound, per column (not a target)."""
+def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:
+    """Each contender's share of the bound for its mode, per column (not a target)."""
+    pairs = [(name, LOCKSTEP_BOUND) for name in LOCKSTEP_PEERS]
+    pairs.append(("aps-detach", DETACH_BOUND))
     out = []
     for column, series in results.items():
-        for name in LOCKSTEP_PEERS:
-            r = ratio(series, name, LOCKSTEP_BOUND)
+        for name, bound in pairs:
+            r = ratio(series, name, bound)
             if r is not None:
-                out.append({"column": column.label(workers), "contender": name, "ratio": r})
+                out.append(
+                    {"column": column.label(workers), "contender": name, "bound": bound, "ratio": r}
+                )
     return out
 
 
@@ -333,7 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             series = measure_size(
                 names, setup, seconds=seconds, warmup=warmup, repeats=repeats, registry=ALL
             )
-            for key, derive in ((IDEAL, ideal), (LOCKSTEP_BOUND, lockstep_bound)):
+            derivations = (
+                (IDEAL, ideal),
+                (LOCKSTEP_BOUND, lockstep_bound),
+                (DETACH_BOUND, detach_bound),
+            )
+            for key, derive in derivations:
                 derived = derive(series, args.workers)
                 if derived is not None:
                     series[key] = derived
@@ -355,12 +383,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Targets (ratio of medians, range of the per-round ratios):")
     for line in render_targets(checks):
         print(f"  {line}")
-    shares = lockstep_ratios(results, args.workers)
+    shares = bound_shares(results, args.workers)
     if shares:
         print()
-        print("Share of the lockstep bound (not a target):")
+        print("Share of the bound for each mode (not a target):")
         for share in shares:
-            print(f"  {share['column']}: {share['contender']} {fmt_ratio(share['ratio'])}")
+            print(
+                f"  {share['column']}: {share['contender']} / {share['bound']} "
+                f"{fmt_ratio(share['ratio'])}"
+            )
 
     report = {
         "benchmark": "matrix",
@@ -389,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for column, series in results.items()
         },
         "targets": checks,
-        "lockstep_bound_shares": shares,
+        "bound_shares": shares,
     }
     write_json(args.json, report)
     return 0
