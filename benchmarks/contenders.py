@@ -165,6 +165,102 @@ class EnvLimit(GymSync):
         self.num_envs = setup.envs_per_worker
 
 
+class EnvParallel(Contender):
+    """``workers`` processes stepping their own envs at once, with no messages at all."""
+
+    name = "env-parallel"
+    description = (
+        "parallel env rate: one process per worker steps a SyncVectorEnv of its envs, all "
+        "at once, nothing exchanged (what the cores deliver together)"
+    )
+
+    def __init__(self, setup: Setup, pool: list[Array]) -> None:
+        super().__init__(setup, pool)
+        self._pipes: list[Any] = []
+        self._processes: list[Any] = []
+
+    def start(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        setup = self.setup
+        envs = setup.envs_per_worker
+        for index in range(setup.num_workers):
+            mine, theirs = context.Pipe()
+            actions = [a[index * envs : (index + 1) * envs] for a in self.pool]
+            seed = setup.seed + index * envs
+            process = context.Process(
+                target=env_parallel_worker,
+                args=(theirs, setup.env_id, envs, seed, actions),
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            self._pipes.append(mine)
+            self._processes.append(process)
+        for pipe in self._pipes:
+            if not pipe.poll(START_TIMEOUT):
+                raise RuntimeError("an env-parallel process did not start")
+            pipe.recv()  # ready
+
+    def run(self, seconds: float) -> int:
+        return self.window(seconds).env_steps
+
+    def window(self, seconds: float) -> Window:
+        pids = self.worker_pids()
+        own_before, workers_before = cpu_seconds(pids)
+        start = time.perf_counter()
+        for pipe in self._pipes:
+            pipe.send(seconds)
+        counts: list[tuple[int, float]] = []
+        for pipe in self._pipes:
+            if not pipe.poll(seconds + STEP_TIMEOUT):
+                raise RuntimeError("an env-parallel process did not answer")
+            counts.append(pipe.recv())
+        elapsed = time.perf_counter() - start
+        own_after, workers_after = cpu_seconds(pids)
+        workers = None
+        if workers_before is not None and workers_after is not None:
+            workers = workers_after - workers_before
+        env_steps = sum(steps for steps, _ in counts)
+        rate = sum(steps / took for steps, took in counts)
+        return Window(env_steps, elapsed, own_after - own_before, workers, measured_rate=rate)
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+            pipe.close()
+        for process in self._processes:
+            process.join(STOP_GRACE)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._pipes.clear()
+        self._processes.clear()
+
+    def worker_pids(self) -> list[int] | None:
+        return [p.pid for p in self._processes]
+
+
+def env_parallel_worker(
+    pipe: Any, env_id: str, num_envs: int, seed: int, pool: list[Array]
+) -> None:
+    """Step ``num_envs`` envs for each window the pipe asks for; answer (env-steps, seconds)."""
+    envs = SyncVectorEnv([partial(gym.make, env_id)] * num_envs)
+    try:
+        envs.reset(seed=seed)
+        pipe.send("ready")
+        while (seconds := pipe.recv()) is not None:
+            start = time.perf_counter()
+            calls = timed_steps(envs.step, pool, seconds)
+            pipe.send((calls * num_envs, time.perf_counter() - start))
+    except (EOFError, KeyboardInterrupt):
+        pass
+    finally:
+        envs.close()
+
+
 class ActLimit(EnvLimit):
     """A DETACH worker's loop without aps: act with the policy, step the envs, on one core."""
 
@@ -518,7 +614,8 @@ class ApsDetach(ApsTcpAsync):
 
 
 EXTRA: dict[str, type[Contender]] = {
-    c.name: c for c in (EnvPool, TransportLimit, EnvLimit, ActLimit, ApsPartial, ApsDetach)
+    c.name: c
+    for c in (EnvPool, TransportLimit, EnvLimit, EnvParallel, ActLimit, ApsPartial, ApsDetach)
 }
 ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
 
