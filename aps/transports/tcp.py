@@ -211,6 +211,13 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             self._after_large += nbytes
 
+    def writable(self) -> bool:
+        """Whether a frame may be written at once: nothing to drain, nothing broken."""
+        transport = self.transport
+        return not (
+            self._writing_paused or self.lost or transport is None or transport.is_closing()
+        )
+
     async def drain(self, transport: asyncio.Transport) -> None:
         """Wait while the write buffer holds more than 64 KiB besides the last large frame.
 
@@ -265,6 +272,7 @@ class TCPTransport:
         self._peer_name = peer
         self.max_frame_size = max_frame_size
         self._send_lock = asyncio.Lock()
+        self._senders = 0  # send() calls holding or waiting for the lock
         self._receiving = False
         self._closed = False
         sock = self._transport.get_extra_info("socket")
@@ -309,8 +317,21 @@ class TCPTransport:
         size = view.nbytes
         if size > self.max_frame_size:
             raise FrameTooLarge(size, self.max_frame_size)
+        connection = self._connection
+        if not self._senders and connection.writable():
+            # Nobody queued and nothing to wait for (the common case): hand the frame over
+            # at once, without the lock's awaits.
+            self._write(view, size)
+            return
+        self._senders += 1
+        try:
+            await self._send_in_turn(view, size)
+        finally:
+            self._senders -= 1
+
+    async def _send_in_turn(self, view: memoryview, size: int) -> None:
+        connection = self._connection
         async with self._send_lock:
-            connection = self._connection
             try:
                 if not self._closed:
                     await connection.drain(self._transport)
@@ -324,12 +345,15 @@ class TCPTransport:
                     ) from exc
             if self._closed:
                 raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
-            if size <= _COALESCE_LIMIT:
-                self._transport.write(frame_header(size) + view)
-            else:
-                self._transport.write(frame_header(size))
-                self._transport.write(owned_payload(view))
-            connection.handed_over(HEADER_SIZE + size)
+            self._write(view, size)
+
+    def _write(self, view: memoryview, size: int) -> None:
+        if size <= _COALESCE_LIMIT:
+            self._transport.write(frame_header(size) + view)
+        else:
+            self._transport.write(frame_header(size))
+            self._transport.write(owned_payload(view))
+        self._connection.handed_over(HEADER_SIZE + size)
 
     async def receive(self) -> bytes:
         """Wait for the next whole frame.

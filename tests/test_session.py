@@ -1,0 +1,64 @@
+"""Session.receive's deadline: Timeout after silence, cancellation kept apart, nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aps.errors import Timeout
+from aps.messages import Challenge
+from aps.protocol import PROTOCOL_VERSION, Role
+from aps.session import Session
+from aps.transports.memory import memory_transport_pair
+
+CHALLENGE = Challenge(protocol_version=PROTOCOL_VERSION, nonce=b"0123456789abcdef")
+
+
+async def pair() -> tuple[Session, Session]:
+    worker_end, learner_end = memory_transport_pair()
+    return Session(worker_end, Role.WORKER), Session(learner_end, Role.LEARNER)
+
+
+async def test_silence_past_the_deadline_is_a_timeout_and_the_session_goes_on() -> None:
+    worker, learner = await pair()
+    with pytest.raises(Timeout) as caught:
+        await worker.receive(timeout=0.05, operation="the challenge")
+    assert caught.value.seconds == 0.05 and "the challenge" in str(caught.value)
+    await learner.send(CHALLENGE)
+    assert await worker.receive(timeout=5, operation="the challenge") == CHALLENGE
+
+
+async def test_a_frame_in_time_leaves_no_deadline_behind() -> None:
+    worker, learner = await pair()
+    await learner.send(CHALLENGE)
+    assert await worker.receive(timeout=0.05, operation="the challenge") == CHALLENGE
+    await asyncio.sleep(0.15)  # a deadline left running would cancel this task here
+
+
+async def test_cancelling_a_receive_is_a_cancellation_and_loses_nothing() -> None:
+    worker, learner = await pair()
+    waiting = asyncio.create_task(worker.receive(timeout=60, operation="the challenge"))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await learner.send(CHALLENGE)
+    assert await worker.receive(timeout=5, operation="the challenge") == CHALLENGE
+
+
+async def test_a_cancellation_racing_the_deadline_stays_a_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker, _learner = await pair()
+    expire = worker._expire
+
+    def expire_and_cancel(task: asyncio.Task[object]) -> None:
+        expire(task)
+        task.cancel()  # someone else cancels the task at the very moment the deadline passes
+
+    monkeypatch.setattr(worker, "_expire", expire_and_cancel)
+    waiting = asyncio.create_task(worker.receive(timeout=0.05, operation="the challenge"))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, 5)
+    assert waiting.cancelled()
