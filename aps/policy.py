@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -646,12 +647,20 @@ class Policy:
             weights[name] = tensor.detach().cpu().numpy()
         return weights
 
-    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+    def set_weights(self, weights: Mapping[str, np.ndarray], *, share: bool = False) -> None:
         """Load arrays from :meth:`get_weights` (of any module built by the same factory).
 
         The round trip is exact: same names, shapes, dtypes and bits. Everything is checked
         before anything is written, so a refused dict leaves the module unchanged. Read-only
         arrays (decoded from the wire) are fine; they are copied into the module's tensors.
+
+        Args:
+            weights: ``{name: array}`` as :meth:`get_weights` returns it.
+            share: the module's CPU parameters and buffers take the arrays' memory instead
+                of a copy of it (tensors elsewhere are copied). For a caller that owns the
+                arrays and never changes them, as a worker owns the frame a version came
+                in: loading a large policy then copies nothing. The module must not change
+                its tensors in place afterwards (acting does not).
 
         Raises:
             ConfigError: missing or unexpected names, a value that is not an array, or a
@@ -686,10 +695,21 @@ class Policy:
                 + "; ".join(problems)
                 + "; weights must come from get_weights of the same agent"
             )
+        live: dict[str, torch.Tensor] = {}
+        if share:
+            live.update(self._module.named_parameters(remove_duplicate=False))
+            live.update(self._module.named_buffers(remove_duplicate=False))
         with torch.no_grad():
             for name, tensor in state.items():
                 array = weights[name]
-                if tensor.device.type == "cpu":
+                target = live.get(name)
+                if target is not None and target.device.type == "cpu":
+                    with warnings.catch_warnings():
+                        # Read-only arrays (views of a received frame): torch warns that it
+                        # could write them, which acting never does.
+                        warnings.simplefilter("ignore", UserWarning)
+                        target.data = torch.from_numpy(array)
+                elif tensor.device.type == "cpu":
                     np.copyto(tensor.numpy(), array, casting="no")
                 else:
                     tensor.copy_(torch.tensor(array))

@@ -678,7 +678,9 @@ class _Collector:
         """Load a new version; raises ConfigError when the arrays do not fit the policy."""
         if not isinstance(weights.arrays, dict):
             raise ProtocolError(f"weights must map names to arrays, got {type(weights.arrays)}")
-        self._policy.set_weights(weights.arrays)
+        # The arrays are views of the frame they came in, which nothing else holds: the
+        # policy takes that memory as its own rather than copying a large version.
+        self._policy.set_weights(weights.arrays, share=True)
         if weights.epsilon is not None:
             self._policy.epsilon = weights.epsilon
         self.version = weights.version

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -743,3 +745,33 @@ def test_limit_threads() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="limit_threads needs an int >= 1"):
             limit_threads(bad)  # type: ignore[arg-type]
+
+
+def test_shared_weights_are_the_arrays_memory_and_act_as_copied_ones() -> None:
+    from aps import codec
+    from aps.messages import Weights
+
+    source = qpolicy()
+    with torch.no_grad():
+        for parameter in source.module.parameters():
+            parameter.add_(0.5)
+    frame = codec.encode(Weights(version=1, arrays=source.get_weights(), epsilon=None))
+    decoded = codec.decode(frame)
+    assert isinstance(decoded, Weights)
+    copied, shared = qpolicy(), qpolicy()
+    copied.set_weights(decoded.arrays)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sharing read-only arrays warns nothing
+        shared.set_weights(decoded.arrays, share=True)
+    for name, tensor in shared.module.state_dict().items():
+        assert tensor.data_ptr() == decoded.arrays[name].ctypes.data, name  # no copy
+        np.testing.assert_array_equal(tensor.numpy(), source.get_weights()[name])
+    obs = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    copied.seed(3)
+    shared.seed(3)
+    for ours, theirs in zip(shared.act(obs)[:2], copied.act(obs)[:2], strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    del decoded, frame
+    gc.collect()
+    for name, tensor in shared.module.state_dict().items():  # the tensors keep it alive
+        np.testing.assert_array_equal(tensor.numpy(), source.get_weights()[name])
