@@ -298,6 +298,7 @@ class Policy:
         if exploration not in ("epsilon", "boltzmann"):
             raise ConfigError(f"exploration must be 'epsilon' or 'boltzmann', got {exploration!r}")
         self._module = module
+        self._shared = False  # the CPU tensors are views of arrays given to set_weights
         self._observation_space = observation_space
         self._action_space = action_space
         self._obs_shape: tuple[int, ...] = tuple(observation_space.shape or ())
@@ -696,7 +697,7 @@ class Policy:
                 + "; weights must come from get_weights of the same agent"
             )
         live: dict[str, torch.Tensor] = {}
-        if share:
+        if share or self._shared:
             live.update(self._module.named_parameters(remove_duplicate=False))
             live.update(self._module.named_buffers(remove_duplicate=False))
         with torch.no_grad():
@@ -704,6 +705,10 @@ class Policy:
                 array = weights[name]
                 target = live.get(name)
                 if target is not None and target.device.type == "cpu":
+                    if not share:
+                        # The tensors still hold shared (read-only) memory: give them their
+                        # own again rather than writing into it.
+                        array = np.array(array, order="C")
                     with warnings.catch_warnings():
                         # Read-only arrays (views of a received frame): torch warns that it
                         # could write them, which acting never does.
@@ -713,6 +718,7 @@ class Policy:
                     np.copyto(tensor.numpy(), array, casting="no")
                 else:
                     tensor.copy_(torch.tensor(array))
+        self._shared = share
 
     def clone(self) -> Policy:
         """An independent copy, for the learner's scratch copy that loads old versions.
@@ -721,7 +727,8 @@ class Policy:
         the generator starts in the same state (so both sample the same actions next).
         """
         twin = copy.copy(self)
-        twin._module = copy.deepcopy(self._module)
+        twin._module = copy.deepcopy(self._module)  # its own memory, even if ours is shared
+        twin._shared = False
         twin._generator = torch.Generator()
         twin._generator.set_state(self._generator.get_state())
         return twin

@@ -771,7 +771,16 @@ def test_shared_weights_are_the_arrays_memory_and_act_as_copied_ones() -> None:
     shared.seed(3)
     for ours, theirs in zip(shared.act(obs)[:2], copied.act(obs)[:2], strict=True):
         np.testing.assert_array_equal(ours, theirs)
+    arrays = decoded.arrays
     del decoded, frame
     gc.collect()
     for name, tensor in shared.module.state_dict().items():  # the tensors keep it alive
         np.testing.assert_array_equal(tensor.numpy(), source.get_weights()[name])
+    # A later copying load gives the tensors their own memory back: nothing writes the arrays.
+    shared.set_weights(copied.get_weights())
+    with torch.no_grad():
+        for parameter in shared.module.parameters():
+            parameter.zero_()
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(array, source.get_weights()[name])
+        assert shared.module.state_dict()[name].data_ptr() != array.ctypes.data
