@@ -90,7 +90,6 @@ class Session:
         self._last_send = time.monotonic()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop receive() runs in
-        self._expired = False  # the current receive's deadline passed
         self.goodbye: str | None = None
         """The reason the peer gave when it said goodbye (``None``: it did not)."""
 
@@ -187,12 +186,12 @@ class Session:
         if task is None:
             raise InvalidState("Session.receive() must run in a task")
         cancelling = task.cancelling()
-        self._expired = False
-        deadline = loop.call_at(loop.time() + timeout, self._expire, task)
+        expired: list[bool] = []  # this call's own flag, set when its deadline passes
+        deadline = loop.call_at(loop.time() + timeout, self._expire, task, expired)
         try:
             return await self._transport.receive()
         except asyncio.CancelledError:
-            if self._expired and task.uncancel() <= cancelling:
+            if expired and task.uncancel() <= cancelling:
                 raise Timeout(
                     f"nothing from {self.peer} for {timeout} s while waiting for {operation}; "
                     "the peer is stuck or the network is down (raise the matching Timeouts "
@@ -204,8 +203,9 @@ class Session:
         finally:
             deadline.cancel()
 
-    def _expire(self, task: asyncio.Task[Any]) -> None:
-        self._expired = True
+    @staticmethod
+    def _expire(task: asyncio.Task[Any], expired: list[bool]) -> None:
+        expired.append(True)
         task.cancel()
 
     def start_heartbeats(self) -> None:

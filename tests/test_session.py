@@ -51,13 +51,13 @@ async def test_a_cancellation_racing_the_deadline_stays_a_cancellation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     worker, _learner = await pair()
-    expire = worker._expire
+    expire = Session._expire
 
-    def expire_and_cancel(task: asyncio.Task[object]) -> None:
-        expire(task)
+    def expire_and_cancel(task: asyncio.Task[object], expired: list[bool]) -> None:
+        expire(task, expired)
         task.cancel()  # someone else cancels the task at the very moment the deadline passes
 
-    monkeypatch.setattr(worker, "_expire", expire_and_cancel)
+    monkeypatch.setattr(Session, "_expire", staticmethod(expire_and_cancel))
     waiting = asyncio.create_task(worker.receive(timeout=0.05, operation="the challenge"))
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(waiting, 5)
