@@ -17,10 +17,12 @@ can cost more than the 4 KiB faults it saves; a 40 MB frame took 100 ms instead 
 Large buffers are also reused. A publish sends a weights frame of the same size every
 time, and a worker receives one: allocating each afresh pays the first-touch cost on every
 frame (a 40 MB copy into fresh memory took 25 ms here, into memory in use 3 ms). So
-:func:`allocate` keeps the last few buffers of at least :data:`REUSE_MIN` bytes and hands
-one out again once nothing else refers to it: its reference count shows that only the pool
-holds it, so no frame, decoded array or transport write buffer can see it change. A reused
-``bytes`` also has its cached hash cleared.
+:func:`allocate` keeps the last few buffers of at least :data:`REUSE_MIN` bytes (at most
+:data:`REUSE_SLOTS` of them and :data:`REUSE_MAX_BYTES` together, so a process holds at
+most that much it would otherwise have freed). It hands one out again once nothing else
+refers to it: its reference count shows that only the pool holds it, so no frame, decoded
+array or transport write buffer can see it change. A reused ``bytes`` also has its cached
+hash cleared.
 
 This is a CPython detail, reached through :mod:`ctypes`. Where it is unavailable (another
 interpreter, a build without ``ctypes``), :func:`allocate` returns a ``bytearray`` and
@@ -33,12 +35,14 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["REUSE_MIN", "REUSE_SLOTS", "allocate", "seal"]
+__all__ = ["REUSE_MAX_BYTES", "REUSE_MIN", "REUSE_SLOTS", "allocate", "seal"]
 
 REUSE_MIN = 1 << 20
 """Buffers of at least this many bytes are kept for reuse."""
 REUSE_SLOTS = 4
 """How many such buffers are kept (the oldest is let go first)."""
+REUSE_MAX_BYTES = 256 << 20
+"""The most bytes the kept buffers hold together; a larger buffer is never kept."""
 
 
 class _Fillable:
@@ -125,8 +129,11 @@ def allocate(size: int) -> tuple[bytes | bytearray, memoryview]:
                 fillable.forget_hash(data)
                 return data, fillable.view(data)
         data, view = fillable.new(size)
-        _kept.append(data)
-        del _kept[:-REUSE_SLOTS]
+        if size <= REUSE_MAX_BYTES:
+            _kept.append(data)
+            del _kept[:-REUSE_SLOTS]
+            while sum(len(kept) for kept in _kept) > REUSE_MAX_BYTES:
+                del _kept[0]
         return data, view
 
 

@@ -70,3 +70,12 @@ def test_frames_in_use_never_change_while_others_are_encoded() -> None:
         assert isinstance(decoded, Weights)
         np.testing.assert_array_equal(decoded.arrays["w"], np.full(SIZE // 4, float(i)))
     assert len({id(frame) for frame in held}) == slots
+
+
+def test_the_kept_buffers_hold_at_most_their_byte_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aps._buffers, "REUSE_MAX_BYTES", 3 * SIZE)
+    held = [fill(i, SIZE + i) for i in range(4)]  # 4 sizes: nothing to reuse
+    assert sum(len(kept) for kept in aps._buffers._kept) <= 3 * SIZE
+    too_big = fill(9, 4 * SIZE)
+    assert all(kept is not too_big for kept in aps._buffers._kept)
+    del held
