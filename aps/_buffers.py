@@ -27,6 +27,8 @@ hash cleared.
 This is a CPython detail, reached through :mod:`ctypes`. Where it is unavailable (another
 interpreter, a build without ``ctypes``), :func:`allocate` returns a ``bytearray`` and
 :func:`seal` copies it into ``bytes``: correct, one copy slower, and nothing is reused.
+Nothing is reused either where reference counts cannot be trusted for this (a free-threaded
+build, or an interpreter whose counts do not behave as a probe at import expects).
 """
 
 from __future__ import annotations
@@ -98,7 +100,23 @@ def _fillable() -> _Fillable | None:
     return fillable if fillable.works() else None
 
 
+def _counts_references() -> bool:
+    """Whether ``sys.getrefcount`` tells when only the pool holds a buffer, proven on a probe.
+
+    Not on free-threaded builds, where other threads change counts without the GIL.
+    """
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return False
+    kept = [bytes(range(16))]
+    alone = sys.getrefcount(kept[0])
+    holder = kept[0]
+    shared = sys.getrefcount(kept[0])
+    del holder
+    return alone == 2 and shared == 3
+
+
 _FILLABLE = _fillable()
+_REUSE = _FILLABLE is not None and _counts_references()
 _lock = threading.Lock()
 _kept: list[bytes] = []  # buffers of REUSE_MIN bytes or more, the newest last
 
@@ -117,7 +135,7 @@ def allocate(size: int) -> tuple[bytes | bytearray, memoryview]:
     if fillable is None or size <= 0:
         buffer = bytearray(size)
         return buffer, memoryview(buffer)
-    if size < REUSE_MIN:
+    if size < REUSE_MIN or not _REUSE:
         return fillable.new(size)
     with _lock:  # finding a free buffer and taking it must be one step
         for index in range(len(_kept)):
