@@ -996,7 +996,8 @@ class Learner:
 
         Returns every worker that has answered by then (at least ``min_workers``), in env
         order, batched like :meth:`step`; ``info["env_id"]`` holds each row's global env
-        index (as EnvPool does).
+        index (as EnvPool does) and ``info["worker_id"]`` the id of the worker that stepped
+        it, so ``np.unique(info["worker_id"])`` are the workers to :meth:`send` to next.
 
         Raises:
             ConfigError: ``min_workers`` is not between 1 and the workers awaited.
@@ -1038,8 +1039,12 @@ class Learner:
         env_ids = np.concatenate(
             [np.arange(r.info.env_offset, r.info.env_offset + r.info.num_envs) for r in ready]
         )
-        result[4]["env_id"] = env_ids
-        result[4]["_env_id"] = np.ones(len(env_ids), dtype=np.bool_)
+        worker_ids = np.concatenate(
+            [np.full(r.info.num_envs, r.info.worker_id, dtype=np.int64) for r in ready]
+        )
+        info = result[4]
+        info["env_id"], info["_env_id"] = env_ids, np.ones(len(env_ids), dtype=np.bool_)
+        info["worker_id"], info["_worker_id"] = worker_ids, np.ones(len(env_ids), dtype=np.bool_)
         return result
 
     async def _cancel_partial(self) -> None:

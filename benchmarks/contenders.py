@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from throughput import (
     CONTENDERS,
     LOOPBACK,
@@ -282,9 +282,11 @@ class ActLimit(EnvLimit):
     def start(self) -> None:
         from aps import policy
 
-        super().start()
-        assert self._envs is not None
-        envs = self._envs
+        # Autoreset as the DETACH workers do it (SameStep): every step is a transition.
+        make = partial(gym.make, self.setup.env_id)
+        self._envs = envs = SyncVectorEnv(
+            [make] * self.num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+        )
         policy.limit_threads(1)  # as the workers run it
         factory = policy.load_policy_factory(POLICY)
         agent = policy.build_module(
@@ -492,21 +494,24 @@ class ApsPartial(ApsTcpAsync):
         pool = self.pool
         count = len(pool)
         envs = self.setup.envs_per_worker
-        workers = list(range(self.setup.num_workers))
+        workers = [info.worker_id for info in learner.workers]
         env_steps = 0
         calls = 0
         deadline = time.perf_counter() + seconds
         await learner.send(pool[0], workers)
         while True:
             info = (await learner.recv(min_workers=1))[4]
-            ready = sorted({int(env) // envs for env in info["env_id"][::envs]})
+            ready = info["worker_id"][::envs].tolist()  # each answered worker, in env order
             env_steps += len(ready) * envs
             calls += 1
             if time.perf_counter() >= deadline:
                 break
             await learner.send(pool[calls % count][: len(ready) * envs], ready)
-        if len(ready) < len(workers):
-            await learner.recv(min_workers=len(workers) - len(ready))  # settle, off the clock
+        stepping = len(workers) - len(ready)
+        if stepping:
+            # The steps still out are delivered inside the window too: count them.
+            await learner.recv(min_workers=stepping)
+            env_steps += stepping * envs
         return env_steps
 
     def run(self, seconds: float) -> int:

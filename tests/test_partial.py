@@ -56,6 +56,7 @@ async def test_workers_step_independently_and_results_carry_env_ids(learner: aps
         answered = sorted({int(e) // ENVS for e in env_ids})
         for row, env in enumerate(env_ids):
             worker_id = next(w for w in ids if env in envs_of(learner, w))
+            assert info["worker_id"][row] == worker_id
             action = pending[worker_id][env - envs_of(learner, worker_id)[0]]
             want = refs[env].step(np.array([action]))
             np.testing.assert_array_equal(obs[row], want[0][0])
@@ -78,6 +79,8 @@ async def test_send_to_all_then_recv_all_equals_step(learner: aps.Learner) -> No
     obs, reward, *_, info = await asyncio.wait_for(learner.recv(min_workers=WORKERS), 20)
     assert obs.shape == (WORKERS * ENVS, 4) and reward.all()
     np.testing.assert_array_equal(info["env_id"], np.arange(WORKERS * ENVS))
+    owners = [w.worker_id for w in learner.workers for _ in range(ENVS)]
+    np.testing.assert_array_equal(info["worker_id"], owners)
     # Lockstep works again once everything sent was received.
     await asyncio.wait_for(learner.step(actions), 20)
 
