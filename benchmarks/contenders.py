@@ -204,27 +204,14 @@ class EnvParallel(Contender):
             pipe.recv()  # ready
 
     def run(self, seconds: float) -> int:
-        return self.window(seconds).env_steps
-
-    def window(self, seconds: float) -> Window:
-        pids = self.worker_pids()
-        own_before, workers_before = cpu_seconds(pids)
-        start = time.perf_counter()
         for pipe in self._pipes:
-            pipe.send(seconds)
-        counts: list[tuple[int, float]] = []
+            pipe.send(seconds)  # all start at once; each steps for ``seconds``
+        env_steps = 0
         for pipe in self._pipes:
             if not pipe.poll(seconds + STEP_TIMEOUT):
                 raise RuntimeError("an env-parallel process did not answer")
-            counts.append(pipe.recv())
-        elapsed = time.perf_counter() - start
-        own_after, workers_after = cpu_seconds(pids)
-        workers = None
-        if workers_before is not None and workers_after is not None:
-            workers = workers_after - workers_before
-        env_steps = sum(steps for steps, _ in counts)
-        rate = sum(steps / took for steps, took in counts)
-        return Window(env_steps, elapsed, own_after - own_before, workers, measured_rate=rate)
+            env_steps += pipe.recv()
+        return env_steps
 
     def close(self) -> None:
         for pipe in self._pipes:
@@ -246,15 +233,13 @@ class EnvParallel(Contender):
 def env_parallel_worker(
     pipe: Any, env_id: str, num_envs: int, seed: int, pool: list[Array]
 ) -> None:
-    """Step ``num_envs`` envs for each window the pipe asks for; answer (env-steps, seconds)."""
+    """Step ``num_envs`` envs for each window the pipe asks for; answer the env-steps."""
     envs = SyncVectorEnv([partial(gym.make, env_id)] * num_envs)
     try:
         envs.reset(seed=seed)
         pipe.send("ready")
         while (seconds := pipe.recv()) is not None:
-            start = time.perf_counter()
-            calls = timed_steps(envs.step, pool, seconds)
-            pipe.send((calls * num_envs, time.perf_counter() - start))
+            pipe.send(timed_steps(envs.step, pool, seconds) * num_envs)
     except (EOFError, KeyboardInterrupt):
         pass
     finally:
