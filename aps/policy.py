@@ -639,13 +639,14 @@ class Policy:
                     f"weight {name!r} has dtype {tensor.dtype}, which numpy cannot hold; "
                     "convert the module to float32 (module.float()) before publishing it"
                 )
+            tensor = tensor.detach()
             if copy:
                 # The copy is made by torch and viewed by numpy. np.array(..., copy=True)
                 # would allocate through numpy, which advises transparent huge pages for
                 # large arrays: on virtual machines that return free memory to their host,
                 # first-touch huge pages made a 40 MB snapshot take about 100 ms, not 15-30.
-                tensor = tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
-            weights[name] = tensor.detach().cpu().numpy()
+                tensor = tensor.to("cpu", copy=True, memory_format=torch.contiguous_format)
+            weights[name] = tensor.cpu().numpy()
         return weights
 
     def set_weights(self, weights: Mapping[str, np.ndarray], *, share: bool = False) -> None:
