@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aps.errors import Timeout
+from aps.errors import EndOfStream, Timeout
 from aps.messages import Challenge
 from aps.protocol import PROTOCOL_VERSION, Role
 from aps.session import Session
@@ -51,14 +51,51 @@ async def test_a_cancellation_racing_the_deadline_stays_a_cancellation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     worker, _learner = await pair()
-    expire = Session._expire
+    watch = Session._watch
 
-    def expire_and_cancel(task: asyncio.Task[object], expired: list[bool]) -> None:
-        expire(task, expired)
-        task.cancel()  # someone else cancels the task at the very moment the deadline passes
+    def watch_and_cancel(self: Session) -> None:
+        wait = self._waiting
+        watch(self)
+        if wait is not None and wait.expired:
+            wait.task.cancel()  # someone else cancels the task as the deadline passes
 
-    monkeypatch.setattr(Session, "_expire", staticmethod(expire_and_cancel))
+    monkeypatch.setattr(Session, "_watch", watch_and_cancel)
     waiting = asyncio.create_task(worker.receive(timeout=0.05, operation="the challenge"))
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(waiting, 5)
     assert waiting.cancelled()
+
+
+async def test_a_shorter_deadline_after_a_longer_one_still_times_out() -> None:
+    worker, learner = await pair()
+    await learner.send(CHALLENGE)
+    assert await worker.receive(timeout=60, operation="the challenge") == CHALLENGE
+    # The watchdog armed for 60 s must not delay this call's deadline.
+    with pytest.raises(Timeout):
+        await asyncio.wait_for(worker.receive(timeout=0.05, operation="the challenge"), 10)
+
+
+async def test_a_longer_deadline_outlives_the_watchdog_of_an_earlier_call() -> None:
+    worker, learner = await pair()
+    await learner.send(CHALLENGE)
+    assert await worker.receive(timeout=0.05, operation="the challenge") == CHALLENGE
+    # The watchdog armed for the first call fires during this one and must only re-arm.
+    waiting = asyncio.create_task(worker.receive(timeout=5, operation="the challenge"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await learner.aclose()  # its goodbye ends the wait: not a Timeout
+    with pytest.raises(EndOfStream):
+        await asyncio.wait_for(waiting, 10)
+
+
+async def test_closing_stops_the_watchdog() -> None:
+    worker, _learner = await pair()
+    with pytest.raises(Timeout):
+        await worker.receive(timeout=0.01, operation="the challenge")
+    waiting = asyncio.create_task(worker.receive(timeout=60, operation="the challenge"))
+    await asyncio.sleep(0.01)
+    assert worker._watchdog is not None
+    waiting.cancel()
+    await asyncio.wait([waiting])
+    await worker.aclose()
+    assert worker._watchdog is None
