@@ -1141,7 +1141,11 @@ class Learner:
 
     async def _send_request(self, remote: _Remote, request: Request) -> None:
         """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
-        request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
+        if type(request) is StepRequest:
+            # The per-step path: built directly, at half the cost of dataclasses.replace.
+            request = StepRequest(actions=request.actions, seq=remote.sent, acked=remote.received)
+        else:
+            request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
         remote.sent += 1
         remote.unanswered.append(request)
         if remote.delivered == remote.generation and remote.attached.is_set():

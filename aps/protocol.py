@@ -74,6 +74,10 @@ class Direction(enum.Enum):
     SEND = "send"
     RECEIVE = "receive"
 
+    # Members are singletons, so identity hashing is exact; Enum's own __hash__ is a Python
+    # call, and the transition table is looked up with a state and a direction per message.
+    __hash__ = object.__hash__
+
 
 class State(enum.Enum):
     """Where a connection stands; the names read from this side's point of view."""
@@ -97,6 +101,8 @@ class State(enum.Enum):
     # Both.
     IDLE = "idle"
     CLOSED = "closed"
+
+    __hash__ = object.__hash__  # see Direction
 
 
 _S, _R = Direction.SEND, Direction.RECEIVE
