@@ -261,6 +261,10 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     to what packing the arrays inline gives.
     """
     large: list[tuple[int, np.ndarray[Any, Any], np.dtype[Any], bytes]] = []
+    # default() reaches the packer through this list, emptied once packing ends: a closure
+    # over the packer itself would make a cycle (packer -> default -> packer) on every call,
+    # garbage that only the cyclic collector frees.
+    packing: list[msgpack.Packer] = []
 
     def default(value: Any) -> Any:
         if type(value) is np.ndarray and value.nbytes >= _LARGE_ARRAY and not value.dtype.hasobject:
@@ -270,7 +274,7 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
                 if little is None:
                     raise _dtype_error(value.dtype)
                 name = little.str
-            with packer.getbuffer() as packed:
+            with packing[0].getbuffer() as packed:
                 offset = packed.nbytes  # where msgpack writes what this call returns
             large.append((offset, value, _LITTLE[name], _header(name, value.shape)))
             return _STAND_IN
@@ -279,7 +283,11 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     packer = msgpack.Packer(
         default=default, use_bin_type=True, strict_types=True, buf_size=1024, autoreset=False
     )
-    packer.pack(body)
+    packing.append(packer)
+    try:
+        packer.pack(body)
+    finally:
+        packing.clear()
     if not large:
         result: bytes = packer.bytes()
         return result
