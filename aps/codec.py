@@ -19,6 +19,11 @@ numpy values are msgpack extension types:
 
 Decoded arrays are read-only views over the received payload: copy them (``np.array(x)``)
 before writing to them.
+
+Small messages whose values are all simple (``None``, ``bool``, ``int``, ``float``, ``str``,
+``bytes``, empty dicts, arrays under 64 KiB: a step's requests and results) are encoded by a
+fast path that writes the frame directly instead of through msgpack's callbacks; its frames
+are byte for byte those of the general path.
 """
 
 from __future__ import annotations
@@ -261,6 +266,10 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     to what packing the arrays inline gives.
     """
     large: list[tuple[int, np.ndarray[Any, Any], np.dtype[Any], bytes]] = []
+    # default() reaches the packer through this list, emptied once packing ends: a closure
+    # over the packer itself would make a cycle (packer -> default -> packer) on every call,
+    # garbage that only the cyclic collector frees.
+    packing: list[msgpack.Packer] = []
 
     def default(value: Any) -> Any:
         if type(value) is np.ndarray and value.nbytes >= _LARGE_ARRAY and not value.dtype.hasobject:
@@ -270,7 +279,7 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
                 if little is None:
                     raise _dtype_error(value.dtype)
                 name = little.str
-            with packer.getbuffer() as packed:
+            with packing[0].getbuffer() as packed:
                 offset = packed.nbytes  # where msgpack writes what this call returns
             large.append((offset, value, _LITTLE[name], _header(name, value.shape)))
             return _STAND_IN
@@ -279,7 +288,11 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     packer = msgpack.Packer(
         default=default, use_bin_type=True, strict_types=True, buf_size=1024, autoreset=False
     )
-    packer.pack(body)
+    packing.append(packer)
+    try:
+        packer.pack(body)
+    finally:
+        packing.clear()
     if not large:
         result: bytes = packer.bytes()
         return result
@@ -391,6 +404,8 @@ class _Spec:
     tag: str
     fields: tuple[_Field, ...]
     names: frozenset[str]
+    head: bytes  # the packed map header, "t" and the tag: how every frame of the type starts
+    keys: tuple[tuple[str, bytes], ...]  # each field's name and its packed bytes
 
 
 def _is_array(value: Any) -> bool:
@@ -445,7 +460,11 @@ def _spec_for(cls: type[Message]) -> _Spec:
     names = frozenset(f.name for f in fields)
     if "t" in names:
         raise TypeError(f"{cls.__name__} has a field named 't', which the codec uses for the tag")
-    return _Spec(cls, cls.TAG, fields, names)
+    count = len(fields) + 1
+    head = bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
+    head += _packb("t") + _packb(cls.TAG)
+    keys = tuple((f.name, _packb(f.name)) for f in fields)
+    return _Spec(cls, cls.TAG, fields, names, head, keys)
 
 
 _SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
@@ -483,6 +502,18 @@ def encode(message: Message) -> bytes:
             f"cannot encode {type(message).__qualname__}: not an aps message type; "
             f"known tags: {_KNOWN_TAGS}"
         )
+    body = _body(spec, message)
+    frame = _pack_small(spec, body)
+    if frame is not None:
+        return frame
+    try:
+        return _pack_frame(body)
+    except Exception as exc:
+        raise _locate(spec, body, exc) from exc
+
+
+def _body(spec: _Spec, message: Message) -> dict[str, Any]:
+    """The map ``{"t": tag, field: value, ...}`` that encodes ``message``, its fields checked."""
     body: dict[str, Any] = {"t": spec.tag}
     for field in spec.fields:
         value = getattr(message, field.name)
@@ -504,10 +535,7 @@ def encode(message: Message) -> bytes:
         elif not field.check(value):
             raise _field_error(spec, field, value, "encode")
         body[field.name] = value
-    try:
-        return _pack_frame(body)
-    except Exception as exc:
-        raise _locate(spec, body, exc) from exc
+    return body
 
 
 def _field_error(spec: _Spec, field: _Field, value: Any, verb: str) -> WireError:
@@ -527,6 +555,149 @@ def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
                 f"cannot encode field {field.name!r} of {spec.cls.__name__}: {field_exc}"
             )
     return WireError(f"cannot encode {spec.cls.__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------------------------
+# The fast path for small messages. A step's messages hold a few ints and small arrays, and
+# msgpack reaches every array through a Python default() that builds an ExtType: most of the
+# cost of encoding them. _pack_small writes such a message directly, in Python, from bytes
+# prepared once per message type and once per array dtype and shape.
+
+
+def _pack_small(spec: _Spec, body: dict[str, Any]) -> bytes | None:
+    """The frame of ``body`` when every value is simple, else ``None``.
+
+    Simple values: ``None``, ``bool``, ``int`` and ``float`` (exact types), ``str``,
+    ``bytes``, the empty dict, and numpy arrays of a wire dtype in native or little-endian
+    order of under :data:`_LARGE_ARRAY` bytes. The frame is byte for byte what
+    :func:`_pack_frame` makes of the same body (the tests compare them); for anything else,
+    including every value msgpack would refuse, ``None`` leaves the work and the error to it.
+    """
+    parts = [spec.head]
+    append = parts.append
+    for name, key in spec.keys:
+        value = body[name]
+        append(key)
+        kind = type(value)
+        if kind is np.ndarray:
+            prefix = _PREFIXES.get((value.dtype, value.shape))
+            if prefix is None:
+                prefix = _array_prefix(value)
+                if prefix is None:
+                    return None
+            append(prefix)
+            # tobytes() writes C order whatever the layout, as in _ext_array.
+            append(value.tobytes())
+        elif kind is int:
+            packed = _pack_int(value)
+            if packed is None:
+                return None
+            append(packed)
+        elif value is None:
+            append(b"\xc0")
+        elif kind is bool:
+            append(b"\xc3" if value else b"\xc2")
+        elif kind is float:
+            append(_FLOAT64.pack(0xCB, value))  # msgpack sends Python floats as float64
+        elif kind is str:
+            try:
+                data = value.encode()
+            except UnicodeEncodeError:  # lone surrogates: msgpack refuses them too
+                return None
+            size = len(data)
+            if size < 32:
+                append(_FIXSTR[size])
+            elif size <= 0xFF:
+                append(b"\xd9" + _UINT8[size])
+            elif size <= 0xFFFF:
+                append(_HEAD16.pack(0xDA, size))
+            elif size <= 0xFFFFFFFF:
+                append(_HEAD32.pack(0xDB, size))
+            else:
+                return None
+            append(data)
+        elif kind is bytes:
+            size = len(value)
+            if size <= 0xFF:
+                append(b"\xc4" + _UINT8[size])
+            elif size <= 0xFFFF:
+                append(_HEAD16.pack(0xC5, size))
+            elif size <= 0xFFFFFFFF:
+                append(_HEAD32.pack(0xC6, size))
+            else:
+                return None
+            append(value)
+        elif kind is dict and not value:
+            append(b"\x80")
+        else:
+            return None
+    return b"".join(parts)
+
+
+def _pack_int(value: int) -> bytes | None:
+    """An int as msgpack packs it (the shortest form), or ``None`` beyond 64 bits."""
+    if value >= 0:
+        if value <= 0x7F:
+            return _UINT8[value]  # positive fixint
+        if value <= 0xFF:
+            return b"\xcc" + _UINT8[value]
+        if value <= 0xFFFF:
+            return _HEAD16.pack(0xCD, value)
+        if value <= 0xFFFFFFFF:
+            return _HEAD32.pack(0xCE, value)
+        if value <= 0xFFFFFFFFFFFFFFFF:
+            return _UINT64.pack(0xCF, value)
+        return None
+    if value >= -32:
+        return _UINT8[value + 0x100]  # negative fixint, 0xe0 to 0xff
+    if value >= -0x80:
+        return b"\xd0" + _UINT8[value + 0x100]
+    if value >= -0x8000:
+        return _INT16.pack(0xD1, value)
+    if value >= -0x80000000:
+        return _INT32.pack(0xD2, value)
+    if value >= -0x8000000000000000:
+        return _INT64.pack(0xD3, value)
+    return None
+
+
+def _array_prefix(array: np.ndarray[Any, Any]) -> bytes | None:
+    """What precedes the data of ``array`` in a frame: the ext header and the array header.
+
+    ``None`` for arrays the fast path leaves to the generic one: other dtypes (big-endian,
+    object, unsupported ones, whose errors it raises), too many dimensions, large arrays.
+    The result is cached per dtype and shape.
+    """
+    name = _WIRE_NAME.get(array.dtype)
+    if name is None or array.ndim > MAX_NDIM or array.nbytes >= _LARGE_ARRAY:
+        return None
+    header = _header(name, array.shape)
+    length = len(header) + array.nbytes
+    # The ext header msgpack writes for a payload of this length: fixext where one fits.
+    fixext = _FIXEXT.get(length)
+    if fixext is not None:
+        prefix = bytes([fixext, EXT_NDARRAY]) + header
+    elif length <= 0xFF:
+        prefix = bytes([0xC7, length, EXT_NDARRAY]) + header
+    else:
+        prefix = _ext_prefix(length) + header
+    if len(_PREFIXES) >= 4096:  # as for _HEADERS: few shapes in practice, bounded anyway
+        _PREFIXES.clear()
+    _PREFIXES[(array.dtype, array.shape)] = prefix
+    return prefix
+
+
+_PREFIXES: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+_UINT8 = [bytes([b]) for b in range(256)]
+_FIXSTR = [bytes([0xA0 | size]) for size in range(32)]
+_FLOAT64 = struct.Struct(">Bd")
+_HEAD16 = struct.Struct(">BH")
+_HEAD32 = struct.Struct(">BI")
+_UINT64 = struct.Struct(">BQ")
+_INT16 = struct.Struct(">Bh")
+_INT32 = struct.Struct(">Bi")
+_INT64 = struct.Struct(">Bq")
 
 
 # --------------------------------------------------------------------------------------------
