@@ -54,12 +54,14 @@ def _shape(space: gym.Space[Any]) -> tuple[int, ...]:
 # concat / split
 
 
-def concat(space: gym.Space[Any], parts: Sequence[Any]) -> Any:
+def concat(space: gym.Space[Any], parts: Sequence[Any], counts: Sequence[int] | None = None) -> Any:
     """Join per-worker batches along the env axis, as Gymnasium batches ``space``.
 
     Args:
         space: the single-env space (``single_observation_space``).
         parts: one batch per worker, in env order; each with ``E_i`` envs.
+        counts: the ``E_i``, when they are known: a part with another number of envs is
+            refused. ``None`` takes each part's own.
 
     Returns:
         A new batch of ``sum(E_i)`` envs with the dtypes and shapes of
@@ -72,10 +74,14 @@ def concat(space: gym.Space[Any], parts: Sequence[Any]) -> Any:
     """
     if len(parts) == 0:
         raise ConfigError("concat needs at least one part; got an empty list of batches")
-    return _concat(space, parts, "batch")
+    if counts is not None and len(counts) != len(parts):
+        raise ConfigError(f"concat got {len(parts)} parts but {len(counts)} counts")
+    return _concat(space, parts, "batch", counts)
 
 
-def _concat(space: gym.Space[Any], parts: Sequence[Any], where: str) -> Any:
+def _concat(
+    space: gym.Space[Any], parts: Sequence[Any], where: str, counts: Sequence[int] | None
+) -> Any:
     if isinstance(space, _ARRAY_SPACES):
         dtype = _batch_dtype(space)
         shape = _shape(space)
@@ -85,10 +91,12 @@ def _concat(space: gym.Space[Any], parts: Sequence[Any], where: str) -> Any:
                 and part.ndim == 1 + len(shape)
                 and part.shape[1:] == shape
                 and part.dtype == dtype
+                and (counts is None or part.shape[0] == counts[index])
             ):
+                envs = "E" if counts is None else counts[index]
                 raise ProtocolError(
                     f"part {index} of {where} is {_describe(part)}, expected an array of shape "
-                    f"(E,) + {shape} and dtype {dtype} for {space}; all workers must "
+                    f"({envs},) + {shape} and dtype {dtype} for {space}; all workers must "
                     "run envs with the same spaces"
                 )
         return np.concatenate(parts, axis=0)
@@ -101,7 +109,7 @@ def _concat(space: gym.Space[Any], parts: Sequence[Any], where: str) -> Any:
                     f"{list(space.spaces)}, got {_describe(got)}"
                 )
         return {
-            key: _concat(sub, [part[key] for part in parts], f"{where}[{key!r}]")
+            key: _concat(sub, [part[key] for part in parts], f"{where}[{key!r}]", counts)
             for key, sub in space.spaces.items()
         }
     if isinstance(space, gs.Tuple):
@@ -112,7 +120,7 @@ def _concat(space: gym.Space[Any], parts: Sequence[Any], where: str) -> Any:
                     f"got {_describe(part)}"
                 )
         return tuple(
-            _concat(sub, [part[i] for part in parts], f"{where}[{i}]")
+            _concat(sub, [part[i] for part in parts], f"{where}[{i}]", counts)
             for i, sub in enumerate(space.spaces)
         )
     raise _unsupported(space)

@@ -24,7 +24,6 @@ import collections
 import contextlib
 import dataclasses
 import ipaddress
-import itertools
 import logging
 import math
 import os
@@ -911,21 +910,60 @@ class Learner:
         ]
 
     def _step_results(self, remotes: Sequence[_Remote], answers: Sequence[Message]) -> StepReturn:
-        """Stitch the step answers of ``remotes`` (in env order) into one batch."""
-        results = [
-            self._restarted_step(remote, answer)
-            if isinstance(answer, ResetResult)
-            else _expect(answer, StepResult)
-            for remote, answer in zip(remotes, answers, strict=True)
-        ]
-        offsets = [0, *itertools.accumulate(r.info.num_envs for r in remotes)]
+        """Stitch the step answers of ``remotes`` (in env order) into one batch.
+
+        Raises:
+            ProtocolError: an answer is not a step of exactly its worker's envs; this
+                learner can no longer step then.
+        """
+        try:
+            return self._stitch(remotes, answers)
+        except ProtocolError as exc:
+            self._broken = exc
+            raise
+
+    def _stitch(self, remotes: Sequence[_Remote], answers: Sequence[Message]) -> StepReturn:
+        obs: list[Any] = []
+        reward: list[Array] = []
+        terminated: list[Array] = []
+        truncated: list[Array] = []
+        infos: list[tuple[int, Info]] = []
+        counts: list[int] = []
+        offset = 0
+        for remote, answer in zip(remotes, answers, strict=True):
+            if type(answer) is not StepResult:
+                answer = (
+                    self._restarted_step(remote, answer)
+                    if isinstance(answer, ResetResult)
+                    else _expect(answer, StepResult)
+                )
+            count = remote.info.num_envs
+            for name, array, kinds in (
+                ("reward", answer.reward, "fiu"),
+                ("terminated", answer.terminated, "b"),
+                ("truncated", answer.truncated, "b"),
+            ):
+                if array.shape != (count,) or array.dtype.kind not in kinds:
+                    raise ProtocolError(
+                        f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
+                        f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
+                        f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
+                        "a compatible aps worker"
+                    )
+            obs.append(answer.obs)
+            reward.append(answer.reward)
+            terminated.append(answer.terminated)
+            truncated.append(answer.truncated)
+            infos.append((offset, answer.info))
+            counts.append(count)
+            offset += count
         # Concatenating copies even a single worker's batch: users get writable arrays.
         return (
-            concat(self.single_observation_space, [r.obs for r in results]),
-            np.concatenate([r.reward for r in results]),
-            np.concatenate([r.terminated for r in results]),
-            np.concatenate([r.truncated for r in results]),
-            merge_infos(list(zip(offsets, (r.info for r in results), strict=False)), offsets[-1]),
+            concat(self.single_observation_space, obs, counts),
+            np.concatenate(reward),
+            np.concatenate(terminated),
+            np.concatenate(truncated),
+            merge_infos(infos, offset),
         )
 
     # Partial batches (EnvPool's asynchronous API): send to some workers, take who is ready.

@@ -7,6 +7,7 @@ offending connection is closed, and that the learner keeps serving honest worker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 import struct
 from typing import Any
@@ -103,6 +104,44 @@ async def test_bad_actions_are_refused_before_sending(
         with pytest.raises(aps.ConfigError, match=match):
             await learner.step(actions)
         await learner.step(np.zeros(4, np.int64))  # still in lockstep
+
+
+class Miscounting(aps.Worker):
+    """An honest worker whose step answers are then tampered with as ``tamper`` says."""
+
+    def __init__(self, *args: Any, tamper: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tamper = tamper
+
+    def _step(self, envs: Any, request: Any) -> Any:
+        answer = super()._step(envs, request)
+        if self.tamper == "reward":  # one reward too many
+            return dataclasses.replace(answer, reward=np.append(answer.reward, 1.0))
+        if self.tamper == "terminated":  # floats where bools belong
+            return dataclasses.replace(answer, terminated=answer.terminated.astype(np.float32))
+        return dataclasses.replace(answer, obs=np.concatenate([answer.obs, answer.obs]))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "named"),
+    [("reward", "reward is an array of shape (2,)"), ("terminated", "terminated"), ("obs", "(1,)")],
+)
+async def test_a_step_answer_for_other_envs_is_refused(
+    workers: WorkerTasks, tamper: str, named: str
+) -> None:
+    async with aps.Learner(TCP, num_workers=2, timeouts=FAST) as learner:
+        workers.start(learner.url, num_envs=1)
+        bad = Miscounting(learner.url, "CartPole-v1", num_envs=1, timeouts=FAST, tamper=tamper)
+        workers.tasks.append(asyncio.create_task(bad.run()))
+        await learner.reset(seed=0)
+        with pytest.raises(
+            aps.ProtocolError, match=r"not a compatible aps worker|same spaces"
+        ) as caught:
+            await learner.step(np.zeros(2, np.int64))
+        assert named in str(caught.value)
+        # The batch would be wrong for every env after it: the learner does not go on.
+        with pytest.raises(aps.InvalidState, match="can no longer step"):
+            await learner.step(np.zeros(2, np.int64))
 
 
 async def test_step_before_reset_is_invalid(workers: WorkerTasks) -> None:
