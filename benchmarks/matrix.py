@@ -119,13 +119,22 @@ class Target:
 
 
 LOCKSTEP = ("aps-tcp", "aps-tcp-async")
+# The remote-step targets are checked for each way aps steps remote envs over TCP: the two
+# lockstep ones, and partial batches (EnvPool's asynchronous mode), each reported on its own.
+REMOTE_STEP = (*LOCKSTEP, "aps-partial")
 TARGETS = (
-    Target("remote step >= 1.3x AsyncVectorEnv", ("CartPole-v1:64",), LOCKSTEP, "gym-async", 1.3),
-    Target("remote step >= 2.5x ZeroMQ + JSON", ("CartPole-v1:64",), LOCKSTEP, "zmq-json", 2.5),
-    Target("remote step >= 3x Ray actors", ("CartPole-v1:64",), LOCKSTEP, "ray", 3.0),
-    Target("remote step >= 0.8x ideal", ("LunarLander-v3:64",), LOCKSTEP, IDEAL, 0.8),
     Target(
-        "remote step >= 0.8x transport limit", ("CartPole-v1:1",), LOCKSTEP, "transport-limit", 0.8
+        "remote step >= 1.3x AsyncVectorEnv", ("CartPole-v1:64",), REMOTE_STEP, "gym-async", 1.3
+    ),
+    Target("remote step >= 2.5x ZeroMQ + JSON", ("CartPole-v1:64",), REMOTE_STEP, "zmq-json", 2.5),
+    Target("remote step >= 3x Ray actors", ("CartPole-v1:64",), REMOTE_STEP, "ray", 3.0),
+    Target("remote step >= 0.8x ideal", ("LunarLander-v3:64",), REMOTE_STEP, IDEAL, 0.8),
+    Target(
+        "remote step >= 0.8x transport limit",
+        ("CartPole-v1:1",),
+        REMOTE_STEP,
+        "transport-limit",
+        0.8,
     ),
     Target("WebSocket within 20% of TCP", (), ("aps-ws",), "aps-tcp", 0.8),
     Target(
@@ -259,6 +268,9 @@ LOCKSTEP_PEERS = ("gym-async", "zmq-json", "ray", *LOCKSTEP, "aps-ws")
 def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:
     """Each contender's share of the bound for its mode, per column (not a target)."""
     pairs = [(name, LOCKSTEP_BOUND) for name in LOCKSTEP_PEERS]
+    # Not lockstep: partial batches overlap the learner's work with the workers' stepping,
+    # so they may pass the lockstep bound; how far they do is the point of the mode.
+    pairs.append(("aps-partial", LOCKSTEP_BOUND))
     pairs.append(("aps-detach", DETACH_BOUND))
     out = []
     for column, series in results.items():
