@@ -1073,7 +1073,11 @@ class Learner:
             self._busy = False
         if failure is not None:
             raise failure
-        result = self._step_results(ready, answers)
+        try:
+            result = self._step_results(ready, answers)
+        except ProtocolError:
+            await self._cancel_partial()  # the learner is broken: no step is awaited any more
+            raise
         env_ids = np.concatenate(
             [np.arange(r.info.env_offset, r.info.env_offset + r.info.num_envs) for r in ready]
         )

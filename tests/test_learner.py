@@ -19,7 +19,7 @@ import pytest
 
 import aps
 from aps import codec, transports
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, Welcome
+from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, StepRequest, Welcome
 from aps.transports.tcp import TCPFactory
 from tests.conftest import FAST, WorkerTasks
 
@@ -142,6 +142,31 @@ async def test_a_step_answer_for_other_envs_is_refused(
         # The batch would be wrong for every env after it: the learner does not go on.
         with pytest.raises(aps.InvalidState, match="can no longer step"):
             await learner.step(np.zeros(2, np.int64))
+
+
+class Slow(aps.Worker):
+    """An honest worker that answers each step 0.3 s late (without blocking the loop)."""
+
+    async def _answer(self, session: Any, envs: Any, request: Any) -> None:
+        if isinstance(request, StepRequest):
+            await asyncio.sleep(0.3)
+        await super()._answer(session, envs, request)
+
+
+async def test_a_partial_answer_for_other_envs_is_refused(workers: WorkerTasks) -> None:
+    async with aps.Learner(TCP, num_workers=2, timeouts=FAST) as learner:
+        bad = Miscounting(learner.url, "CartPole-v1", num_envs=1, timeouts=FAST, tamper="reward")
+        workers.tasks.append(asyncio.create_task(bad.run()))
+        slow = Slow(learner.url, "CartPole-v1", num_envs=1, timeouts=FAST)
+        workers.tasks.append(asyncio.create_task(slow.run()))
+        await learner.reset(seed=0)
+        await learner.send(np.zeros(2, np.int64))
+        with pytest.raises(aps.ProtocolError, match="sent a step whose reward"):
+            await learner.recv(min_workers=1)  # the bad worker's answer, the slow one's pending
+        # The learner is broken: not even the worker whose step was cancelled is stepped.
+        for worker in learner.workers:
+            with pytest.raises(aps.InvalidState, match="can no longer send"):
+                await learner.send(np.zeros(1, np.int64), [worker.worker_id])
 
 
 async def test_step_before_reset_is_invalid(workers: WorkerTasks) -> None:
