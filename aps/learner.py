@@ -861,7 +861,7 @@ class Learner:
         for remote in self._remotes:
             remote.needs_reset = remote.reset_next = False
         observation_space = self.single_observation_space
-        obs = concat(observation_space, [r.obs for r in results])
+        obs = concat(observation_space, [r.obs for r in results], self._counts)
         info = merge_infos(
             list(zip(self._offsets, (r.info for r in results), strict=True)), self.num_envs
         )

@@ -121,6 +121,12 @@ class Miscounting(aps.Worker):
             return dataclasses.replace(answer, terminated=answer.terminated.astype(np.float32))
         return dataclasses.replace(answer, obs=np.concatenate([answer.obs, answer.obs]))
 
+    def _reset(self, envs: Any, request: Any) -> Any:
+        answer = super()._reset(envs, request)
+        if self.tamper == "reset":  # one observation too many
+            return dataclasses.replace(answer, obs=np.concatenate([answer.obs, answer.obs]))
+        return answer
+
 
 @pytest.mark.parametrize(
     ("tamper", "named"),
@@ -142,6 +148,17 @@ async def test_a_step_answer_for_other_envs_is_refused(
         # The batch would be wrong for every env after it: the learner does not go on.
         with pytest.raises(aps.InvalidState, match="can no longer step"):
             await learner.step(np.zeros(2, np.int64))
+
+
+async def test_a_reset_answer_for_other_envs_is_refused(workers: WorkerTasks) -> None:
+    async with aps.Learner(TCP, num_workers=2, timeouts=FAST) as learner:
+        workers.start(learner.url, num_envs=1)
+        bad = Miscounting(learner.url, "CartPole-v1", num_envs=1, timeouts=FAST, tamper="reset")
+        workers.tasks.append(asyncio.create_task(bad.run()))
+        with pytest.raises(aps.ProtocolError, match=r"expected an array of shape \(1,\)"):
+            await learner.reset(seed=0)
+        with pytest.raises(aps.InvalidState, match="reset"):
+            await learner.step(np.zeros(2, np.int64))  # no batch was returned: not reset
 
 
 class Slow(aps.Worker):
