@@ -1448,12 +1448,44 @@ class Learner:
                     f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
                     f"expected (T, {info.num_envs}); the worker is not a compatible aps worker"
                 )
-        cuts = int(np.count_nonzero(message.truncated))
-        if message.truncated_index.shape != (cuts, 2) or len(message.truncated_obs) != cuts:
+        obs_shape = self.single_observation_space.shape or ()
+        shapes = {
+            "obs": (message.obs.shape, expected + obs_shape),
+            "next_obs": (message.next_obs.shape, (info.num_envs, *obs_shape)),
+            "actions": (message.actions.shape[:2], expected),
+        }
+        if message.value is not None:
+            shapes["value"] = (message.value.shape, expected)
+        episodes = message.episode_return.shape
+        shapes["episode_length"] = (message.episode_length.shape, episodes)
+        shapes["episode_env"] = (message.episode_env.shape, episodes)
+        for name, (shape, wanted) in shapes.items():
+            if shape != wanted or len(episodes) != 1:
+                raise ProtocolError(
+                    f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
+                    f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
+                    "worker is not a compatible aps worker"
+                )
+        if np.any((message.episode_env < 0) | (message.episode_env >= info.num_envs)):
             raise ProtocolError(
-                f"worker {info.worker_id} sent {len(message.truncated_obs)} truncated "
-                f"observations at indices of shape {message.truncated_index.shape} for {cuts} "
-                "truncated steps; the worker is not a compatible aps worker"
+                f"worker {info.worker_id} sent episodes of envs outside its "
+                f"{info.num_envs}; the worker is not a compatible aps worker"
+            )
+        cuts = int(np.count_nonzero(message.truncated))
+        if message.truncated_index.shape != (cuts, 2) or message.truncated_obs.shape != (
+            cuts,
+            *obs_shape,
+        ):
+            raise ProtocolError(
+                f"worker {info.worker_id} sent truncated observations of shape "
+                f"{message.truncated_obs.shape} at indices of shape "
+                f"{message.truncated_index.shape} for {cuts} truncated steps, expected "
+                f"{(cuts, *obs_shape)} and {(cuts, 2)}; the worker is not a compatible aps worker"
+            )
+        if not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
+            raise ProtocolError(
+                f"worker {info.worker_id} sent truncated observations at (step, env) indices "
+                "that are not its truncated steps; the worker is not a compatible aps worker"
             )
         if not remote.last_chunk_version <= message.version <= remote.metrics.version:
             raise ProtocolError(

@@ -7,6 +7,7 @@ agents from tests/agents.py; the learner publishes versions and the strategies d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,54 @@ async def test_truncated_steps_keep_their_last_observation(workers: WorkerTasks,
                 np.testing.assert_array_equal(last, following)
             else:  # the env already reset: only truncated_obs has the last observation
                 assert not np.array_equal(last, following)
+
+
+class Tampering(aps.Worker):
+    """An honest DETACH worker whose chunks are then tampered with as ``tamper`` says."""
+
+    def __init__(self, *args: Any, tamper: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tamper = tamper
+
+    def _rollout(self, request: Any) -> Any:
+        chunk = super()._rollout(request)
+        if self.tamper == "obs":  # one step short
+            return dataclasses.replace(chunk, obs=chunk.obs[:-1])
+        if self.tamper == "next_obs":  # one env too many
+            return dataclasses.replace(chunk, next_obs=np.concatenate([chunk.next_obs] * 2))
+        if self.tamper == "episode_env":  # an env this worker does not have
+            return dataclasses.replace(chunk, episode_env=chunk.episode_env + 100)
+        # truncated observations said to be at other steps than the truncated ones
+        return dataclasses.replace(chunk, truncated_index=chunk.truncated_index[::-1] + 1)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "named"),
+    [
+        ("obs", "chunk whose obs has shape (29, 2, 4)"),
+        ("next_obs", "chunk whose next_obs has shape (4, 4)"),
+        ("episode_env", "episodes of envs outside its 2"),
+        ("truncated_index", "not its truncated steps"),
+    ],
+)
+async def test_a_chunk_that_does_not_fit_the_worker_is_refused(
+    workers: WorkerTasks, tamper: str, named: str
+) -> None:
+    async with aps.Learner("memory://", num_workers=1, policy=POLICY, timeouts=FAST) as learner:
+        bad = Tampering(
+            learner.url,
+            "CartPole-v1",
+            num_envs=2,
+            env_kwargs={"max_episode_steps": 5},
+            timeouts=FAST,
+            tamper=tamper,
+        )
+        workers.tasks.append(asyncio.create_task(bad.run()))
+        await learner.reset(seed=0)
+        await learner.publish(Agent(Spaces("CartPole-v1")))
+        with pytest.raises(aps.ProtocolError, match="not a compatible aps worker") as caught:
+            await learner.rollout(30)
+        assert named in str(caught.value)
 
 
 def test_env_actions_clip_box_samples_and_pass_discrete_ones() -> None:
