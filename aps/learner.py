@@ -1456,11 +1456,14 @@ class Learner:
         }
         if message.value is not None:
             shapes["value"] = (message.value.shape, expected)
-        episodes = message.episode_return.shape
+        # One value per episode that ended: 1-d arrays of one length (-1 matches no shape).
+        ended = message.episode_return
+        episodes = (ended.shape[0] if ended.ndim == 1 else -1,)
+        shapes["episode_return"] = (message.episode_return.shape, episodes)
         shapes["episode_length"] = (message.episode_length.shape, episodes)
         shapes["episode_env"] = (message.episode_env.shape, episodes)
         for name, (shape, wanted) in shapes.items():
-            if shape != wanted or len(episodes) != 1:
+            if shape != wanted:
                 raise ProtocolError(
                     f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
                     f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
@@ -1472,15 +1475,13 @@ class Learner:
                 f"{info.num_envs}; the worker is not a compatible aps worker"
             )
         cuts = int(np.count_nonzero(message.truncated))
-        if message.truncated_index.shape != (cuts, 2) or message.truncated_obs.shape != (
-            cuts,
-            *obs_shape,
-        ):
+        last_obs = (cuts, *obs_shape)
+        if message.truncated_index.shape != (cuts, 2) or message.truncated_obs.shape != last_obs:
             raise ProtocolError(
                 f"worker {info.worker_id} sent truncated observations of shape "
                 f"{message.truncated_obs.shape} at indices of shape "
                 f"{message.truncated_index.shape} for {cuts} truncated steps, expected "
-                f"{(cuts, *obs_shape)} and {(cuts, 2)}; the worker is not a compatible aps worker"
+                f"{last_obs} and {(cuts, 2)}; the worker is not a compatible aps worker"
             )
         if not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
             raise ProtocolError(
