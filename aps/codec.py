@@ -605,33 +605,37 @@ def _pack_small(spec: _Spec, body: dict[str, Any]) -> bytes | None:
             except UnicodeEncodeError:  # lone surrogates: msgpack refuses them too
                 return None
             size = len(data)
-            if size < 32:
-                append(_FIXSTR[size])
-            elif size <= 0xFF:
-                append(b"\xd9" + _UINT8[size])
-            elif size <= 0xFFFF:
-                append(_HEAD16.pack(0xDA, size))
-            elif size <= 0xFFFFFFFF:
-                append(_HEAD32.pack(0xDB, size))
-            else:
+            head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
+            if head is None:
                 return None
+            append(head)
             append(data)
         elif kind is bytes:
-            size = len(value)
-            if size <= 0xFF:
-                append(b"\xc4" + _UINT8[size])
-            elif size <= 0xFFFF:
-                append(_HEAD16.pack(0xC5, size))
-            elif size <= 0xFFFFFFFF:
-                append(_HEAD32.pack(0xC6, size))
-            else:
+            head = _length_header(len(value), 0xC4, 0xC5, 0xC6)
+            if head is None:
                 return None
+            append(head)
             append(value)
         elif kind is dict and not value:
             append(b"\x80")
         else:
             return None
     return b"".join(parts)
+
+
+def _length_header(size: int, code8: int, code16: int, code32: int) -> bytes | None:
+    """The header msgpack writes before a str or bin payload of ``size`` bytes.
+
+    ``code8``, ``code16`` and ``code32`` are the type codes of its 8-, 16- and 32-bit length
+    forms (a fixstr is the caller's); ``None`` beyond 32 bits.
+    """
+    if size <= 0xFF:
+        return bytes((code8, size))
+    if size <= 0xFFFF:
+        return _HEAD16.pack(code16, size)
+    if size <= 0xFFFFFFFF:
+        return _HEAD32.pack(code32, size)
+    return None
 
 
 def _pack_int(value: int) -> bytes | None:
