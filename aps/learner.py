@@ -198,7 +198,7 @@ class _Spare:
 
 def _is_loopback(url: str) -> bool:
     parts = urlsplit(url)
-    if parts.scheme == "memory":
+    if parts.scheme in ("memory", "unix"):  # this process; this host, by file permission
         return True
     host = parts.hostname or ""
     if host == "localhost":

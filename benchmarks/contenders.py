@@ -456,6 +456,19 @@ async def _serve(host: str, port: int, index: int, reply: bytes) -> None:
         writer.close()
 
 
+# The await loop over a Unix socket: what same-host workers save by leaving TCP.
+
+
+class ApsUnix(ApsTcpAsync):
+    """``await Learner.step`` as ``aps-tcp-async``, over ``unix://`` instead of loopback TCP."""
+
+    name = "aps-unix"
+    description = "await aps.Learner.step over a Unix socket (unix://), 'python -m aps worker'"
+
+    def make_learner(self) -> aps.Learner:
+        return aps.Learner("unix://", num_workers=self.setup.num_workers)
+
+
 # Partial batches: each worker is stepped again as soon as it answers.
 
 
@@ -605,7 +618,16 @@ class ApsDetach(ApsTcpAsync):
 
 EXTRA: dict[str, type[Contender]] = {
     c.name: c
-    for c in (EnvPool, TransportLimit, EnvLimit, EnvParallel, ActLimit, ApsPartial, ApsDetach)
+    for c in (
+        EnvPool,
+        TransportLimit,
+        EnvLimit,
+        EnvParallel,
+        ActLimit,
+        ApsUnix,
+        ApsPartial,
+        ApsDetach,
+    )
 }
 ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
 

@@ -3,10 +3,11 @@
 Columns: CartPole-v1 on 2 workers x 1 env, CartPole-v1 on 2 x 64 and LunarLander-v3 on
 2 x 64. Rows: the peers (Gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv``, Ray actors,
 ZeroMQ + JSON, EnvPool), the limits (the transport limit, the env limit and the ideal
-2-core rate derived from them) and aps (remote step over TCP and WebSocket, the await loop,
-DETACH streaming). The contenders are those of ``throughput.py`` and ``contenders.py``; the
-method is ``throughput.py``'s: per column every contender is started and warmed up, then the
-timed windows run round-robin, ``--repeats`` rounds, the order rotating each round.
+2-core rate derived from them) and aps (remote step over TCP, WebSocket and a Unix socket,
+the await loop, partial batches, DETACH streaming). The contenders are those of
+``throughput.py`` and ``contenders.py``; the method is ``throughput.py``'s: per column every
+contender is started and warmed up, then the timed windows run round-robin, ``--repeats``
+rounds, the order rotating each round.
 
 Derived rows, per column and per round, from the windows of the same round:
 
@@ -102,6 +103,7 @@ ROWS = {
     "aps-tcp": "**aps** remote step, TCP (`ClusterEnv`)",
     "aps-tcp-async": "**aps** remote step, TCP (`await Learner.step`)",
     "aps-ws": "**aps** remote step, WebSocket (`ClusterEnv`)",
+    "aps-unix": "**aps** remote step, Unix socket (`await Learner.step`)",
     "aps-partial": "**aps** partial batches, TCP (`send`/`recv(min_workers=1)`)",
     "aps-detach": "**aps** DETACH streaming, TCP (workers act with a torch MLP)",
 }
@@ -262,7 +264,7 @@ def check_targets(results: Results, workers: int) -> list[dict[str, Any]]:
 
 
 # Lockstep contenders, compared with what lockstep allows on this machine.
-LOCKSTEP_PEERS = ("gym-async", "zmq-json", "ray", *LOCKSTEP, "aps-ws")
+LOCKSTEP_PEERS = ("gym-async", "zmq-json", "ray", *LOCKSTEP, "aps-ws", "aps-unix")
 
 
 def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:

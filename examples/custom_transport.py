@@ -1,4 +1,4 @@
-"""A transport plug-in: Unix-domain sockets as ``unix:///path/to/socket``.
+"""A transport plug-in: Unix-domain sockets as ``uds:///path/to/socket``.
 
 A transport is three small classes that satisfy the protocols in ``aps.transports.base``
 (no base class to inherit). This one uses asyncio's Unix streams and the sans-I/O framing in
@@ -7,8 +7,12 @@ public conformance suite. Run it:
 
     python examples/custom_transport.py
 
-Once registered (``aps.transports.register("unix", UnixFactory())``, or an entry point in
-the ``aps.transports`` group), ``unix://`` URLs work wherever aps takes a URL.
+Once registered (``aps.transports.register("uds", UnixFactory())``, or an entry point in
+the ``aps.transports`` group), ``uds://`` URLs work wherever aps takes a URL.
+
+aps has Unix sockets built in as ``unix://`` (:mod:`aps.transports.unix`, on the TCP
+transport's machinery); this plug-in builds the same thing from scratch, under its own
+scheme, because it is small enough to read in one sitting.
 """
 
 from __future__ import annotations
@@ -202,18 +206,18 @@ class UnixFactory:
 def _path_of(url: str) -> str:
     parts = urlsplit(url)
     if parts.netloc or not parts.path.startswith("/"):
-        raise ConfigError(f"unix url {url!r} is malformed; write it as unix:///absolute/path")
+        raise ConfigError(f"uds url {url!r} is malformed; write it as uds:///absolute/path")
     return parts.path
 
 
 async def main() -> None:
-    aps.transports.register("unix", UnixFactory(max_frame_size=2**20), replace=True)
-    factory = aps.transports.get_factory("unix")
+    aps.transports.register("uds", UnixFactory(max_frame_size=2**20), replace=True)
+    factory = aps.transports.get_factory("uds")
     with tempfile.TemporaryDirectory() as directory:
-        url = f"unix://{directory}/aps.sock"
+        url = f"uds://{directory}/aps.sock"
         await check_factory(factory, url)
         await check_transport(pair_from_factory(factory, url))
-    print(f"unix:// passed the factory checks and all {len(TRANSPORT_CHECKS)} transport checks")
+    print(f"uds:// passed the factory checks and all {len(TRANSPORT_CHECKS)} transport checks")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def test_memory_equals_sync_vector_env(spec: str, mode: AutoresetMode) -> None:
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("spec", ENV_SPECS)
-@pytest.mark.parametrize("transport", ["tcp", "ws"])
+@pytest.mark.parametrize("transport", ["tcp", "unix", "ws"])
 def test_worker_processes_equal_sync_vector_env(
     transport: str, spec: str, mode: AutoresetMode
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import os
 import pathlib
 import random
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import aps
 import aps._loop
 import aps.framing
 import aps.testing
@@ -48,6 +50,7 @@ from aps.testing import (
 from aps.transports import Listener, Transport, TransportFactory, memory_transport_pair, registry
 from aps.transports.memory import MemoryFactory, MemoryTransport
 from aps.transports.tcp import TCPFactory, TCPTransport
+from aps.transports.unix import MAX_PATH_BYTES, UnixFactory, UnixTransport
 from aps.transports.websocket import WebSocketFactory
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -99,7 +102,7 @@ def short_dir() -> Iterator[pathlib.Path]:
 
 # Every transport, as (factory, url) for the factory checks and a pair maker for the rest.
 
-KINDS = ["memory", "tcp", "tcp-ipv6", "tls", "ws", "wss", "unix"]
+KINDS = ["memory", "tcp", "tcp-ipv6", "tls", "ws", "wss", "unix", "uds-example"]
 
 
 def _setup(kind: str, request: pytest.FixtureRequest) -> tuple[TransportFactory, str]:
@@ -121,9 +124,14 @@ def _setup(kind: str, request: pytest.FixtureRequest) -> tuple[TransportFactory,
         )
         return factory, ("tcp" if kind == "tls" else "wss") + "://127.0.0.1:0"
     if kind == "unix":
+        if not hasattr(socket, "AF_UNIX"):
+            pytest.skip("no unix sockets on this platform")
+        directory = request.getfixturevalue("short_dir")
+        return UnixFactory(max_frame_size=LIMIT), f"unix://{directory}/s.sock"
+    if kind == "uds-example":
         module = request.getfixturevalue("example")
         directory = request.getfixturevalue("short_dir")
-        return module.UnixFactory(max_frame_size=LIMIT), f"unix://{directory}/s.sock"
+        return module.UnixFactory(max_frame_size=LIMIT), f"uds://{directory}/s.sock"
     raise AssertionError(kind)
 
 
@@ -700,6 +708,119 @@ def test_factory_arguments_are_validated() -> None:
 # WebSocket specifics.
 
 
+# The unix transport: paths, stale and live sockets, cleanup. Its frames and flow control are
+# the TCP transport's, checked above and by the conformance suite.
+
+
+def _kind_of(path: pathlib.Path) -> str:
+    """What is at ``path``: "socket", "file", "dir" or "none" (synchronous: tiny stat calls)."""
+    if path.is_socket():
+        return "socket"
+    if path.is_dir():
+        return "dir"
+    return "file" if path.exists() else "none"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_unix_fresh_path_is_private_and_removed_on_close(loop: str) -> None:
+    async def main() -> None:
+        factory = UnixFactory()
+        listener = await factory.listen("unix://")
+        path = pathlib.Path(listener.url.removeprefix("unix://"))
+        assert _kind_of(path) == "socket"
+        assert os.stat(path.parent).st_mode & 0o777 == 0o700  # this user only
+        async with await factory.connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                assert isinstance(server, UnixTransport)
+                assert client.peer == server.peer == listener.url
+                big = bytes(range(256)) * 32768  # 8 MiB: both ways, past every buffer
+                await asyncio.gather(client.send(big), server.send(b"small"))
+                assert await server.receive() == big
+                assert await client.receive() == b"small"
+                await server.send(big)
+                assert await client.receive() == big
+        await listener.aclose()
+        assert _kind_of(path) == _kind_of(path.parent) == "none"
+        await listener.aclose()  # idempotent
+
+    run_on(loop, main)
+
+
+async def test_unix_named_path_is_removed_on_close_and_can_be_bound_again(
+    short_dir: pathlib.Path,
+) -> None:
+    url = f"unix://{short_dir}/learner.sock"
+    factory = UnixFactory()
+    for _ in range(2):
+        async with await factory.listen(url) as listener:
+            assert listener.url == url
+            assert repr(listener) == f"<UnixListener {url}>"
+            async with await factory.connect(url, timeout=5) as client:
+                assert repr(client) == f"<UnixTransport peer={url!r} open>"
+        assert _kind_of(short_dir / "learner.sock") == "none"
+    assert _kind_of(short_dir) == "dir"  # not made by the listener: left alone
+
+
+async def test_unix_replaces_a_stale_socket_file(short_dir: pathlib.Path) -> None:
+    path = short_dir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening, then gone: what a killed learner leaves
+    dead.close()
+    assert _kind_of(path) == "socket"
+    async with await UnixFactory().listen(f"unix://{path}") as listener:
+        async with await UnixFactory().connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                await client.send(b"hi")
+                assert await server.receive() == b"hi"
+
+
+async def test_unix_refuses_a_path_in_use_or_not_a_socket(short_dir: pathlib.Path) -> None:
+    factory = UnixFactory()
+    async with await factory.listen(f"unix://{short_dir}/live.sock") as listener:
+        with pytest.raises(ConnectError, match="another listener is using it") as info:
+            await factory.listen(listener.url)
+        assert info.value.url == listener.url
+        async with await factory.connect(listener.url, timeout=5):  # still the first's
+            pass
+    regular = short_dir / "notes.txt"
+    regular.write_bytes(b"keep me")
+    with pytest.raises(ConnectError, match="exists and is not a socket"):
+        await factory.listen(f"unix://{regular}")
+    assert regular.read_bytes() == b"keep me"
+    with pytest.raises(ConnectError, match="check that the directory exists"):
+        await factory.listen(f"unix://{short_dir}/no/such/dir.sock")
+
+
+async def test_unix_connect_errors(short_dir: pathlib.Path) -> None:
+    url = f"unix://{short_dir}/nobody.sock"
+    with pytest.raises(ConnectError, match=r"cannot connect to .*check that a listener") as info:
+        await UnixFactory().connect(url, timeout=5)
+    assert info.value.url == url
+    assert isinstance(info.value.__cause__, OSError)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("unix://relative/learner.sock", "has a host"),
+        ("unix:///tmp/learner.sock?mode=1", "has a host, query"),
+        ("unix://", "no path to connect to"),
+        ("unix:///tmp/dir/", "names no socket file"),
+        ("unix:///" + "x" * MAX_PATH_BYTES, "bytes, over this system's limit"),
+    ],
+)
+async def test_unix_url_errors(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        await UnixFactory().connect(url)
+
+
+async def test_unix_is_a_builtin_scheme_and_local_enough_for_no_token() -> None:
+    assert isinstance(registry.get_factory("unix"), UnixFactory)
+    # Like loopback, a Unix socket is reachable from this host only: no token is demanded.
+    async with aps.Learner("unix://", num_workers=1) as learner:
+        assert learner.url.startswith("unix:///")
+
+
 async def test_websocket_text_message_is_a_broken_connection() -> None:
     from websockets.asyncio.client import connect
 
@@ -923,7 +1044,7 @@ def test_unknown_scheme_says_how_to_register(fresh_registry: None) -> None:
         aps.transports.get_factory("nosuchscheme")
     message = str(info.value)
     assert "unknown transport scheme 'nosuchscheme'" in message
-    assert "memory, tcp, ws, wss" in message
+    assert "memory, tcp, unix, ws, wss" in message
     assert "aps.transports.register('nosuchscheme', factory)" in message
     assert '[project.entry-points."aps.transports"]' in message
 

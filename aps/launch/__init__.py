@@ -61,10 +61,11 @@ def local(
     max_restarts: int = 100,
     vector: str = "sync",
 ) -> LocalWorkers:
-    """Workers on this machine: subprocesses (``tcp://``, ``ws://``) or tasks (``memory://``).
+    """Workers on this machine: subprocesses, or tasks for ``memory://``.
 
-    See :class:`LocalWorkers`; the learner hands them its token. ``restart=True`` replaces
-    workers that end early (use it with ``on_worker_lost="wait"``).
+    Subprocesses serve ``tcp://``, ``unix://``, ``ws://`` and plug-in URLs. See
+    :class:`LocalWorkers`; the learner hands them its token. ``restart=True`` replaces workers
+    that end early (use it with ``on_worker_lost="wait"``).
     """
     return LocalWorkers(
         env,

@@ -3,7 +3,7 @@
 Where a factory comes from, in order:
 
 1. :func:`register` — a factory object registered in this process;
-2. the built-ins, imported on first use: ``tcp``, ``ws``, ``wss`` and ``memory``;
+2. the built-ins, imported on first use: ``tcp``, ``unix``, ``ws``, ``wss`` and ``memory``;
 3. the ``aps.transports`` entry-point group, read only when a scheme is not found above.
    A package provides the scheme ``quic`` with::
 
@@ -35,6 +35,7 @@ ENTRY_POINT_GROUP = "aps.transports"
 _BUILTINS: dict[str, str] = {
     "memory": "aps.transports.memory:MemoryFactory",
     "tcp": "aps.transports.tcp:TCPFactory",
+    "unix": "aps.transports.unix:UnixFactory",
     "ws": "aps.transports.websocket:WebSocketFactory",
     "wss": "aps.transports.websocket:WebSocketFactory",
 }

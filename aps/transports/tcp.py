@@ -259,6 +259,8 @@ class TCPTransport:
         max_frame_size: the largest frame this end sends or receives, in bytes.
     """
 
+    _sets_nodelay = True
+
     def __init__(
         self,
         connection: _Connection,
@@ -275,7 +277,7 @@ class TCPTransport:
         self._senders = 0  # send() calls holding or waiting for the lock
         self._receiving = False
         self._closed = False
-        sock = self._transport.get_extra_info("socket")
+        sock = self._transport.get_extra_info("socket") if self._sets_nodelay else None
         if sock is not None:
             try:
                 # asyncio usually sets this already; small frames (heartbeats, step replies)
@@ -457,11 +459,13 @@ class TCPTransport:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<TCPTransport peer={self.peer!r} {state}>"
+        return f"<{type(self).__name__} peer={self.peer!r} {state}>"
 
 
 class TCPListener:
     """A bound TCP (or TLS) server socket; create it with :meth:`TCPFactory.listen`."""
+
+    _transport_type = TCPTransport
 
     def __init__(self, *, scheme: str, requested: str, max_frame_size: int) -> None:
         self._scheme = scheme
@@ -511,19 +515,23 @@ class TCPListener:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"<TCPListener {self.url}>"
+        return f"<{type(self).__name__} {self.url}>"
 
     def _on_connect(self, connection: _Connection) -> None:
         assert connection.transport is not None  # this runs in connection_made
-        transport = TCPTransport(
+        transport = self._transport_type(
             connection,
             connection.transport,
-            peer=_peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown"),
+            peer=self._peer_for(connection),
             max_frame_size=self._max_frame_size,
         )
         if not self._queue.put(transport):
             # The listener closed while this connection was being set up.
             detach(transport.aclose)
+
+    def _peer_for(self, connection: _Connection) -> str:
+        assert connection.transport is not None
+        return _peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown")
 
 
 class TCPFactory:
