@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import queue
 import secrets
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Literal, TypeVar
@@ -207,7 +208,7 @@ class ClusterEnv(VectorEnv):
         *,
         num_workers: int = 2,
         envs_per_worker: int = 1,
-        transport: Literal["tcp", "unix", "ws", "memory"] = "tcp",
+        transport: Literal["tcp", "unix", "ws", "memory"] | None = None,
         seed: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
@@ -223,15 +224,16 @@ class ClusterEnv(VectorEnv):
 
         Workers are subprocesses (``tcp``, ``unix``, ``ws``) or tasks on the private loop
         (``memory``); :meth:`close` and interpreter exit stop them. A random token guards the
-        port.
+        learner's address.
 
         Args:
             env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a callable
                 (module-level for subprocess workers; anything for ``memory``).
             num_workers: how many workers.
             envs_per_worker: envs hosted by each worker.
-            transport: ``"tcp"``, ``"unix"`` (a Unix socket in a fresh private directory:
-                less CPU per message than loopback TCP), ``"ws"`` or ``"memory"``.
+            transport: ``"unix"`` (a Unix socket in a fresh private directory: less CPU
+                per message than loopback TCP), ``"tcp"``, ``"ws"`` or ``"memory"``. The
+                default is ``"unix"``, or ``"tcp"`` where the platform has no Unix sockets.
             seed: the seed of the first :meth:`reset` that is given none, so that
                 ``local(..., seed=s).reset()`` equals ``reset(seed=s)``.
             autoreset_mode: Gymnasium's autoreset mode.
@@ -248,6 +250,8 @@ class ClusterEnv(VectorEnv):
                 ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
                 (EnvPool's envs); see :mod:`aps.vector`.
         """
+        if transport is None:
+            transport = "unix" if hasattr(socket, "AF_UNIX") else "tcp"
         if transport not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:

@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs-per-worker", type=int, default=8)
     parser.add_argument("--num-steps", type=int, default=32)
-    parser.add_argument("--transport", default="tcp", choices=["tcp", "ws", "memory"])
+    parser.add_argument("--transport", default="tcp", choices=["tcp", "unix", "ws", "memory"])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--compare",

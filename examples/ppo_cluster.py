@@ -66,7 +66,7 @@ class Args:
     env_id: str = arg("CartPole-v1", "the Gymnasium id of the environment")
     workers: int = arg(2, "number of worker processes")
     envs_per_worker: int = arg(8, "environments per worker")
-    transport: str = arg("tcp", "tcp, ws or memory")
+    transport: str = arg("tcp", "tcp, unix, ws or memory")
 
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")

@@ -126,6 +126,19 @@ def test_local_seed_makes_the_first_reset_reproducible() -> None:
     np.testing.assert_array_equal(obs, expected)
 
 
+@pytest.mark.parametrize(
+    ("transport", "peer"), [(None, "unix:///"), ("unix", "unix:///"), ("tcp", "tcp://127.0.0.1:")]
+)
+def test_local_workers_connect_over_a_unix_socket_by_default(transport: Any, peer: str) -> None:
+    envs = aps.ClusterEnv.local("CartPole-v1", num_workers=2, transport=transport)
+    try:
+        assert [w.peer[: len(peer)] for w in envs.workers] == [peer, peer]
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+    finally:
+        envs.close()
+
+
 def test_worker_that_cannot_start_fails_fast() -> None:
     with pytest.raises(aps.WorkerLost, match="exited with status"):
         aps.ClusterEnv.local("NoSuchEnv-v0", num_workers=1, transport="tcp")
