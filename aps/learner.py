@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import logging
 import math
@@ -196,6 +197,15 @@ class _Spare:
     session_id: bytes
 
 
+@functools.lru_cache(maxsize=1024)
+def _row_ids(env_offset: int, num_envs: int, worker_id: int) -> tuple[Array, Array]:
+    """A worker's rows in :meth:`Learner.recv`: global env ids, and its id on each row."""
+    return (
+        np.arange(env_offset, env_offset + num_envs),
+        np.full(num_envs, worker_id, dtype=np.int64),
+    )
+
+
 def _is_loopback(url: str) -> bool:
     parts = urlsplit(url)
     if parts.scheme in ("memory", "unix"):  # this process; this host, by file permission
@@ -347,6 +357,7 @@ class Learner:
         self._offsets: list[int] = []
         self._busy = False
         self._partial: dict[_Remote, asyncio.Task[Message]] = {}  # send() -> recv()
+        self._answered: asyncio.Future[None] | None = None  # recv() waits; an answer wakes it
         self._was_reset = False
         self._broken: ApsError | None = None
         self._closed = False
@@ -996,9 +1007,11 @@ class Learner:
         self._busy = True
         for remote, request in zip(remotes, requests, strict=True):
             # Registered first: a send that fails below is still answered (or raised) in recv.
-            self._partial[remote] = asyncio.create_task(
+            task = asyncio.create_task(
                 self._partial_answer(remote, request), name=f"aps step {remote.info.worker_id}"
             )
+            task.add_done_callback(self._wake_recv)
+            self._partial[remote] = task
             try:
                 await self._send_request(remote, request)
             except WorkerLost as exc:
@@ -1023,6 +1036,11 @@ class Learner:
                 )
         return [by_id[i] for i in ids]
 
+    def _wake_recv(self, task: asyncio.Task[Message]) -> None:
+        waiter = self._answered
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def _partial_answer(self, remote: _Remote, request: Request) -> Message:
         answer = await self._answer_from(remote, "step")
         if answer is None:
@@ -1039,7 +1057,8 @@ class Learner:
 
         Raises:
             ConfigError: ``min_workers`` is not between 1 and the workers awaited.
-            InvalidState: nothing was sent.
+            InvalidState: nothing was sent, or the steps it waits for were cancelled
+                meanwhile (by :meth:`aclose`, or a :meth:`send` that lost a worker).
             WorkerError | WorkerLost | Timeout: as :meth:`step`.
         """
         waiting = self._partial
@@ -1051,9 +1070,18 @@ class Learner:
                 f"got {min_workers!r}"
             )
         while sum(task.done() for task in waiting.values()) < min_workers:
-            await asyncio.wait(
-                [t for t in waiting.values() if not t.done()], return_when=asyncio.FIRST_COMPLETED
-            )
+            if len(waiting) < min_workers:  # cancelled meanwhile, by aclose() or a failed send()
+                raise InvalidState(
+                    "the steps recv() waited for were cancelled: "
+                    f"{self._broken or 'the learner closed'}"
+                )
+            # One future, woken by each answer, instead of asyncio.wait's callbacks on every
+            # pending task per call: recv() runs once per answer with min_workers=1.
+            self._answered = waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._answered = None
         ready = [r for r in self._remotes if r in waiting and waiting[r].done()]
         answers: list[Message] = []
         failure: BaseException | None = None
@@ -1078,15 +1106,12 @@ class Learner:
         except ProtocolError:
             await self._cancel_partial()  # the learner is broken: no step is awaited any more
             raise
-        env_ids = np.concatenate(
-            [np.arange(r.info.env_offset, r.info.env_offset + r.info.num_envs) for r in ready]
-        )
-        worker_ids = np.concatenate(
-            [np.full(r.info.num_envs, r.info.worker_id, dtype=np.int64) for r in ready]
-        )
+        rows = [_row_ids(r.info.env_offset, r.info.num_envs, r.info.worker_id) for r in ready]
+        env_ids = np.concatenate([env for env, _ in rows])  # copies: the cache stays intact
         info = result[4]
         info["env_id"], info["_env_id"] = env_ids, np.ones(len(env_ids), dtype=np.bool_)
-        info["worker_id"], info["_worker_id"] = worker_ids, np.ones(len(env_ids), dtype=np.bool_)
+        info["worker_id"] = np.concatenate([worker for _, worker in rows])
+        info["_worker_id"] = np.ones(len(env_ids), dtype=np.bool_)
         return result
 
     async def _cancel_partial(self) -> None:

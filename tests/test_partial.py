@@ -122,3 +122,23 @@ async def test_an_env_error_is_raised_by_recv_and_the_rest_goes_on(workers: Work
         await learner.send(np.zeros(1, np.int64), [second])
         *_, info = await asyncio.wait_for(learner.recv(), 20)
         assert info["env_id"].tolist() == [1]
+
+
+async def test_recv_raises_when_its_steps_are_cancelled_while_it_waits(
+    workers: WorkerTasks,
+) -> None:
+    learner = aps.Learner(
+        "memory://", num_workers=1, timeouts=FAST, on_worker_lost="wait", reconnect_timeout=60
+    )
+    async with learner:
+        worker = workers.start(learner.url)
+        await asyncio.wait_for(learner.reset(seed=0), 20)
+        worker.cancel()  # gone: the learner waits for it to come back, and recv() with it
+        await asyncio.wait({worker})
+        await learner.send(np.zeros(1, np.int64))
+        receiving = asyncio.create_task(learner.recv())
+        await asyncio.sleep(0.05)
+        assert not receiving.done()
+        await learner.aclose()  # cancels the step recv() waits for
+        with pytest.raises(aps.InvalidState, match="cancelled: the learner closed"):
+            await asyncio.wait_for(receiving, 5)
