@@ -10,14 +10,14 @@ One run measures, interleaved:
 - ``raw-fresh``: the same, but each receiver reads every message into a new buffer, as a
   receiver that hands its messages on must (aps does: a frame is a new ``bytes``). Where
   first-touch memory is slow (page faults, a virtual machine), this is the closer bound.
-- ``aps-tcp`` / ``aps-ws``: ``aps.Learner`` over that transport with 2 ``python -m aps
-  worker`` subprocesses (CartPole-v1, 1 env each) acting with a CleanRL-style agent of about
-  ``--params`` float32 parameters (default 10M: 40 MB, mostly two big matrices). Timed from
-  the start of ``learner.publish(agent)`` until ``learner.rollout(1)`` returns. Weights have
-  no reply of their own; each worker handles messages in order, so its rollout chunk is the
-  acknowledgement that it applied the weights (``Policy.set_weights``). The time therefore
-  includes snapshotting the agent, encoding the weights once, sending them to both workers,
-  decoding and loading them there, and one policy step per worker.
+- ``aps-tcp`` / ``aps-unix`` / ``aps-ws``: ``aps.Learner`` over that transport with 2
+  ``python -m aps worker`` subprocesses (CartPole-v1, 1 env each) acting with a CleanRL-style
+  agent of about ``--params`` float32 parameters (default 10M: 40 MB, mostly two big
+  matrices). Timed from the start of ``learner.publish(agent)`` until ``learner.rollout(1)``
+  returns. Weights have no reply of their own; each worker handles messages in order, so its
+  rollout chunk is the acknowledgement that it applied the weights (``Policy.set_weights``).
+  The time therefore includes snapshotting the agent, encoding the weights once, sending
+  them to both workers, decoding and loading them there, and one policy step per worker.
 - ``aps-*-baseline``: ``learner.rollout(1)`` alone, with no new version, on the same
   learner: the part of the ``aps-*`` time that is not weight sync.
 
@@ -86,7 +86,7 @@ ENV_ID = "CartPole-v1"
 PARAMS_VARIABLE = "APS_WEIGHT_SYNC_PARAMS"
 DEFAULT_PARAMS = 10_000_000
 ACK = b"k"
-CONTENDERS = ("raw", "raw-fresh", "aps-tcp", "aps-ws")
+CONTENDERS = ("raw", "raw-fresh", "aps-tcp", "aps-unix", "aps-ws")
 
 
 # The agent the workers act with.
@@ -226,8 +226,9 @@ class ApsWeights:
 
     def start(self) -> None:
         self._runner = runner = asyncio.Runner(loop_factory=new_event_loop)
+        url = "unix://" if self.transport == "unix" else f"{self.transport}://{LOOPBACK}:0"
         self._learner = learner = aps.Learner(
-            f"{self.transport}://{LOOPBACK}:0",
+            url,
             num_workers=self.workers,
             policy=f"{Path(__file__).resolve()}:make_agent",
         )

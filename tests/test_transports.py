@@ -746,6 +746,25 @@ def test_unix_fresh_path_is_private_and_removed_on_close(loop: str) -> None:
     run_on(loop, main)
 
 
+def _wmem_max() -> int:
+    return int(pathlib.Path("/proc/sys/net/core/wmem_max").read_text())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's socket buffer limit")
+async def test_unix_sockets_queue_megabytes_not_the_default_208_kib() -> None:
+    # Both ends send weights: each gets a send buffer near loopback TCP's, not Linux's
+    # Unix-socket default, as far as the system's limit allows.
+    limit = _wmem_max()
+    factory = UnixFactory()
+    async with await factory.listen("unix://") as listener:
+        async with await factory.connect(listener.url, timeout=5) as client:
+            async with await listener.accept() as server:
+                for transport in (client, server):
+                    sock = transport._transport.get_extra_info("socket")
+                    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+                    assert got == 2 * min(4 * 2**20, limit)  # Linux doubles what it is given
+
+
 async def test_unix_named_path_is_removed_on_close_and_can_be_bound_again(
     short_dir: pathlib.Path,
 ) -> None:

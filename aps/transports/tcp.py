@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
 import ssl
 from collections.abc import Callable
@@ -259,8 +260,6 @@ class TCPTransport:
         max_frame_size: the largest frame this end sends or receives, in bytes.
     """
 
-    _sets_nodelay = True
-
     def __init__(
         self,
         connection: _Connection,
@@ -277,14 +276,16 @@ class TCPTransport:
         self._senders = 0  # send() calls holding or waiting for the lock
         self._receiving = False
         self._closed = False
-        sock = self._transport.get_extra_info("socket") if self._sets_nodelay else None
+        sock = self._transport.get_extra_info("socket")
         if sock is not None:
-            try:
-                # asyncio usually sets this already; small frames (heartbeats, step replies)
-                # must not wait for Nagle's algorithm.
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # an option the platform lacks: go without
+                self._tune(sock)
+
+    def _tune(self, sock: socket.socket) -> None:
+        """Set the socket options this kind of connection wants."""
+        # asyncio usually sets this already; small frames (heartbeats, step replies) must not
+        # wait for Nagle's algorithm.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @property
     def peer(self) -> str:
