@@ -27,9 +27,9 @@ __all__ = ["main"]
 
 _WORKER_HELP = """\
 Host Gymnasium envs for an aps learner. The worker dials the learner at URL
-(tcp://HOST:PORT, ws://HOST:PORT/, wss://..., or a plug-in scheme), runs its envs as
-one Gymnasium vector env (see --vector) and serves reset/step requests until the learner
-closes.
+(tcp://HOST:PORT, unix:///PATH, ws://HOST:PORT/, wss://..., or a plug-in scheme), runs
+its envs as one Gymnasium vector env (see --vector) and serves reset/step requests until
+the learner closes.
 """
 
 _VECTOR_HELP = """how the envs run: 'sync' one after another in this process (default), 'async' one
