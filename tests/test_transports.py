@@ -721,6 +721,14 @@ def _kind_of(path: pathlib.Path) -> str:
     return "file" if path.exists() else "none"
 
 
+def _make_dirs(path: pathlib.Path) -> None:
+    path.mkdir(parents=True)
+
+
+def _entries(path: pathlib.Path) -> list[pathlib.Path]:
+    return list(path.iterdir())
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_unix_fresh_path_is_private_and_removed_on_close(loop: str) -> None:
     async def main() -> None:
@@ -763,6 +771,19 @@ async def test_unix_sockets_queue_megabytes_not_the_default_208_kib() -> None:
                     sock = transport._transport.get_extra_info("socket")
                     got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
                     assert got == 2 * min(4 * 2**20, limit)  # Linux doubles what it is given
+
+
+async def test_unix_fresh_path_leaves_a_temporary_directory_too_long_for_sockets(
+    short_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = short_dir / ("d" * 60) / ("e" * 60)
+    _make_dirs(deep)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    async with await UnixFactory().listen("unix://") as listener:
+        assert listener.url.startswith("unix:///tmp/aps-")
+        async with await UnixFactory().connect(listener.url, timeout=5):
+            pass
+    assert _entries(deep) == []  # the too-long attempt was removed again
 
 
 async def test_unix_named_path_is_removed_on_close_and_can_be_bound_again(

@@ -38,6 +38,7 @@ import contextlib
 import os
 import socket
 import stat
+import sys
 import tempfile
 from urllib.parse import unquote, urlsplit
 
@@ -48,7 +49,7 @@ from aps.transports.tcp import TCPListener, TCPTransport, _Connection, _reason
 
 __all__ = ["MAX_PATH_BYTES", "UnixFactory", "UnixListener", "UnixTransport"]
 
-MAX_PATH_BYTES = 107 if os.uname().sysname == "Linux" else 103
+MAX_PATH_BYTES = 107 if sys.platform.startswith("linux") else 103
 """The longest socket path, in bytes: ``sun_path`` holds 108 on Linux (104 on macOS and
 the BSDs), the terminating NUL included."""
 
@@ -173,9 +174,8 @@ class UnixFactory:
         path = _parse_url(url, listening=True)
         owned_dir = None
         if path is None:
-            owned_dir = tempfile.mkdtemp(prefix="aps-")  # mode 0700: this user only
+            owned_dir = _private_dir()
             path = os.path.join(owned_dir, "learner.sock")
-            _check_length(path, url)
         else:
             await _clear_stale(path, url)
         listener = UnixListener(
@@ -223,6 +223,23 @@ def _parse_url(url: str, *, listening: bool) -> str | None:
         raise ConfigError(f"unix url {url!r} names no socket file by absolute path; {_USAGE}")
     _check_length(path, url)
     return path
+
+
+def _private_dir() -> str:
+    """A new directory for a generated socket (mode 0700: this user only), short enough.
+
+    Under the temporary directory (``TMPDIR``), or ``/tmp`` where that one's path is too
+    long for a socket path.
+    """
+    for parent in (None, "/tmp"):
+        directory = tempfile.mkdtemp(prefix="aps-", dir=parent)
+        if len(os.fsencode(directory)) + len("/learner.sock") <= MAX_PATH_BYTES:
+            return directory
+        os.rmdir(directory)
+    raise ConfigError(
+        f"cannot make a short enough socket path for unix://: {directory!r} is too long; "
+        "pass unix:///short/path.sock"
+    )
 
 
 def _check_length(path: str, url: str) -> None:
