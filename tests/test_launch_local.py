@@ -187,10 +187,11 @@ def test_the_kubernetes_job_runs_one_seeded_worker_per_pod() -> None:
     assert out[out.index("--token-file") + 1] == "/var/run/aps/token"
 
 
-async def test_local_workers_restart_a_killed_worker_into_its_slots() -> None:
+@pytest.mark.parametrize("url", ["tcp://127.0.0.1:0", "unix://"])
+async def test_local_workers_restart_a_killed_worker_into_its_slots(url: str) -> None:
     launcher = aps.launch.local("CartPole-v1", num_workers=2, envs_per_worker=2, restart=True)
     async with aps.Learner(
-        "tcp://127.0.0.1:0",
+        url,
         num_workers=2,
         launcher=launcher,
         timeouts=FAST,
