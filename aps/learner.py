@@ -200,10 +200,10 @@ class _Spare:
 @functools.lru_cache(maxsize=1024)
 def _row_ids(env_offset: int, num_envs: int, worker_id: int) -> tuple[Array, Array]:
     """A worker's rows in :meth:`Learner.recv`: global env ids, and its id on each row."""
-    return (
-        np.arange(env_offset, env_offset + num_envs),
-        np.full(num_envs, worker_id, dtype=np.int64),
-    )
+    rows = np.arange(env_offset, env_offset + num_envs), np.full(num_envs, worker_id, np.int64)
+    for array in rows:
+        array.flags.writeable = False  # shared by every recv(), which hands out copies
+    return rows
 
 
 def _is_loopback(url: str) -> bool:
@@ -1057,13 +1057,16 @@ class Learner:
 
         Raises:
             ConfigError: ``min_workers`` is not between 1 and the workers awaited.
-            InvalidState: nothing was sent, or the steps it waits for were cancelled
-                meanwhile (by :meth:`aclose`, or a :meth:`send` that lost a worker).
+            InvalidState: nothing was sent, another ``recv()`` is waiting, or the steps it
+                waits for were cancelled meanwhile (by :meth:`aclose`, or a :meth:`send`
+                that lost a worker).
             WorkerError | WorkerLost | Timeout: as :meth:`step`.
         """
         waiting = self._partial
         if not waiting:
             raise InvalidState("send() before recv()")
+        if self._answered is not None:
+            raise InvalidState("recv() is already waiting in another task; recv from one task")
         if not isinstance(min_workers, int) or not 1 <= min_workers <= len(waiting):
             raise ConfigError(
                 f"min_workers must be in 1..{len(waiting)} (the workers sent to), "

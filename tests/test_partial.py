@@ -124,7 +124,7 @@ async def test_an_env_error_is_raised_by_recv_and_the_rest_goes_on(workers: Work
         assert info["env_id"].tolist() == [1]
 
 
-async def test_recv_raises_when_its_steps_are_cancelled_while_it_waits(
+async def test_a_waiting_recv_refuses_a_second_and_raises_when_its_steps_are_cancelled(
     workers: WorkerTasks,
 ) -> None:
     learner = aps.Learner(
@@ -139,6 +139,8 @@ async def test_recv_raises_when_its_steps_are_cancelled_while_it_waits(
         receiving = asyncio.create_task(learner.recv())
         await asyncio.sleep(0.05)
         assert not receiving.done()
+        with pytest.raises(aps.InvalidState, match="already waiting in another task"):
+            await learner.recv()
         await learner.aclose()  # cancels the step recv() waits for
         with pytest.raises(aps.InvalidState, match="cancelled: the learner closed"):
             await asyncio.wait_for(receiving, 5)
