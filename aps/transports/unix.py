@@ -177,7 +177,7 @@ class UnixFactory:
             owned_dir = _private_dir()
             path = os.path.join(owned_dir, "learner.sock")
         else:
-            await _clear_stale(path, url)
+            _clear_stale(path, url)
         listener = UnixListener(
             requested=url, path=path, owned_dir=owned_dir, max_frame_size=self.max_frame_size
         )
@@ -251,7 +251,7 @@ def _check_length(path: str, url: str) -> None:
         )
 
 
-async def _clear_stale(path: str, url: str) -> None:
+def _clear_stale(path: str, url: str) -> None:
     """Remove a socket file at ``path`` that no listener answers on.
 
     Raises:
@@ -271,7 +271,14 @@ async def _clear_stale(path: str, url: str) -> None:
     try:
         probe.connect(path)
     except ConnectionRefusedError:
-        os.unlink(path)  # its listener is gone
+        try:
+            os.unlink(path)  # its listener is gone
+        except OSError as exc:
+            raise ConnectError(
+                f"cannot listen on {url!r}: the socket file a stopped listener left there "
+                f"cannot be removed ({_reason(exc)}); remove it or pick another path",
+                url=url,
+            ) from exc
         return
     except BlockingIOError:
         pass  # alive, its backlog full
