@@ -40,7 +40,7 @@ import collections
 import contextlib
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Self, cast
 from urllib.parse import urlsplit
@@ -571,26 +571,15 @@ class TCPFactory:
         scheme, host, port = _parse_url(url, listening=False)
         assert host is not None  # _parse_url refuses a url without one
         context = check_ssl_side(self._client_ssl, "client", url, "TCPFactory")
-        try:
-            async with asyncio.timeout(timeout) as deadline:
-                transport, connection = await asyncio.get_running_loop().create_connection(
-                    lambda: _Connection(self.max_frame_size), host, port, ssl=context
-                )
-        except TimeoutError as exc:
-            if deadline.expired():
-                raise Timeout(
-                    f"connecting to {url!r} took longer than {timeout} s; check that a "
-                    "listener runs there (with matching TLS settings) or raise the timeout",
-                    operation="connect",
-                    seconds=timeout,
-                ) from exc
-            raise ConnectError(f"cannot connect to {url!r}: {_reason(exc)}", url=url) from exc
-        except OSError as exc:
-            raise ConnectError(
-                f"cannot connect to {url!r}: {_reason(exc)}; check that a listener runs at "
-                "that address with matching TLS settings",
-                url=url,
-            ) from exc
+        transport, connection = await _dial(
+            lambda: asyncio.get_running_loop().create_connection(
+                lambda: _Connection(self.max_frame_size), host, port, ssl=context
+            ),
+            url,
+            timeout,
+            there="there (with matching TLS settings)",
+            at="at that address with matching TLS settings",
+        )
         # uvloop may call connection_made only after create_connection returned, so the
         # transport comes from here.
         return TCPTransport(
@@ -638,6 +627,44 @@ class TCPFactory:
     def __repr__(self) -> str:
         tls = "tls" if self._server_ssl or self._client_ssl else "plain"
         return f"TCPFactory({tls}, max_frame_size={self.max_frame_size})"
+
+
+async def _dial(
+    opening: Callable[[], Awaitable[tuple[asyncio.BaseTransport, _Connection]]],
+    url: str,
+    timeout: float | None,
+    *,
+    there: str,
+    at: str,
+) -> tuple[asyncio.Transport, _Connection]:
+    """Open a connection with ``opening()`` within ``timeout``, its errors made aps's.
+
+    ``there`` and ``at`` finish the advice of the errors: "check that a listener runs
+    {there} or raise the timeout", "check that a listener runs {at}".
+
+    Raises:
+        ConnectError: refused, unreachable, or the handshake failed.
+        Timeout: not connected within ``timeout`` seconds.
+    """
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            transport, connection = await opening()
+    except TimeoutError as exc:
+        if deadline.expired():
+            raise Timeout(
+                f"connecting to {url!r} took longer than {timeout} s; check that a listener "
+                f"runs {there} or raise the timeout",
+                operation="connect",
+                seconds=timeout,
+            ) from exc
+        raise ConnectError(f"cannot connect to {url!r}: {_reason(exc)}", url=url) from exc
+    except OSError as exc:
+        raise ConnectError(
+            f"cannot connect to {url!r}: {_reason(exc)}; check that a listener runs {at}",
+            url=url,
+        ) from exc
+    # A stream transport (uvloop's do not subclass asyncio.Transport).
+    return cast(asyncio.Transport, transport), connection
 
 
 def _parse_url(url: str, *, listening: bool) -> tuple[str, str | None, int]:

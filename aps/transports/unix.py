@@ -42,10 +42,10 @@ import sys
 import tempfile
 from urllib.parse import unquote, urlsplit
 
-from aps.errors import ConfigError, ConnectError, Timeout
+from aps.errors import ConfigError, ConnectError
 from aps.framing import check_max_frame_size
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
-from aps.transports.tcp import TCPListener, TCPTransport, _Connection, _reason
+from aps.transports.tcp import TCPListener, TCPTransport, _Connection, _dial, _reason
 
 __all__ = ["MAX_PATH_BYTES", "UnixFactory", "UnixListener", "UnixTransport"]
 
@@ -141,26 +141,15 @@ class UnixFactory:
         """
         path = _parse_url(url, listening=False)
         assert path is not None  # _parse_url refuses a url without one
-        try:
-            async with asyncio.timeout(timeout) as deadline:
-                transport, connection = await asyncio.get_running_loop().create_unix_connection(
-                    lambda: _Connection(self.max_frame_size), path
-                )
-        except TimeoutError as exc:
-            if deadline.expired():
-                raise Timeout(
-                    f"connecting to {url!r} took longer than {timeout} s; check that a "
-                    "listener runs there or raise the timeout",
-                    operation="connect",
-                    seconds=timeout,
-                ) from exc
-            raise ConnectError(f"cannot connect to {url!r}: {_reason(exc)}", url=url) from exc
-        except OSError as exc:
-            raise ConnectError(
-                f"cannot connect to {url!r}: {_reason(exc)}; check that a listener runs at "
-                "that path and that this user may open it",
-                url=url,
-            ) from exc
+        transport, connection = await _dial(
+            lambda: asyncio.get_running_loop().create_unix_connection(
+                lambda: _Connection(self.max_frame_size), path
+            ),
+            url,
+            timeout,
+            there="there",
+            at="at that path and that this user may open it",
+        )
         return UnixTransport(connection, transport, peer=url, max_frame_size=self.max_frame_size)
 
     async def listen(self, url: str) -> UnixListener:
