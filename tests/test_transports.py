@@ -786,6 +786,15 @@ async def test_unix_fresh_path_leaves_a_temporary_directory_too_long_for_sockets
     assert _entries(deep) == []  # the too-long attempt was removed again
 
 
+async def test_unix_fresh_path_without_a_writable_temporary_directory(
+    short_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(short_dir / "missing"))
+    with pytest.raises(ConnectError, match="no directory for the socket could be made") as info:
+        await UnixFactory().listen("unix://")
+    assert info.value.url == "unix://"
+
+
 async def test_unix_named_path_is_removed_on_close_and_can_be_bound_again(
     short_dir: pathlib.Path,
 ) -> None:

@@ -156,14 +156,23 @@ class UnixFactory:
         """Bind ``unix:///path`` (or a fresh private path for ``unix://``) and start accepting.
 
         Raises:
-            ConnectError: a live listener or a file that is not a socket holds the path, or
-                the path cannot be bound (no such directory, no permission).
+            ConnectError: a live listener or a file that is not a socket holds the path, the
+                path cannot be bound (no such directory, no permission), or no directory
+                could be made for a fresh one.
             ConfigError: ``url`` is malformed or its path too long.
         """
         path = _parse_url(url, listening=True)
         owned_dir = None
         if path is None:
-            owned_dir = _private_dir()
+            try:
+                owned_dir = _private_dir()
+            except OSError as exc:
+                raise ConnectError(
+                    f"cannot listen on {url!r}: no directory for the socket could be made "
+                    f"({_reason(exc)}); set TMPDIR to a writable directory, or listen on "
+                    "unix:///writable/path.sock or tcp://127.0.0.1:0",
+                    url=url,
+                ) from exc
             path = os.path.join(owned_dir, "learner.sock")
         else:
             _clear_stale(path, url)
