@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import queue
 import secrets
 import socket
@@ -22,7 +23,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
 from aps.collect import Metrics, Rollout
-from aps.errors import ConfigError, InvalidState
+from aps.errors import ConfigError, ConnectError, InvalidState
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
@@ -32,6 +33,8 @@ from aps.transports.base import Listener
 from aps.worker import EnvSpec
 
 __all__ = ["ClusterEnv"]
+
+log = logging.getLogger("aps.cluster_env")
 
 T = TypeVar("T")
 
@@ -233,7 +236,8 @@ class ClusterEnv(VectorEnv):
             envs_per_worker: envs hosted by each worker.
             transport: ``"unix"`` (a Unix socket in a fresh private directory: less CPU
                 per message than loopback TCP), ``"tcp"``, ``"ws"`` or ``"memory"``. The
-                default is ``"unix"``, or ``"tcp"`` where the platform has no Unix sockets.
+                default is ``"unix"``, or ``"tcp"`` where the platform has no Unix sockets or
+                none can be bound (a warning on the ``aps.cluster_env`` logger says so).
             seed: the seed of the first :meth:`reset` that is given none, so that
                 ``local(..., seed=s).reset()`` equals ``reset(seed=s)``.
             autoreset_mode: Gymnasium's autoreset mode.
@@ -250,38 +254,49 @@ class ClusterEnv(VectorEnv):
                 ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
                 (EnvPool's envs); see :mod:`aps.vector`.
         """
-        if transport is None:
-            transport = "unix" if hasattr(socket, "AF_UNIX") else "tcp"
-        if transport not in _LOCAL_URLS:
-            raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {transport!r}")
+        chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
+        if chosen not in _LOCAL_URLS:
+            raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {chosen!r}")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
-        token = secrets.token_hex(16)
-        launcher = LocalWorkers(
-            env,
-            num_workers=num_workers,
-            envs_per_worker=envs_per_worker,
-            env_kwargs=env_kwargs,
-            token=token,
-            timeouts=timeouts,
-            use_uvloop=use_uvloop,
-            restart=on_worker_lost == "wait",
-            vector=vector,
-        )
-        return cls(
-            _LOCAL_URLS[transport],
-            num_workers=num_workers,
-            token=token,
-            autoreset_mode=autoreset_mode,
-            timeouts=timeouts,
-            use_uvloop=use_uvloop,
-            policy=policy,
-            sync=sync,
-            launcher=launcher,
-            on_worker_lost=on_worker_lost,
-            reconnect_timeout=reconnect_timeout,
-            _seed=seed,
-        )
+
+        def start(transport: str) -> ClusterEnv:
+            token = secrets.token_hex(16)
+            launcher = LocalWorkers(
+                env,
+                num_workers=num_workers,
+                envs_per_worker=envs_per_worker,
+                env_kwargs=env_kwargs,
+                token=token,
+                timeouts=timeouts,
+                use_uvloop=use_uvloop,
+                restart=on_worker_lost == "wait",
+                vector=vector,
+            )
+            return cls(
+                _LOCAL_URLS[transport],
+                num_workers=num_workers,
+                token=token,
+                autoreset_mode=autoreset_mode,
+                timeouts=timeouts,
+                use_uvloop=use_uvloop,
+                policy=policy,
+                sync=sync,
+                launcher=launcher,
+                on_worker_lost=on_worker_lost,
+                reconnect_timeout=reconnect_timeout,
+                _seed=seed,
+            )
+
+        try:
+            return start(chosen)
+        except ConnectError as exc:
+            if transport is not None or chosen != "unix":
+                raise
+            # The default is a convenience: where no Unix socket can be bound here (no
+            # writable temporary directory, a file system without sockets), TCP still is.
+            log.warning("cannot listen on a Unix socket (%s); using tcp://127.0.0.1", exc)
+            return start("tcp")
 
     async def _start(self) -> None:
         await self._learner.start()  # starts the launcher too, once bound

@@ -7,6 +7,9 @@ type, both autoreset modes and every built-in transport, with 2 workers x 3 envs
 
 from __future__ import annotations
 
+import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -135,6 +138,22 @@ def test_local_workers_connect_over_a_unix_socket_by_default(transport: Any, pee
         assert [w.peer[: len(peer)] for w in envs.workers] == [peer, peer]
         envs.reset(seed=0)
         envs.step(envs.action_space.sample())
+    finally:
+        envs.close()
+
+
+def test_the_default_falls_back_to_tcp_where_no_unix_socket_can_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))  # no directory: no socket
+    with pytest.raises(aps.ConnectError, match="no directory for the socket could be made"):
+        aps.ClusterEnv.local("CartPole-v1", num_workers=1, transport="unix")
+    with caplog.at_level(logging.WARNING, logger="aps.cluster_env"):
+        envs = aps.ClusterEnv.local("CartPole-v1", num_workers=1)
+    try:
+        assert envs.workers[0].peer.startswith("tcp://127.0.0.1:")
+        assert "cannot listen on a Unix socket" in caplog.text
+        envs.reset(seed=0)
     finally:
         envs.close()
 
