@@ -165,7 +165,7 @@ class UnixFactory:
         owned_dir = None
         if path is None:
             try:
-                owned_dir = _private_dir()
+                owned_dir, path = _fresh_path()
             except OSError as exc:
                 raise ConnectError(
                     f"cannot listen on {url!r}: no directory for the socket could be made "
@@ -173,7 +173,6 @@ class UnixFactory:
                     "unix:///writable/path.sock or tcp://127.0.0.1:0",
                     url=url,
                 ) from exc
-            path = os.path.join(owned_dir, "learner.sock")
         else:
             _clear_stale(path, url)
         listener = UnixListener(
@@ -223,16 +222,17 @@ def _parse_url(url: str, *, listening: bool) -> str | None:
     return path
 
 
-def _private_dir() -> str:
-    """A new directory for a generated socket (mode 0700: this user only), short enough.
+def _fresh_path() -> tuple[str, str]:
+    """A new directory (mode 0700: this user only) and a socket path in it, short enough.
 
     Under the temporary directory (``TMPDIR``), or ``/tmp`` where that one's path is too
     long for a socket path.
     """
     for parent in (None, "/tmp"):
         directory = tempfile.mkdtemp(prefix="aps-", dir=parent)
-        if len(os.fsencode(directory)) + len("/learner.sock") <= MAX_PATH_BYTES:
-            return directory
+        path = os.path.join(directory, "learner.sock")
+        if len(os.fsencode(path)) <= MAX_PATH_BYTES:
+            return directory, path
         os.rmdir(directory)
     raise ConfigError(
         f"cannot make a short enough socket path for unix://: {directory!r} is too long; "
