@@ -25,6 +25,16 @@ The heads are called on the observations directly (as float tensors of the modul
 parameter dtype and device), so agents whose heads expect a shared trunk's output are not
 supported as is. The module's train/eval mode is left alone: put agents with dropout or batch
 norm in eval mode for acting.
+
+:meth:`Policy.act` runs on every env step of a worker that acts itself (DETACH, APS), where
+torch's cost per operation, not the arithmetic, dominates a small MLP's forward pass: each
+of the ten or so operations of a 64-64 actor-critic costs several microseconds of dispatch.
+So a head that is a plain MLP, exactly an ``nn.Sequential`` of ``nn.Linear``, ``nn.Tanh``,
+``nn.ReLU`` and ``nn.Identity`` (CleanRL's PPO agents), is evaluated with NumPy on views of
+the module's own parameters: the same function, several times faster at the batch sizes of
+a worker. Every other head, and every head with a hook, runs in torch; so do
+:meth:`Policy.log_prob` (gradients) and :meth:`Policy.kl`. ``inference="torch"`` turns the
+NumPy path off.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from aps.errors import ConfigError
 
 __all__ = [
     "Exploration",
+    "Inference",
     "Policy",
     "PolicyKind",
     "PolicySpec",
@@ -68,6 +79,10 @@ PolicyKind = Literal["categorical", "gaussian", "q"]
 
 Exploration = Literal["epsilon", "boltzmann"]
 """How a Q-network policy explores: epsilon-greedy or a softmax of ``Q / temperature``."""
+
+Inference = Literal["auto", "torch"]
+"""How :meth:`Policy.act` runs the heads: ``"auto"`` evaluates plain MLP heads with NumPy and
+everything else with torch; ``"torch"`` always uses torch."""
 
 _OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 _PROBE_BATCH = 2
@@ -266,7 +281,11 @@ class Policy:
             (softmax of ``Q / temperature``). Ignored for actor policies.
         epsilon: the epsilon-greedy random-action probability, in ``[0, 1]``.
         temperature: the Boltzmann temperature, ``> 0``.
-        seed: seeds the private sampling generator; ``None`` seeds it from the OS.
+        seed: seeds the private sampling generators; ``None`` seeds them from the OS.
+        inference: ``"auto"`` (default) lets :meth:`act` evaluate plain MLP heads with NumPy
+            (see the module doc); ``"torch"`` runs every head in torch. The two sample from
+            the same distributions with different random streams, and agree to float
+            rounding in log-probabilities and values.
 
     The constructor runs the heads once on a batch of two zero observations (in eval mode,
     without gradients, the modes restored after) to check the output shapes.
@@ -287,6 +306,7 @@ class Policy:
         epsilon: float = 0.05,
         temperature: float = 1.0,
         seed: int | None = None,
+        inference: Inference = "auto",
     ) -> None:
         if not isinstance(module, nn.Module):
             raise ConfigError(f"a policy wraps a torch.nn.Module, got {type(module).__name__}")
@@ -297,6 +317,8 @@ class Policy:
             )
         if exploration not in ("epsilon", "boltzmann"):
             raise ConfigError(f"exploration must be 'epsilon' or 'boltzmann', got {exploration!r}")
+        if inference not in ("auto", "torch"):
+            raise ConfigError(f"inference must be 'auto' or 'torch', got {inference!r}")
         self._module = module
         self._shared = False  # the CPU tensors are views of arrays given to set_weights
         self._observation_space = observation_space
@@ -308,11 +330,14 @@ class Policy:
         self._epsilon = _check_fraction("epsilon", epsilon)
         self._temperature = _check_temperature(temperature)
         self._generator = torch.Generator()
+        self._rng = np.random.default_rng()
         if seed is None:
             self._generator.seed()
         else:
             self.seed(seed)
         self._probe()
+        self._inference: Inference = inference
+        self._heads = _NumpyHeads.of(self) if inference == "auto" else None
 
     @classmethod
     def load(
@@ -325,6 +350,7 @@ class Policy:
         epsilon: float = 0.05,
         temperature: float = 1.0,
         seed: int | None = None,
+        inference: Inference = "auto",
     ) -> Policy:
         """Import, build and wrap: ``Policy(build_module(load_policy_factory(spec), ...))``.
 
@@ -344,6 +370,7 @@ class Policy:
             epsilon=epsilon,
             temperature=temperature,
             seed=seed,
+            inference=inference,
         )
 
     # -- what it is ------------------------------------------------------------------------
@@ -372,6 +399,18 @@ class Policy:
     def has_critic(self) -> bool:
         """Whether :meth:`act` returns values (an actor policy with a ``critic`` head)."""
         return self._has_critic
+
+    @property
+    def inference(self) -> Literal["numpy", "torch"]:
+        """What :meth:`act` evaluates the heads with now: ``"numpy"`` or ``"torch"``.
+
+        ``"numpy"`` while every head is a plain MLP without hooks (see the module doc) and
+        the policy was built with ``inference="auto"``; otherwise ``"torch"``. The heads are
+        examined when the policy is built and again when a head, layer or parameter they
+        used is replaced; a policy whose heads stop qualifying then acts with torch for
+        good. A hook makes torch act only while it is registered.
+        """
+        return "torch" if self._numpy_heads() is None else "numpy"
 
     @property
     def exploration(self) -> Exploration:
@@ -442,7 +481,11 @@ class Policy:
     # -- acting ----------------------------------------------------------------------------
 
     def seed(self, seed: int) -> None:
-        """Seed the private sampling generator (torch's global RNG is never touched).
+        """Seed the private sampling generators (the global RNGs are never touched).
+
+        One generator serves the torch path of :meth:`act` and one the NumPy path. Both are
+        seeded, so a seed fixes the actions whichever path acts; the two paths draw
+        different actions from the same seed.
 
         Raises:
             ConfigError: ``seed`` is not an int torch accepts.
@@ -453,6 +496,7 @@ class Policy:
             self._generator.manual_seed(seed)
         except RuntimeError as exc:
             raise ConfigError(f"seed {seed} is out of torch's range: {exc}") from exc
+        self._rng = np.random.default_rng(seed % 2**64)  # torch also takes negative seeds
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Sample one action per observation from the behaviour policy, without gradients.
@@ -474,8 +518,12 @@ class Policy:
             - values: ``[B]`` float32 from the critic, or ``None`` without a critic.
 
         Raises:
-            ConfigError: ``obs`` has the wrong shape.
+            ConfigError: ``obs`` has the wrong shape, or the actor gave NaN action
+                probabilities (NaN or inf in the weights or observations).
         """
+        heads = self._numpy_heads()
+        if heads is not None:
+            return heads.act(self._checked(obs, leading=1))
         x = self._observations(obs, leading=1)
         with torch.no_grad():
             if self._kind == "gaussian":
@@ -487,6 +535,7 @@ class Policy:
                 actions = sample.to(torch.float32).reshape(shape).numpy()
             else:
                 log_probs = self._categorical(x)
+                _check_no_nan(log_probs.numpy(), self._module)
                 index = torch.multinomial(log_probs.exp(), 1, generator=self._generator)
                 log_prob = log_probs.gather(1, index).squeeze(1)
                 start = int(self._action_space.start)  # type: ignore[attr-defined]
@@ -732,6 +781,8 @@ class Policy:
         twin._shared = False
         twin._generator = torch.Generator()
         twin._generator.set_state(self._generator.get_state())
+        twin._rng = copy.deepcopy(self._rng)
+        twin._heads = _NumpyHeads.of(twin) if self._inference == "auto" else None
         return twin
 
     # -- internals -------------------------------------------------------------------------
@@ -748,7 +799,27 @@ class Policy:
                 return tensor.device, tensor.dtype
         return torch.device("cpu"), torch.float32
 
+    def _numpy_heads(self) -> _NumpyHeads | None:
+        """The NumPy heads to act with now, or ``None`` for torch.
+
+        They are rebuilt when a head, layer or parameter of theirs was replaced (a
+        ``set_weights(share=True)``, a ``module.to(...)``); the module is then examined
+        again, and if it no longer qualifies, torch acts from then on. A hook makes torch
+        act for as long as it is registered.
+        """
+        heads = self._heads
+        if heads is None:
+            return None
+        if not heads.current():
+            heads = self._heads = _NumpyHeads.of(self)
+            if heads is None:
+                return None
+        return None if heads.hooked() else heads
+
     def _observations(self, obs: np.ndarray, *, leading: int) -> torch.Tensor:
+        return self._to_tensor(self._checked(obs, leading=leading))
+
+    def _checked(self, obs: np.ndarray, *, leading: int) -> np.ndarray:
         array = np.asarray(obs)
         expected = array.ndim == len(self._obs_shape) + leading and (
             array.shape[leading:] == self._obs_shape
@@ -758,7 +829,7 @@ class Policy:
                 f"observations of shape {array.shape} do not match [batch, "
                 f"*{self._obs_shape}] with batch >= 1 for {self._observation_space}"
             )
-        return self._to_tensor(array)
+        return array
 
     def _flatten(self, obs: np.ndarray) -> np.ndarray:
         array = np.asarray(obs)
@@ -914,3 +985,212 @@ def _names(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return f"{shown}{more}"
+
+
+def _check_no_nan(log_probs: np.ndarray, module: nn.Module) -> None:
+    """Refuse to sample from NaN probabilities; ``log_probs`` is ``[B]`` or ``[B, n]``."""
+    if np.isnan(log_probs).any():
+        rows = int(np.isnan(log_probs).reshape(log_probs.shape[0], -1).any(axis=1).sum())
+        raise ConfigError(
+            f"{type(module).__name__} gave NaN action probabilities for {rows} of "
+            f"{log_probs.shape[0]} observations; its weights or the observations hold NaN "
+            "or inf (a diverged update?): check them before acting"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting with NumPy.
+
+_Activation = Callable[[np.ndarray], np.ndarray]
+
+
+def _tanh(x: np.ndarray) -> np.ndarray:
+    np.tanh(x, out=x)
+    return x
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    np.maximum(x, 0, out=x)
+    return x
+
+
+_ACTIVATIONS: dict[type[nn.Module], _Activation | None] = {
+    nn.Tanh: _tanh,
+    nn.ReLU: _relu,
+    nn.Identity: None,
+}
+_NUMPY_DTYPES = (torch.float32, torch.float64)
+
+
+class _Watch:
+    """What a NumPy head was built from, to tell when it no longer is the module's.
+
+    ``slots`` are ``(dict, key, object)``: a child module in its parent's ``_modules`` or a
+    parameter in its module's ``_parameters``; ``tensors`` are the parameters with the
+    address of their data when the views were taken; ``modules`` are checked for hooks.
+    """
+
+    def __init__(self) -> None:
+        self.slots: list[tuple[dict[str, Any], str, object]] = []
+        self.tensors: list[tuple[torch.Tensor, int]] = []
+        self.modules: list[nn.Module] = []
+
+    def child(self, parent: nn.Module, name: str) -> nn.Module | None:
+        value = parent._modules.get(name)
+        self.slots.append((parent._modules, name, value))
+        if value is not None:
+            self.modules.append(value)
+        return value
+
+    def parameter(self, module: nn.Module, name: str) -> np.ndarray | None:
+        tensor = module._parameters.get(name)
+        self.slots.append((module._parameters, name, tensor))
+        if tensor is None:
+            return None
+        self.tensors.append((tensor, tensor.data_ptr()))
+        return tensor.detach().numpy()
+
+    def current(self) -> bool:
+        return all(owner.get(key) is value for owner, key, value in self.slots) and all(
+            tensor.data_ptr() == address for tensor, address in self.tensors
+        )
+
+    def hooked(self) -> bool:
+        hooks = torch.nn.modules.module
+        if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+
+
+class _NumpyMLP:
+    """An ``nn.Sequential`` of linear layers and activations, evaluated with NumPy.
+
+    The layers hold views of the module's parameters, so an optimizer's in-place steps are
+    seen; replaced tensors are caught by :class:`_Watch`. Inputs are never written.
+    """
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray | None] | _Activation]) -> None:
+        self._layers = layers
+
+    @classmethod
+    def of(cls, parent: nn.Module, name: str, watch: _Watch) -> _NumpyMLP | None:
+        """The head ``parent.<name>`` as a NumPy MLP, or ``None`` if it is anything else."""
+        head = watch.child(parent, name)
+        if head is None or type(head) is not nn.Sequential:  # a subclass may override forward
+            return None
+        layers: list[tuple[np.ndarray, np.ndarray | None] | _Activation] = []
+        for key in list(head._modules):
+            layer = watch.child(head, key)
+            kind = type(layer)
+            if layer is not None and kind is nn.Linear:
+                weight = watch.parameter(layer, "weight")
+                if weight is None:
+                    return None
+                layers.append((weight.T, watch.parameter(layer, "bias")))
+            elif layer is not None and kind in _ACTIVATIONS:
+                activation = _ACTIVATIONS[type(layer)]
+                if activation is not None:
+                    layers.append(activation)
+            else:
+                return None
+        return cls(layers) if any(isinstance(layer, tuple) for layer in layers) else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        owned = False  # activations work in place, but never on the caller's array
+        for layer in self._layers:
+            if isinstance(layer, tuple):
+                weight_t, bias = layer
+                x = x @ weight_t
+                if bias is not None:
+                    x += bias
+                owned = True
+            else:
+                x = layer(x if owned else x.copy())
+                owned = True
+        return x
+
+
+class _NumpyHeads:
+    """A policy's heads as NumPy MLPs, and :meth:`Policy.act` computed with them.
+
+    Built only when every head the policy calls is a plain MLP whose parameters are CPU
+    tensors of one float dtype (float32 or float64); see the module doc.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        watch: _Watch,
+        dtype: np.dtype[Any],
+        actor: _NumpyMLP,
+        critic: _NumpyMLP | None,
+        log_std: np.ndarray | None,
+    ) -> None:
+        self._policy = policy
+        self._watch = watch
+        self._dtype = dtype
+        self._actor = actor
+        self._critic = critic
+        self._log_std = log_std
+
+    @classmethod
+    def of(cls, policy: Policy) -> _NumpyHeads | None:
+        """The heads of ``policy``, or ``None`` where torch must act."""
+        module = policy.module
+        if policy.kind == "q" or not policy._obs_shape:
+            return None
+        watch = _Watch()
+        actor = _NumpyMLP.of(
+            module, "actor" if policy.kind == "categorical" else "actor_mean", watch
+        )
+        critic = _NumpyMLP.of(module, "critic", watch) if policy.has_critic else None
+        if actor is None or (policy.has_critic and critic is None):
+            return None
+        log_std = None
+        if policy.kind == "gaussian":
+            log_std = watch.parameter(module, "actor_logstd")
+            if log_std is None:  # a plain tensor attribute, not a parameter: torch acts
+                return None
+        dtypes = {tensor.dtype for tensor, _ in watch.tensors}
+        devices = {tensor.device.type for tensor, _ in watch.tensors}
+        if len(dtypes) != 1 or dtypes - set(_NUMPY_DTYPES) or devices != {"cpu"}:
+            return None
+        dtype = _numpy_dtype(dtypes.pop())
+        assert dtype is not None
+        return cls(policy, watch, dtype, actor, critic, log_std)
+
+    def current(self) -> bool:
+        """Whether the heads still are the module's, with the same parameter tensors."""
+        return self._watch.current()
+
+    def hooked(self) -> bool:
+        """Whether a forward hook is registered (globally or on a layer of the heads)."""
+        return self._watch.hooked()
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`Policy.act` on checked observations."""
+        policy, rng = self._policy, self._policy._rng
+        x = np.asarray(obs, dtype=self._dtype)
+        out = self._actor(x)
+        if self._log_std is not None:
+            log_std = np.broadcast_to(self._log_std, out.shape)
+            noise = rng.standard_normal(out.shape, dtype=self._dtype)
+            sample = out + np.exp(log_std) * noise
+            log_prob = (-0.5 * np.square(noise) - log_std - _LOG_SQRT_2PI).sum(-1)
+            shape = (sample.shape[0], *(policy.action_space.shape or ()))
+            actions = sample.astype(np.float32, copy=False).reshape(shape)
+        else:
+            logits = out - out.max(axis=-1, keepdims=True)
+            # Gumbel-max: the argmax of the logits plus Gumbel noise is a sample of their
+            # softmax (a row's constant shift does not move it).
+            gumbel = -np.log(-np.log(rng.random(logits.shape)))
+            index = np.argmax(logits + gumbel, axis=-1)
+            log_sum = np.log(np.exp(logits).sum(axis=-1))
+            log_prob = logits[np.arange(index.shape[0]), index] - log_sum
+            _check_no_nan(log_prob, policy.module)  # a NaN or +inf logit makes its row NaN
+            start = int(policy.action_space.start)  # type: ignore[attr-defined]
+            actions = index.astype(np.int64, copy=False) + start
+        values = None
+        if self._critic is not None:
+            values = self._critic(x).reshape(-1).astype(np.float32, copy=False)
+        return actions, log_prob.astype(np.float32, copy=False), values

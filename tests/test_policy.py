@@ -217,7 +217,7 @@ def test_categorical_act_shapes_and_log_probs() -> None:
         expected = Categorical(logits=module.actor(tensor(obs))).log_prob(torch.as_tensor(actions))  # type: ignore[no-untyped-call]
         expected_values = module.critic(tensor(obs)).squeeze(1)
     np.testing.assert_allclose(log_probs, expected.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(values, expected_values.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(values, expected_values.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_gaussian_act_shapes_and_log_probs() -> None:
@@ -321,6 +321,138 @@ def test_read_only_observations_are_accepted() -> None:
     obs = observations(3)
     obs.flags.writeable = False
     categorical().act(obs)  # warnings are errors in this suite
+
+
+# -- acting with NumPy ---------------------------------------------------------------------
+
+
+def torch_twin(policy: Policy) -> Policy:
+    """A policy over the same module that always acts with torch."""
+    return Policy(
+        policy.module, policy.observation_space, policy.action_space, seed=0, inference="torch"
+    )
+
+
+def assert_acts_like_torch(policy: Policy, obs: np.ndarray) -> None:
+    """The log-probabilities and values ``act`` returns are torch's for the same actions."""
+    actions, log_probs, values = policy.act(obs)
+    with torch.no_grad():
+        expected = torch_twin(policy).log_prob(obs, actions).numpy()
+        dtype = next(policy.module.parameters()).dtype
+        expected_values = policy.module.critic(torch.tensor(obs, dtype=dtype))
+    np.testing.assert_allclose(log_probs, expected, rtol=1e-5, atol=1e-5)
+    assert values is not None
+    np.testing.assert_allclose(values, expected_values.reshape(-1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_cleanrl_agents_act_with_numpy_and_others_with_torch() -> None:
+    assert categorical().inference == "numpy" and gaussian().inference == "numpy"
+    assert qpolicy().inference == "torch"  # a custom forward: only torch knows it
+    assert categorical(inference="torch").inference == "torch"
+    with pytest.raises(ConfigError, match="inference must be 'auto' or 'torch', got 'jax'"):
+        categorical(inference="jax")
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [nn.LayerNorm(16), nn.Dropout(0.5), type("MyTanh", (nn.Tanh,), {})()],
+    ids=["layernorm", "dropout", "tanh-subclass"],
+)
+def test_heads_that_are_not_plain_mlps_act_with_torch(layer: nn.Module) -> None:
+    policy = categorical()
+    module: Agent = policy.module  # type: ignore[assignment]
+    module.actor = nn.Sequential(nn.Linear(4, 16), layer, nn.Linear(16, 3))
+    fresh = Policy(module, OBS, DISCRETE, seed=0)
+    assert fresh.inference == "torch"
+    assert policy.inference == "torch"  # the replaced head is noticed by an older policy too
+    policy.act(observations(8))
+
+
+def test_numpy_samples_follow_the_softmax() -> None:
+    policy = categorical()
+    module: Agent = policy.module  # type: ignore[assignment]
+    with torch.no_grad():
+        module.actor[-1].weight.zero_()
+        module.actor[-1].bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
+    obs = observations(20_000)
+    actions, log_probs, _ = policy.act(obs)
+    probs = torch.softmax(torch.tensor([0.0, 1.0, -1.0]), 0).numpy()
+    counts = np.bincount(actions, minlength=3)
+    sigma = np.sqrt(len(obs) * probs * (1 - probs))
+    assert np.all(np.abs(counts - len(obs) * probs) < 5 * sigma), (counts, probs)
+    np.testing.assert_allclose(log_probs, np.log(probs)[actions], rtol=1e-5)
+
+
+@pytest.mark.parametrize("make", [categorical, gaussian])
+def test_numpy_acting_matches_torch_and_follows_in_place_updates(make: Any) -> None:
+    policy = make()
+    obs = observations(64)
+    assert_acts_like_torch(policy, obs)
+    optimizer = torch.optim.SGD(policy.module.parameters(), lr=0.1)
+    loss = policy.log_prob(obs, policy.act(obs)[0]).mean()
+    loss.backward()
+    optimizer.step()  # in place: the NumPy views see it
+    assert policy.inference == "numpy"
+    assert_acts_like_torch(policy, obs)
+
+
+def test_numpy_acting_follows_replaced_tensors() -> None:
+    policy, source = categorical(), perturb(categorical(), 0.5)
+    obs = observations(64)
+    policy.set_weights(source.get_weights(), share=True)  # the parameters take new memory
+    assert policy.inference == "numpy"
+    assert_acts_like_torch(policy, obs)
+    policy.module.double()
+    assert policy.inference == "numpy"
+    assert_acts_like_torch(policy, obs.astype(np.float64))
+    policy.module.critic = nn.Sequential(nn.Linear(4, 1))  # float32 among float64: torch
+    assert policy.inference == "torch"
+    policy.module.critic.double()
+    assert policy.inference == "torch"  # the policy no longer qualified: torch from now on
+    assert_acts_like_torch(policy, obs.astype(np.float64))
+
+
+def test_a_forward_hook_makes_torch_act_while_it_is_registered() -> None:
+    policy = categorical()
+    module: Agent = policy.module  # type: ignore[assignment]
+    calls: list[int] = []
+    handle = module.actor[2].register_forward_hook(lambda m, i, o: calls.append(len(o)))
+    assert policy.inference == "torch"
+    policy.act(observations(5))
+    assert calls == [5]
+    handle.remove()
+    assert policy.inference == "numpy"
+    policy.act(observations(5))
+    assert calls == [5]
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        assert policy.inference == "torch"
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("inference", ["auto", "torch"])
+def test_nan_weights_are_refused_when_acting(inference: Any) -> None:
+    policy = categorical(inference=inference)
+    module: Agent = policy.module  # type: ignore[assignment]
+    with torch.no_grad():
+        module.actor[0].weight[0, 0] = float("nan")
+    obs = observations(6)
+    obs[::2, 0] = 0.0  # NaN * 0 is still NaN: every row
+    with pytest.raises(ConfigError, match="NaN action probabilities for 6 of 6 observations"):
+        policy.act(obs)
+
+
+def test_numpy_acting_never_writes_the_observations() -> None:
+    policy = categorical()
+    module: Agent = policy.module  # type: ignore[assignment]
+    module.critic = nn.Sequential(nn.Tanh(), nn.Linear(4, 1))  # an activation comes first
+    obs = observations(8) * 3
+    obs.flags.writeable = False
+    before = obs.copy()
+    assert policy.inference == "numpy"
+    assert_acts_like_torch(policy, obs)
+    np.testing.assert_array_equal(obs, before)
 
 
 # -- divergence ----------------------------------------------------------------------------
