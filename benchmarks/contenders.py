@@ -13,10 +13,11 @@
 - ``env-limit``: what one core steps: a ``SyncVectorEnv`` of ONE worker's envs in the learner
   process, nothing else. ``2 x env-limit`` is what two cores could step with no messages.
 - ``aps-detach``: worker-side inference (DETACH). The workers act with a 64-64 MLP
-  (``mlp_policy.py``, run by :class:`aps.policy.Policy` with torch, one thread) and stream
-  chunks of ``T`` steps, ``T = ceil(512 / envs per worker)`` by default; the learner takes
-  them from ``aps.Learner.chunks(T, max_in_flight=2)`` as fast as they come and counts the
-  env-steps they hold. No lockstep, and the workers' inference is inside the figure.
+  (``mlp_policy.py``, a torch module that :class:`aps.policy.Policy` evaluates with NumPy,
+  as it does every plain MLP) and stream chunks of ``T`` steps, ``T = ceil(512 / envs per
+  worker)`` by default; the learner takes them from ``aps.Learner.chunks(T,
+  max_in_flight=2)`` as fast as they come and counts the env-steps they hold. No lockstep,
+  and the workers' inference is inside the figure.
 
 Each window of ``aps-detach`` is one stream, opened at its start and closed at its end (the
 chunks still in flight are received and dropped, off the clock). Its rate is the steady rate
@@ -252,7 +253,7 @@ class ActLimit(EnvLimit):
     name = "act-limit"
     description = (
         "single-core rate of acting AND stepping: the aps-detach policy (aps.policy.Policy, "
-        "torch, 1 thread) acts on ONE worker's envs, which step, in the learner process"
+        "NumPy heads, 1 torch thread) acts on ONE worker's envs, which step, in the learner process"
     )
 
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
@@ -517,7 +518,7 @@ class ApsPartial(ApsTcpAsync):
         return self._runner.run(self._run(seconds))
 
 
-# DETACH: workers act with a torch MLP and stream chunks.
+# DETACH: workers act with the MLP of a torch module and stream chunks.
 
 
 class ApsDetach(ApsTcpAsync):
@@ -525,7 +526,7 @@ class ApsDetach(ApsTcpAsync):
 
     name = "aps-detach"
     description = (
-        "DETACH over tcp: workers act with a 64-64 MLP (aps.policy.Policy, torch, 1 thread) "
+        "DETACH over tcp: workers act with a 64-64 MLP (aps.policy.Policy, NumPy heads) "
         "and stream chunks of T steps; the learner consumes Learner.chunks(T, max_in_flight=2)"
     )
     chunk_env_steps: ClassVar[int] = 512  # per worker and chunk; the matrix's --detach-chunk

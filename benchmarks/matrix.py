@@ -105,7 +105,7 @@ ROWS = {
     "aps-ws": "**aps** remote step, WebSocket (`ClusterEnv`)",
     "aps-unix": "**aps** remote step, Unix socket (`await Learner.step`)",
     "aps-partial": "**aps** partial batches, TCP (`send`/`recv(min_workers=1)`)",
-    "aps-detach": "**aps** DETACH streaming, TCP (workers act with a torch MLP)",
+    "aps-detach": "**aps** DETACH streaming, TCP (workers act with the agent's MLP)",
 }
 
 
