@@ -8,9 +8,15 @@ Nothing is ever pickled: bytes from a peer are data, never code.
 
 numpy values are msgpack extension types:
 
-- :data:`EXT_NDARRAY`: a msgpack header ``[dtype.str, shape]``, zero bytes up to the next
-  multiple of 8 (so the data is aligned when the payload starts aligned, as msgpack's payloads
-  do), then the raw little-endian C-order bytes. Dtypes: see :data:`DTYPES`.
+- :data:`EXT_NDARRAY`: a msgpack header ``[dtype.str, shape]``, 0 to 63 zero bytes, then the
+  raw little-endian C-order bytes (the data starts where the payload's length less the
+  data's size says). Dtypes: see :data:`DTYPES`. The padding aligns the data: an array under
+  64 KiB is padded to a multiple of 8 from the start of its payload, which msgpack hands
+  over as a bytes object of its own; a larger one, decoded as a view of the frame itself,
+  to a multiple of :data:`ALIGNMENT` from the start of the frame. Either way a decoded
+  array's data is aligned as numpy and BLAS want it when the frame's bytes are (CPython
+  aligns the contents of a ``bytes`` object to 16 bytes): misaligned float arrays make
+  numpy fall back from BLAS to loops an order of magnitude slower.
 - :data:`EXT_SCALAR`: a numpy scalar (``np.float32(1)``, ``np.bool_(True)``), laid out as a
   0-d array; it decodes to a numpy scalar of the same dtype.
 - :data:`EXT_OBJECT_ARRAY`: an object array (Gymnasium puts odd info values such as
@@ -46,6 +52,7 @@ from aps.messages import MESSAGE_TYPES, Message
 from aps.spaces import space_from_wire, space_to_wire
 
 __all__ = [
+    "ALIGNMENT",
     "DEFAULT_MAX_FRAME_SIZE",
     "DTYPES",
     "EXT_NDARRAY",
@@ -53,10 +60,15 @@ __all__ = [
     "EXT_SCALAR",
     "MAX_NDIM",
     "MAX_OBJECT_DEPTH",
+    "MAX_PADDING",
     "decode",
     "encode",
 ]
 
+ALIGNMENT: Final = 16
+"""The data of an array of 64 KiB or more starts at a multiple of this from the frame's start."""
+MAX_PADDING: Final = 63
+"""The most zero bytes an array header may carry between ``[dtype.str, shape]`` and the data."""
 EXT_NDARRAY: Final = 1
 """msgpack extension code of a numpy array of a whitelisted dtype."""
 
@@ -119,7 +131,7 @@ def _dtype_error(dtype: np.dtype[Any]) -> WireError:
 
 
 def _header(name: str, shape: tuple[int, ...]) -> bytes:
-    """The msgpack bytes of ``[name, shape]`` plus padding, built by hand and cached.
+    """The msgpack bytes of ``[name, shape]`` plus zero bytes up to a multiple of 8, cached.
 
     Packing it with msgpack would need a second Packer while the outer one runs, and each
     Packer allocates its buffer: the hand-built header keeps encoding a small array ~10x
@@ -129,6 +141,16 @@ def _header(name: str, shape: tuple[int, ...]) -> bytes:
     header = _HEADERS.get(key)
     if header is not None:
         return header
+    header = _unpadded_header(name, shape)
+    header += _PADDING[len(header) % 8]
+    if len(_HEADERS) >= 4096:  # shapes vary little in practice; bound the cache anyway
+        _HEADERS.clear()
+    _HEADERS[key] = header
+    return header
+
+
+def _unpadded_header(name: str, shape: tuple[int, ...]) -> bytes:
+    """The msgpack bytes of ``[name, shape]``."""
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise WireError(
@@ -147,12 +169,7 @@ def _header(name: str, shape: tuple[int, ...]) -> bytes:
             out += b"\xce" + dim.to_bytes(4, "big")
         else:
             out += b"\xcf" + dim.to_bytes(8, "big")
-    out += _PADDING[len(out) % 8]
-    header = bytes(out)
-    if len(_HEADERS) >= 4096:  # shapes vary little in practice; bound the cache anyway
-        _HEADERS.clear()
-    _HEADERS[key] = header
-    return header
+    return bytes(out)
 
 
 _HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
@@ -262,8 +279,9 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     message is packed with a 3-byte stand-in for each large array, noting where it lands;
     then the frame is allocated at its final size and filled: the packed bytes around the
     stand-ins, and each array's ext header, array header and data (written by numpy, which
-    also lays out non-contiguous and big-endian arrays on the way). The bytes are identical
-    to what packing the arrays inline gives.
+    also lays out non-contiguous and big-endian arrays on the way). Each large array's
+    header is padded so that its data starts at a multiple of :data:`ALIGNMENT` from the
+    start of the frame, where the decoder views it.
     """
     large: list[tuple[int, np.ndarray[Any, Any], np.dtype[Any], bytes]] = []
     # default() reaches the packer through this list, emptied once packing ends: a closure
@@ -281,7 +299,7 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
                 name = little.str
             with packing[0].getbuffer() as packed:
                 offset = packed.nbytes  # where msgpack writes what this call returns
-            large.append((offset, value, _LITTLE[name], _header(name, value.shape)))
+            large.append((offset, value, _LITTLE[name], _unpadded_header(name, value.shape)))
             return _STAND_IN
         return _default(value)
 
@@ -296,18 +314,28 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     if not large:
         result: bytes = packer.bytes()
         return result
-    prefixes = [_ext_prefix(len(header) + array.nbytes) for _, array, _, header in large]
     with packer.getbuffer() as packed:
-        total = packed.nbytes + sum(
-            len(prefix) + len(header) + array.nbytes - len(_STAND_IN_BYTES)
-            for prefix, (_, array, _, header) in zip(prefixes, large, strict=True)
-        )
-        frame, view = allocate(total)
-        done = 0  # bytes of the packed message copied so far
-        at = 0  # bytes of the frame written so far
-        for prefix, (offset, array, dtype, header) in zip(prefixes, large, strict=True):
+        # Lay the frame out first: where each array's parts go, and the total size.
+        parts: list[tuple[int, bytes, np.ndarray[Any, Any], np.dtype[Any]]] = []
+        at = 0  # the frame's size so far
+        done = 0  # bytes of the packed message placed so far
+        for offset, array, dtype, header in large:
+            at += offset - done
+            # The payload's length fixes the ext prefix's; large arrays need the 6-byte one
+            # whatever their padding, so the data's position is known before the padding.
+            assert len(header) + array.nbytes > 0xFFFF
+            padding = -(at + 6 + len(header)) % ALIGNMENT
+            head = header + bytes(padding)
+            prefix = _ext_prefix(len(head) + array.nbytes)
+            parts.append((offset, prefix + head, array, dtype))
+            at += len(prefix) + len(head) + array.nbytes
+            done = offset + len(_STAND_IN_BYTES)
+        frame, view = allocate(at + packed.nbytes - done)
+        done = 0
+        at = 0
+        for offset, head, array, dtype in parts:
             assert packed[offset : offset + len(_STAND_IN_BYTES)] == _STAND_IN_BYTES
-            for part in (packed[done:offset], prefix, header):
+            for part in (packed[done:offset], head):
                 view[at : at + len(part)] = part
                 at += len(part)
             target = np.ndarray(array.shape, dtype, view, at)
@@ -709,7 +737,7 @@ _INT64 = struct.Struct(">Bq")
 
 
 def _parse_header(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    """Read ``[dtype.str, shape]`` and the padding; return the dtype, shape and data offset.
+    """Read ``[dtype.str, shape]``; return the dtype, the shape and where the header ends.
 
     Hand-parsed rather than unpacked: it checks every byte before numpy sees any, and it
     finds where the header ends without copying the payload into an Unpacker.
@@ -755,42 +783,74 @@ def _parse_header(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
         else:
             raise WireError("array shape must hold non-negative ints")
         shape.append(dim)
-    end = pos + (-pos % 8)
-    if len(data) < end or data[pos:end] != _PADDING[pos % 8]:
-        raise WireError("array header is truncated or its padding is not zero bytes")
-    return dtype, tuple(shape), end
+    return dtype, tuple(shape), pos
+
+
+def _parse_payload(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
+    """Parse the header of an array ext payload (or of its start).
+
+    Returns the dtype, the shape, where the header ends and the data's size in bytes.
+
+    Raises:
+        WireError: a malformed or truncated header.
+    """
+    try:
+        dtype, shape, end = _parse_header(data)
+    except IndexError:
+        raise WireError("array header is truncated") from None
+    nbytes = dtype.itemsize
+    for dim in shape:
+        nbytes *= dim  # Python ints: a lying header cannot overflow this product
+    return dtype, shape, end, nbytes
+
+
+def _data_offset(
+    payload: bytes, length: int, end: int, dtype: np.dtype[Any], shape: tuple[int, ...], nbytes: int
+) -> int:
+    """Where the data of a payload of ``length`` bytes starts; its header ends at ``end``.
+
+    ``payload`` holds at least the header and the padding.
+
+    Raises:
+        WireError: the bytes after the header do not hold the data, or its padding (at most
+            :data:`MAX_PADDING` zero bytes) in front.
+    """
+    offset = length - nbytes
+    if not end <= offset <= end + MAX_PADDING:
+        raise WireError(
+            f"array header says shape {shape} of {dtype} ({nbytes} bytes) but {length - end} "
+            f"bytes follow it; between them only 0 to {MAX_PADDING} zero bytes of padding fit"
+        )
+    if payload[end:offset] != _ZEROS[: offset - end]:
+        raise WireError("array header's padding is not zero bytes")
+    return offset
+
+
+_ZEROS = bytes(MAX_PADDING)
 
 
 def _unpack_array(data: bytes) -> np.ndarray[Any, Any]:
     # Most headers (with padding) are 8 or 16 bytes long; msgpack is prefix-free, so a prefix
-    # equal to a header seen before parses the same way and the parse can be reused.
+    # equal to a header seen before parses the same way and the parse can be reused. Such a
+    # header padded to a multiple of 8 is what the encoder writes for every array that is
+    # unpacked here; other paddings take the long way.
     parsed = _PARSED.get(data[:8]) or _PARSED.get(data[:16])
-    fresh = parsed is None
+    if parsed is not None:
+        dtype, shape, offset, nbytes = parsed
+        if nbytes != len(data) - offset:
+            parsed = None
     if parsed is None:
-        try:
-            dtype, shape, offset = _parse_header(data)
-        except IndexError:
-            raise WireError("array header is truncated") from None
-        count = 1
-        for dim in shape:
-            count *= dim  # Python ints: a lying header cannot overflow this product
-        parsed = (dtype, shape, offset, count * dtype.itemsize)
-    dtype, shape, offset, nbytes = parsed
-    if nbytes != len(data) - offset:
-        raise WireError(
-            f"array header says shape {shape} of {dtype} ({nbytes} bytes) "
-            f"but {len(data) - offset} bytes follow"
-        )
+        dtype, shape, end, nbytes = _parse_payload(data)
+        offset = _data_offset(data, len(data), end, dtype, shape, nbytes)
+        if offset == end + (-end % 8) and offset <= 16:
+            if len(_PARSED) >= 4096:
+                _PARSED.clear()
+            _PARSED[data[:offset]] = (dtype, shape, offset, nbytes)
     try:
         # A read-only view of the payload, like np.frombuffer, in one call.
-        array = np.ndarray(shape, dtype, data, offset)
+        return np.ndarray(shape, dtype, data, offset)
     except ValueError as exc:  # zero-size arrays with absurd dims pass the length check
         raise WireError(f"array of shape {shape} cannot be built: {exc}") from exc
-    if fresh and offset <= 16:
-        if len(_PARSED) >= 4096:
-            _PARSED.clear()
-        _PARSED[data[:offset]] = parsed
-    return array
 
 
 _PARSED: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
@@ -875,7 +935,7 @@ _REFERENCE = struct.Struct(">BbI")  # fixext 4, the code, the index of the array
 _MAX_SCAN_OBJECTS = 4096
 
 # The longest array header: the dtype, up to MAX_NDIM dims of up to 9 bytes each, padding.
-_MAX_ARRAY_HEADER = 16 + 9 * MAX_NDIM
+_MAX_ARRAY_HEADER = 16 + 9 * MAX_NDIM + MAX_PADDING
 
 
 def _large_arrays(frame: bytes) -> list[tuple[int, int, int]] | None:
@@ -970,18 +1030,9 @@ def _reference_hook(frame: bytes, found: list[tuple[int, int, int]]) -> Callable
 
 def _view_array(frame: bytes, start: int, length: int) -> np.ndarray[Any, Any]:
     """The array whose ext payload is ``frame[start : start + length]``, as a view of it."""
-    try:
-        dtype, shape, offset = _parse_header(frame[start : start + min(length, _MAX_ARRAY_HEADER)])
-    except IndexError:
-        raise WireError("array header is truncated") from None
-    nbytes = dtype.itemsize
-    for dim in shape:
-        nbytes *= dim  # Python ints: a lying header cannot overflow this product
-    if nbytes != length - offset:
-        raise WireError(
-            f"array header says shape {shape} of {dtype} ({nbytes} bytes) "
-            f"but {length - offset} bytes follow"
-        )
+    head = frame[start : start + min(length, _MAX_ARRAY_HEADER)]
+    dtype, shape, end, nbytes = _parse_payload(head)
+    offset = _data_offset(head, length, end, dtype, shape, nbytes)
     try:
         return np.ndarray(shape, dtype, frame, start + offset)
     except ValueError as exc:  # zero-size arrays with absurd dims pass the length check

@@ -71,7 +71,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped on every incompatible change of the wire format; the handshake checks it."""
 
 

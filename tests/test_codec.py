@@ -297,23 +297,58 @@ def test_decoded_arrays_are_read_only_views_of_the_payload() -> None:
     writable[0, 0] = 1.0
 
 
-def test_large_arrays_encode_to_the_same_bytes_as_inline_packing() -> None:
+def test_large_arrays_encode_as_inline_packing_with_their_data_aligned() -> None:
     message = _large_weights()
+    encoded = codec.encode(message)
+    # Valid msgpack throughout: unpacked and packed again, with the payloads as they are, it
+    # gives back the same bytes.
+    unpacked = msgpack.unpackb(encoded, raw=False, ext_hook=msgpack.ExtType)
+    assert msgpack.packb(unpacked, use_bin_type=True) == encoded
     arrays = message.arrays
-    inline = {  # what packing every array as an ordinary ExtType gives
-        name: array_ext(
-            value.dtype.newbyteorder("<").str,
-            list(value.shape),
-            np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes(),
-        )
-        for name, value in arrays.items()
-        if isinstance(value, np.ndarray)
-    }
-    inline["nested"] = {
-        "deep": [array_ext("<f4", [20_000], arrays["nested"]["deep"][0].tobytes()), 3]
-    }
-    expected = frame({"t": "weights", "version": 2, "arrays": inline, "epsilon": 0.25})
-    assert codec.encode(message) == expected
+    payloads = {name: unpacked["arrays"][name] for name in ("big", "swapped", "strided", "fortran")}
+    payloads["deep"] = unpacked["arrays"]["nested"]["deep"][0]
+    values = {name: arrays[name] for name in ("big", "swapped", "strided", "fortran")}
+    values["deep"] = arrays["nested"]["deep"][0]
+    for name, ext in payloads.items():
+        value = values[name]
+        little = value.dtype.newbyteorder("<")
+        header = msgpack.packb([little.str, list(value.shape)])
+        raw = np.ascontiguousarray(value).astype(little).tobytes()
+        assert ext.code == EXT_NDARRAY
+        assert ext.data.startswith(header) and ext.data.endswith(raw), name
+        padding = ext.data[len(header) : len(ext.data) - len(raw)]
+        assert padding == bytes(len(padding)) and len(padding) <= codec.MAX_PADDING, name
+        at = encoded.index(ext.data) + len(header) + len(padding)
+        assert at % codec.ALIGNMENT == 0, (name, at)
+    # Small arrays keep the padding to a multiple of 8 within their payload.
+    assert unpacked["arrays"]["small"] == array_ext("<i2", [5], arrays["small"].tobytes())
+
+
+def test_decoded_large_arrays_are_aligned() -> None:
+    encoded = codec.encode(_large_weights())
+    decoded = codec.decode(encoded)
+    assert isinstance(decoded, Weights)
+    base = np.frombuffer(encoded, np.uint8).ctypes.data
+    for name in ("big", "swapped", "strided", "fortran"):
+        array = decoded.arrays[name]
+        assert array.flags.aligned, name
+        assert (array.ctypes.data - base) % codec.ALIGNMENT == 0, name
+
+
+def test_array_padding_of_0_to_63_zero_bytes_is_accepted() -> None:
+    raw = np.arange(3, dtype=np.float32).tobytes()
+    big = np.ones(20_000, np.float32)
+    header = msgpack.packb(["<f4", [3]])
+    big_header = msgpack.packb(["<f4", [20_000]])
+    for padding in (0, 1, 7, 8, 63):
+        actions = msgpack.ExtType(EXT_NDARRAY, header + bytes(padding) + raw)
+        decoded = codec.decode(frame({"t": "step", "actions": actions}))
+        assert isinstance(decoded, StepRequest)
+        np.testing.assert_array_equal(decoded.actions, [0.0, 1.0, 2.0])
+        ext = msgpack.ExtType(EXT_NDARRAY, big_header + bytes(padding) + big.tobytes())
+        reset = codec.decode(frame({"t": "reset", "seed": None, "options": {"a": ext}}))
+        assert isinstance(reset, ResetRequest) and reset.options is not None
+        np.testing.assert_array_equal(reset.options["a"], big)
 
 
 def test_large_arrays_decode_as_read_only_views_of_the_frame() -> None:
@@ -377,7 +412,14 @@ def test_large_arrays_with_a_lying_header_are_refused() -> None:
     raw = np.ones(10_000, np.float64).tobytes()  # not zero: padding cannot hide in it
     for ext, match in (
         (array_ext("<f8", [10_001], raw), "80008 bytes"),
-        (array_ext("<f8", [10_000], raw, pad=False), "padding"),
+        (
+            msgpack.ExtType(EXT_NDARRAY, msgpack.packb(["<f8", [9_999]]) + b"\1" * 8 + raw[8:]),
+            "padding is not zero bytes",
+        ),
+        (
+            msgpack.ExtType(EXT_NDARRAY, msgpack.packb(["<f8", [10_000]]) + bytes(64) + raw),
+            "only 0 to 63 zero bytes of padding fit",
+        ),
         (array_ext("<c16", [5_000], raw), "not supported"),
     ):
         data = frame({"t": "reset", "seed": None, "options": {"a": ext}})
@@ -639,7 +681,7 @@ def test_frames_over_the_limit_are_refused_before_parsing() -> None:
         (frame({"t": "step", "actions": array_ext("|O", [1], b"\0" * 8)}), "'|O' is not supported"),
         (
             frame({"t": "step", "actions": array_ext("<f4", [1000], b"\0" * 8)}),
-            r"shape \(1000,\) of float32 \(4000 bytes\) but 8 bytes follow",
+            r"shape \(1000,\) of float32 \(4000 bytes\) but 15 bytes follow it",  # 7 padding
         ),
         (
             frame({"t": "step", "actions": array_ext("<f4", [2**64 - 1] * 32, b"")}),
@@ -652,7 +694,14 @@ def test_frames_over_the_limit_are_refused_before_parsing() -> None:
         ),
         (frame({"t": "step", "actions": array_ext("<f4", [-1], b"")}), "non-negative ints"),
         (frame({"t": "step", "actions": array_ext("<f4", [1.0], b"")}), "non-negative ints"),  # type: ignore[list-item]
-        (frame({"t": "step", "actions": array_ext("<i8", [1], b"\1" * 8, pad=False)}), "padding"),
+        (
+            frame({"t": "step", "actions": array_ext("<i8", [1], b"\1" * 16, pad=False)}),
+            "padding is not zero bytes",
+        ),
+        (
+            frame({"t": "step", "actions": array_ext("<i8", [1], bytes(72), pad=False)}),
+            "only 0 to 63 zero bytes of padding fit",
+        ),
         (
             frame(
                 {"t": "step", "actions": msgpack.ExtType(EXT_NDARRAY, msgpack.packb(["<f4", 1]))}
