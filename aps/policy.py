@@ -90,18 +90,24 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def limit_threads(n: int = 1) -> None:
-    """Limit torch's intra-op CPU threads in this process to ``n``.
+    """Limit the CPU threads this process acts with to ``n``: torch's and NumPy's BLAS.
 
-    Call it once in each worker process: many workers on few cores each running torch's
-    default thread pool (one thread per core) oversubscribe the machine. aps never calls it on
-    import.
+    Call it once in each worker process: many workers on few cores each running a thread
+    pool of one thread per core oversubscribe the machine. That holds for torch's intra-op
+    threads and for the BLAS library under NumPy, which :meth:`Policy.act` uses for plain MLP
+    heads and whose idle threads spin on a core for a while after each call. The BLAS limit
+    goes through ``threadpoolctl``, which knows OpenBLAS, MKL and BLIS. aps calls this in
+    its workers, never on import.
 
     Raises:
         ConfigError: ``n`` is not an int >= 1.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"limit_threads needs an int >= 1, got {n!r}")
+    from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(n)
+    threadpool_limits(limits=n, user_api="blas")  # for the life of the process
 
 
 def weights_nbytes(weights: Mapping[str, np.ndarray]) -> int:

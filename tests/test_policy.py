@@ -868,12 +868,22 @@ def test_load_errors_name_the_path(tmp_path: Path, spec: Any, match: str) -> Non
 
 
 def test_limit_threads() -> None:
-    before = torch.get_num_threads()
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = torch.get_num_threads(), max(blas_threads())
     try:
+        torch.set_num_threads(2)
+        threadpool_limits(limits=2, user_api="blas")
+        assert blas_threads() and max(blas_threads()) == 2  # NumPy's BLAS is loaded
         limit_threads(1)
         assert torch.get_num_threads() == 1
+        assert blas_threads() == [1] * len(blas_threads())
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(before[0])
+        threadpool_limits(limits=before[1], user_api="blas")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="limit_threads needs an int >= 1"):
             limit_threads(bad)  # type: ignore[arg-type]
