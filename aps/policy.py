@@ -529,7 +529,7 @@ class Policy:
         """
         heads = self._numpy_heads()
         if heads is not None:
-            return heads.act(self._checked(obs, leading=1))
+            return heads.act(self._checked(obs, leading=1), self._rng)
         x = self._observations(obs, leading=1)
         with torch.no_grad():
             if self._kind == "gaussian":
@@ -1094,7 +1094,7 @@ class _NumpyMLP:
                     return None
                 layers.append((weight.T, watch.parameter(layer, "bias")))
             elif layer is not None and kind in _ACTIVATIONS:
-                activation = _ACTIVATIONS[type(layer)]
+                activation = _ACTIVATIONS[kind]
                 if activation is not None:
                     layers.append(activation)
             else:
@@ -1132,7 +1132,11 @@ class _NumpyHeads:
         critic: _NumpyMLP | None,
         log_std: np.ndarray | None,
     ) -> None:
-        self._policy = policy
+        # What act needs of the policy, copied: a reference back would make a cycle.
+        self._module = policy.module
+        space = policy.action_space
+        self._start = int(space.start) if isinstance(space, spaces.Discrete) else 0
+        self._action_shape = tuple(space.shape or ())
         self._watch = watch
         self._dtype = dtype
         self._actor = actor
@@ -1173,9 +1177,10 @@ class _NumpyHeads:
         """Whether a forward hook is registered (globally or on a layer of the heads)."""
         return self._watch.hooked()
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """:meth:`Policy.act` on checked observations."""
-        policy, rng = self._policy, self._policy._rng
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`Policy.act` on checked observations, sampling from ``rng``."""
         x = np.asarray(obs, dtype=self._dtype)
         out = self._actor(x)
         if self._log_std is not None:
@@ -1183,7 +1188,7 @@ class _NumpyHeads:
             noise = rng.standard_normal(out.shape, dtype=self._dtype)
             sample = out + np.exp(log_std) * noise
             log_prob = (-0.5 * np.square(noise) - log_std - _LOG_SQRT_2PI).sum(-1)
-            shape = (sample.shape[0], *(policy.action_space.shape or ()))
+            shape = (sample.shape[0], *self._action_shape)
             actions = sample.astype(np.float32, copy=False).reshape(shape)
         else:
             logits = out - out.max(axis=-1, keepdims=True)
@@ -1193,9 +1198,8 @@ class _NumpyHeads:
             index = np.argmax(logits + gumbel, axis=-1)
             log_sum = np.log(np.exp(logits).sum(axis=-1))
             log_prob = logits[np.arange(index.shape[0]), index] - log_sum
-            _check_no_nan(log_prob, policy.module)  # a NaN or +inf logit makes its row NaN
-            start = int(policy.action_space.start)  # type: ignore[attr-defined]
-            actions = index.astype(np.int64, copy=False) + start
+            _check_no_nan(log_prob, self._module)  # a NaN or +inf logit makes its row NaN
+            actions = index.astype(np.int64, copy=False) + self._start
         values = None
         if self._critic is not None:
             values = self._critic(x).reshape(-1).astype(np.float32, copy=False)
