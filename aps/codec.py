@@ -252,9 +252,22 @@ def _packb(value: Any) -> bytes:
     return result
 
 
-# Arrays of at least this many bytes are not copied into msgpack's buffer: the frame is
-# assembled once around them (see _pack_frame), and decode() views them in the frame.
+# Arrays whose payload (header and data) is at least this many bytes are not copied into
+# msgpack's buffer: the frame is assembled once around them (see _pack_frame), and decode()
+# views them in the frame.
 _LARGE_ARRAY = 64 * 2**10
+# The longest array header: the dtype, and up to MAX_NDIM dims of up to 9 bytes each.
+_LONGEST_HEADER = 16 + 9 * MAX_NDIM
+
+
+def _is_large(name: str, array: np.ndarray[Any, Any]) -> bool:
+    """Whether ``array`` travels as a large array, aligned within the frame.
+
+    That is when its payload, packed inline, would be :data:`_LARGE_ARRAY` bytes or more:
+    the size at which the decoder views an array in the frame instead of in a copy.
+    """
+    return len(_header(name, array.shape)) + array.nbytes >= _LARGE_ARRAY
+
 
 # What msgpack writes for ExtType(EXT_NDARRAY, b""): the stand-in for a large array while the
 # rest of the message is packed. A real array's payload is never empty (it has a header).
@@ -290,13 +303,19 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     packing: list[msgpack.Packer] = []
 
     def default(value: Any) -> Any:
-        if type(value) is np.ndarray and value.nbytes >= _LARGE_ARRAY and not value.dtype.hasobject:
-            name = _WIRE_NAME.get(value.dtype)
-            if name is None:
-                little = _SWAPPED.get(value.dtype.str)
-                if little is None:
-                    raise _dtype_error(value.dtype)
-                name = little.str
+        if (
+            type(value) is not np.ndarray
+            or value.nbytes < _LARGE_ARRAY - _LONGEST_HEADER
+            or value.dtype.hasobject
+        ):
+            return _default(value)
+        name = _WIRE_NAME.get(value.dtype)
+        if name is None:
+            little = _SWAPPED.get(value.dtype.str)
+            if little is None:
+                raise _dtype_error(value.dtype)
+            name = little.str
+        if _is_large(name, value):
             with packing[0].getbuffer() as packed:
                 offset = packed.nbytes  # where msgpack writes what this call returns
             large.append((offset, value, _LITTLE[name], _unpadded_header(name, value.shape)))
@@ -321,10 +340,11 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
         done = 0  # bytes of the packed message placed so far
         for offset, array, dtype, header in large:
             at += offset - done
-            # The payload's length fixes the ext prefix's; large arrays need the 6-byte one
-            # whatever their padding, so the data's position is known before the padding.
-            assert len(header) + array.nbytes > 0xFFFF
+            # The payload's length fixes the ext prefix's; large payloads need the 6-byte
+            # one whatever their padding, so the data's position is known before the padding.
             padding = -(at + 6 + len(header)) % ALIGNMENT
+            if len(header) + padding + array.nbytes < _LARGE_ARRAY:
+                padding += ALIGNMENT  # still large to the decoder, which views it in place
             head = header + bytes(padding)
             prefix = _ext_prefix(len(head) + array.nbytes)
             parts.append((offset, prefix + head, array, dtype))
@@ -597,7 +617,7 @@ def _pack_small(spec: _Spec, body: dict[str, Any]) -> bytes | None:
 
     Simple values: ``None``, ``bool``, ``int`` and ``float`` (exact types), ``str``,
     ``bytes``, the empty dict, and numpy arrays of a wire dtype in native or little-endian
-    order of under :data:`_LARGE_ARRAY` bytes. The frame is byte for byte what
+    order whose payload is under :data:`_LARGE_ARRAY` bytes. The frame is byte for byte what
     :func:`_pack_frame` makes of the same body (the tests compare them); for anything else,
     including every value msgpack would refuse, ``None`` leaves the work and the error to it.
     """
@@ -701,7 +721,7 @@ def _array_prefix(array: np.ndarray[Any, Any]) -> bytes | None:
     The result is cached per dtype and shape.
     """
     name = _WIRE_NAME.get(array.dtype)
-    if name is None or array.ndim > MAX_NDIM or array.nbytes >= _LARGE_ARRAY:
+    if name is None or array.ndim > MAX_NDIM or _is_large(name, array):
         return None
     header = _header(name, array.shape)
     length = len(header) + array.nbytes
@@ -934,8 +954,8 @@ _REFERENCE = struct.Struct(">BbI")  # fixext 4, the code, the index of the array
 # frame with large arrays has few objects, and the scan must stay cheap for the others.
 _MAX_SCAN_OBJECTS = 4096
 
-# The longest array header: the dtype, up to MAX_NDIM dims of up to 9 bytes each, padding.
-_MAX_ARRAY_HEADER = 16 + 9 * MAX_NDIM + MAX_PADDING
+# The longest array header with its padding.
+_MAX_ARRAY_HEADER = _LONGEST_HEADER + MAX_PADDING
 
 
 def _large_arrays(frame: bytes) -> list[tuple[int, int, int]] | None:

@@ -335,6 +335,19 @@ def test_decoded_large_arrays_are_aligned() -> None:
         assert (array.ctypes.data - base) % codec.ALIGNMENT == 0, name
 
 
+@pytest.mark.parametrize("count", range(16_370, 16_390))
+def test_arrays_around_the_large_size_decode_aligned(count: int) -> None:
+    # Payloads of 64 KiB or more are viewed in the frame, so an array whose data is a little
+    # under 64 KiB but whose payload, header included, is not must be laid out as a large one.
+    values = np.arange(count, dtype=np.float32)
+    step = codec.decode(codec.encode(StepRequest(actions=values, seq=1, acked=0)))  # fast path
+    weights = codec.decode(codec.encode(Weights(version=1, arrays={"w": values}, epsilon=None)))
+    assert isinstance(step, StepRequest) and isinstance(weights, Weights)
+    for decoded in (step.actions, weights.arrays["w"]):
+        np.testing.assert_array_equal(decoded, values)
+        assert decoded.flags.aligned and decoded.ctypes.data % 8 == 0, count
+
+
 def test_array_padding_of_0_to_63_zero_bytes_is_accepted() -> None:
     raw = np.arange(3, dtype=np.float32).tobytes()
     big = np.ones(20_000, np.float32)
