@@ -775,6 +775,9 @@ class Policy:
                 else:
                     tensor.copy_(torch.tensor(array))
         self._shared = share
+        # Rebuilt now, not at the next act: the NumPy heads' views of replaced tensors
+        # would keep the memory they came in (a whole weights frame) alive until then.
+        self._numpy_heads()
 
     def clone(self) -> Policy:
         """An independent copy, for the learner's scratch copy that loads old versions.

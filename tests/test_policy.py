@@ -7,6 +7,7 @@ import math
 import sys
 import textwrap
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -926,3 +927,17 @@ def test_shared_weights_are_the_arrays_memory_and_act_as_copied_ones() -> None:
     for name, array in arrays.items():
         np.testing.assert_array_equal(array, source.get_weights()[name])
         assert shared.module.state_dict()[name].data_ptr() != array.ctypes.data
+
+
+def test_loading_shared_weights_lets_the_old_ones_go_at_once() -> None:
+    policy, source = categorical(), perturb(categorical(), 0.5)
+    first = {name: np.array(array) for name, array in source.get_weights().items()}
+    policy.set_weights(first, share=True)
+    policy.act(observations(4))  # the NumPy heads view the first arrays now
+    held = weakref.ref(first["actor.0.weight"])  # the tensor took this array's memory
+    second = {name: np.array(array) for name, array in categorical().get_weights().items()}
+    policy.set_weights(second, share=True)
+    del first
+    gc.collect()
+    assert held() is None  # nothing of the policy holds the first version's memory
+    assert policy.inference == "numpy"
