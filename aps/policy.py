@@ -541,7 +541,7 @@ class Policy:
                 actions = sample.to(torch.float32).reshape(shape).numpy()
             else:
                 log_probs = self._categorical(x)
-                _check_no_nan(log_probs.numpy(), self._module)
+                _check_no_nan(log_probs.float().numpy(), self._module)  # float: bfloat16
                 index = torch.multinomial(log_probs.exp(), 1, generator=self._generator)
                 log_prob = log_probs.gather(1, index).squeeze(1)
                 start = int(self._action_space.start)  # type: ignore[attr-defined]
@@ -1031,6 +1031,10 @@ _ACTIVATIONS: dict[type[nn.Module], _Activation | None] = {
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 
 
+class _NotPlain(Exception):
+    """Raised while building NumPy heads from a module they cannot evaluate."""
+
+
 class _Watch:
     """What a NumPy head was built from, to tell when it no longer is the module's.
 
@@ -1052,10 +1056,17 @@ class _Watch:
         return value
 
     def parameter(self, module: nn.Module, name: str) -> np.ndarray | None:
+        """A NumPy view of ``module.<name>``, or ``None`` where it has no such parameter.
+
+        Raises:
+            _NotPlain: the parameter is not a CPU tensor of a float dtype NumPy computes in.
+        """
         tensor = module._parameters.get(name)
         self.slots.append((module._parameters, name, tensor))
         if tensor is None:
             return None
+        if tensor.device.type != "cpu" or tensor.dtype not in _NUMPY_DTYPES:
+            raise _NotPlain
         self.tensors.append((tensor, tensor.data_ptr()))
         return tensor.detach().numpy()
 
@@ -1153,20 +1164,22 @@ class _NumpyHeads:
         if policy.kind == "q" or not policy._obs_shape:
             return None
         watch = _Watch()
-        actor = _NumpyMLP.of(
-            module, "actor" if policy.kind == "categorical" else "actor_mean", watch
-        )
-        critic = _NumpyMLP.of(module, "critic", watch) if policy.has_critic else None
+        try:
+            actor = _NumpyMLP.of(
+                module, "actor" if policy.kind == "categorical" else "actor_mean", watch
+            )
+            critic = _NumpyMLP.of(module, "critic", watch) if policy.has_critic else None
+            log_std = None
+            if policy.kind == "gaussian":
+                log_std = watch.parameter(module, "actor_logstd")
+        except _NotPlain:
+            return None
         if actor is None or (policy.has_critic and critic is None):
             return None
-        log_std = None
-        if policy.kind == "gaussian":
-            log_std = watch.parameter(module, "actor_logstd")
-            if log_std is None:  # a plain tensor attribute, not a parameter: torch acts
-                return None
+        if policy.kind == "gaussian" and log_std is None:
+            return None  # a plain tensor attribute, not a parameter: torch acts
         dtypes = {tensor.dtype for tensor, _ in watch.tensors}
-        devices = {tensor.device.type for tensor, _ in watch.tensors}
-        if len(dtypes) != 1 or dtypes - set(_NUMPY_DTYPES) or devices != {"cpu"}:
+        if len(dtypes) != 1:
             return None
         dtype = _numpy_dtype(dtypes.pop())
         assert dtype is not None

@@ -941,3 +941,18 @@ def test_loading_shared_weights_lets_the_old_ones_go_at_once() -> None:
     gc.collect()
     assert held() is None  # nothing of the policy holds the first version's memory
     assert policy.inference == "numpy"
+
+
+@pytest.mark.parametrize("make", [categorical, gaussian])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_modules_act_through_torch(make: Any, dtype: torch.dtype) -> None:
+    policy = make()
+    policy.module.to(dtype)  # replaces every tensor: the heads are examined again
+    assert policy.inference == "torch"  # NumPy lacks bfloat16 and is slow in float16
+    actions, log_probs, values = policy.act(observations(8))
+    assert log_probs.dtype == np.float32 and np.isfinite(log_probs).all()
+    assert values is not None and values.dtype == np.float32
+    assert actions.shape[0] == 8
+    built = Policy(policy.module, OBS, policy.action_space, seed=0)  # built in that dtype
+    assert built.inference == "torch"
+    built.act(observations(8))
