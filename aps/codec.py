@@ -260,13 +260,14 @@ _LARGE_ARRAY = 64 * 2**10
 _LONGEST_HEADER = 16 + 9 * MAX_NDIM
 
 
-def _is_large(name: str, array: np.ndarray[Any, Any]) -> bool:
-    """Whether ``array`` travels as a large array, aligned within the frame.
+def _is_large(header: bytes, nbytes: int) -> bool:
+    """Whether an array travels as a large array, aligned within the frame.
 
-    That is when its payload, packed inline, would be :data:`_LARGE_ARRAY` bytes or more:
-    the size at which the decoder views an array in the frame instead of in a copy.
+    ``header`` is its :func:`_header`. An array is large when its payload, packed inline,
+    would be :data:`_LARGE_ARRAY` bytes or more: the size at which the decoder views an
+    array in the frame instead of in a copy.
     """
-    return len(_header(name, array.shape)) + array.nbytes >= _LARGE_ARRAY
+    return len(header) + nbytes >= _LARGE_ARRAY
 
 
 # What msgpack writes for ExtType(EXT_NDARRAY, b""): the stand-in for a large array while the
@@ -315,7 +316,7 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
             if little is None:
                 raise _dtype_error(value.dtype)
             name = little.str
-        if _is_large(name, value):
+        if _is_large(_header(name, value.shape), value.nbytes):
             with packing[0].getbuffer() as packed:
                 offset = packed.nbytes  # where msgpack writes what this call returns
             large.append((offset, value, _LITTLE[name], _unpadded_header(name, value.shape)))
@@ -721,9 +722,11 @@ def _array_prefix(array: np.ndarray[Any, Any]) -> bytes | None:
     The result is cached per dtype and shape.
     """
     name = _WIRE_NAME.get(array.dtype)
-    if name is None or array.ndim > MAX_NDIM or _is_large(name, array):
+    if name is None or array.ndim > MAX_NDIM:
         return None
     header = _header(name, array.shape)
+    if _is_large(header, array.nbytes):
+        return None
     length = len(header) + array.nbytes
     # The ext header msgpack writes for a payload of this length: fixext where one fits.
     fixext = _FIXEXT.get(length)
