@@ -35,6 +35,7 @@ are byte for byte those of the general path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 import types
 import typing
@@ -149,6 +150,7 @@ def _header(name: str, shape: tuple[int, ...]) -> bytes:
     return header
 
 
+@functools.lru_cache(maxsize=4096)  # each large array of a frame needs it: build it once
 def _unpadded_header(name: str, shape: tuple[int, ...]) -> bytes:
     """The msgpack bytes of ``[name, shape]``."""
     ndim = len(shape)
