@@ -37,6 +37,7 @@ and reporting gradients, each new round replaces the last, until ``StopGradients
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -311,6 +312,16 @@ class ErrorReport(Message):
     message: str
     traceback: str
     seq: int | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException, seq: int | None = None) -> ErrorReport:
+        """The report of ``exc``: its qualified type name, message and formatted traceback."""
+        return cls(
+            remote_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+            seq=seq,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -55,6 +55,7 @@ from gymnasium.vector.utils import batch_space
 from torch import nn
 
 from aps._imports import import_object
+from aps._numpy_heads import LOG_SQRT_2PI, NumpyHeads, check_no_nan, numpy_dtype
 from aps.errors import ConfigError
 
 __all__ = [
@@ -86,7 +87,6 @@ everything else with torch; ``"torch"`` always uses torch."""
 
 _OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 _PROBE_BATCH = 2
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def limit_threads(n: int = 1) -> None:
@@ -247,13 +247,6 @@ def build_module(
 # The policy.
 
 
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError:  # bfloat16 and other types numpy lacks
-        return None
-
-
 def _check_fraction(name: str, value: object) -> float:
     if (
         isinstance(value, bool)
@@ -343,7 +336,7 @@ class Policy:
             self.seed(seed)
         self._probe()
         self._inference: Inference = inference
-        self._heads = _NumpyHeads.of(self) if inference == "auto" else None
+        self._heads = self._build_heads() if inference == "auto" else None
 
     @classmethod
     def load(
@@ -536,12 +529,12 @@ class Policy:
                 mean, log_std = self._gaussian(x)
                 noise = torch.randn(mean.shape, generator=self._generator, dtype=mean.dtype)
                 sample = mean + log_std.exp() * noise
-                log_prob = (-0.5 * noise.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+                log_prob = (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(-1)
                 shape = (sample.shape[0], *(self._action_space.shape or ()))
                 actions = sample.to(torch.float32).reshape(shape).numpy()
             else:
                 log_probs = self._categorical(x)
-                _check_no_nan(log_probs.float().numpy(), self._module)  # float: bfloat16
+                check_no_nan(log_probs.float().numpy(), self._module)  # float: bfloat16
                 index = torch.multinomial(log_probs.exp(), 1, generator=self._generator)
                 log_prob = log_probs.gather(1, index).squeeze(1)
                 start = int(self._action_space.start)  # type: ignore[attr-defined]
@@ -577,7 +570,7 @@ class Policy:
                     f"actions of shape {tuple(a.shape)} do not fit means {tuple(mean.shape)}"
                 )
             z = (a - mean) / log_std.exp()
-            return (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+            return (-0.5 * z.square() - log_std - LOG_SQRT_2PI).sum(-1)
         index = np.asarray(actions).reshape(-1).astype(np.int64)
         if index.shape[0] != batch:
             raise ConfigError(f"got {index.shape[0]} actions for {batch} observations")
@@ -689,7 +682,7 @@ class Policy:
         """
         weights: dict[str, np.ndarray] = {}
         for name, tensor in self._module.state_dict().items():
-            if _numpy_dtype(tensor.dtype) is None:
+            if numpy_dtype(tensor.dtype) is None:
                 raise ConfigError(
                     f"weight {name!r} has dtype {tensor.dtype}, which numpy cannot hold; "
                     "convert the module to float32 (module.float()) before publishing it"
@@ -743,7 +736,7 @@ class Policy:
                 problems.append(
                     f"{name!r} has shape {array.shape}, the module's is {tuple(tensor.shape)}"
                 )
-            expected = _numpy_dtype(tensor.dtype)
+            expected = numpy_dtype(tensor.dtype)
             if array.dtype != expected:
                 problems.append(f"{name!r} has dtype {array.dtype}, the module's is {expected}")
         if problems:
@@ -791,7 +784,7 @@ class Policy:
         twin._generator = torch.Generator()
         twin._generator.set_state(self._generator.get_state())
         twin._rng = copy.deepcopy(self._rng)
-        twin._heads = _NumpyHeads.of(twin) if self._inference == "auto" else None
+        twin._heads = twin._build_heads() if self._inference == "auto" else None
         return twin
 
     # -- internals -------------------------------------------------------------------------
@@ -808,7 +801,16 @@ class Policy:
                 return tensor.device, tensor.dtype
         return torch.device("cpu"), torch.float32
 
-    def _numpy_heads(self) -> _NumpyHeads | None:
+    def _build_heads(self) -> NumpyHeads | None:
+        return NumpyHeads.of(
+            self._module,
+            self._kind,
+            has_critic=self.has_critic,
+            action_space=self.action_space,
+            flat_obs=bool(self._obs_shape),
+        )
+
+    def _numpy_heads(self) -> NumpyHeads | None:
         """The NumPy heads to act with now, or ``None`` for torch.
 
         They are rebuilt when a head, layer or parameter of theirs was replaced (a
@@ -820,7 +822,7 @@ class Policy:
         if heads is None:
             return None
         if not heads.current():
-            heads = self._heads = _NumpyHeads.of(self)
+            heads = self._heads = self._build_heads()
             if heads is None:
                 return None
         return None if heads.hooked() else heads
@@ -994,229 +996,3 @@ def _names(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return f"{shown}{more}"
-
-
-def _check_no_nan(log_probs: np.ndarray, module: nn.Module) -> None:
-    """Refuse to sample from NaN probabilities; ``log_probs`` is ``[B]`` or ``[B, n]``."""
-    if np.isnan(log_probs).any():
-        rows = int(np.isnan(log_probs).reshape(log_probs.shape[0], -1).any(axis=1).sum())
-        raise ConfigError(
-            f"{type(module).__name__} gave NaN action probabilities for {rows} of "
-            f"{log_probs.shape[0]} observations; its weights or the observations hold NaN "
-            "or inf (a diverged update?): check them before acting"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# Acting with NumPy.
-
-_Activation = Callable[[np.ndarray], np.ndarray]
-
-
-def _tanh(x: np.ndarray) -> np.ndarray:
-    np.tanh(x, out=x)
-    return x
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    np.maximum(x, 0, out=x)
-    return x
-
-
-_ACTIVATIONS: dict[type[nn.Module], _Activation | None] = {
-    nn.Tanh: _tanh,
-    nn.ReLU: _relu,
-    nn.Identity: None,
-}
-_NUMPY_DTYPES = (torch.float32, torch.float64)
-
-
-class _NotPlain(Exception):
-    """Raised while building NumPy heads from a module they cannot evaluate."""
-
-
-class _Watch:
-    """What a NumPy head was built from, to tell when it no longer is the module's.
-
-    ``slots`` are ``(dict, key, object)``: a child module in its parent's ``_modules`` or a
-    parameter in its module's ``_parameters``; ``tensors`` are the parameters with the
-    address of their data when the views were taken; ``modules`` are checked for hooks.
-    """
-
-    def __init__(self) -> None:
-        self.slots: list[tuple[dict[str, Any], str, object]] = []
-        self.tensors: list[tuple[torch.Tensor, int]] = []
-        self.modules: list[nn.Module] = []
-
-    def child(self, parent: nn.Module, name: str) -> nn.Module | None:
-        value = parent._modules.get(name)
-        self.slots.append((parent._modules, name, value))
-        if value is not None:
-            self.modules.append(value)
-        return value
-
-    def parameter(self, module: nn.Module, name: str) -> np.ndarray | None:
-        """A NumPy view of ``module.<name>``, or ``None`` where it has no such parameter.
-
-        Raises:
-            _NotPlain: the parameter is not a CPU tensor of a float dtype NumPy computes in.
-        """
-        tensor = module._parameters.get(name)
-        self.slots.append((module._parameters, name, tensor))
-        if tensor is None:
-            return None
-        if tensor.device.type != "cpu" or tensor.dtype not in _NUMPY_DTYPES:
-            raise _NotPlain
-        self.tensors.append((tensor, tensor.data_ptr()))
-        return tensor.detach().numpy()
-
-    def current(self) -> bool:
-        return all(owner.get(key) is value for owner, key, value in self.slots) and all(
-            tensor.data_ptr() == address for tensor, address in self.tensors
-        )
-
-    def hooked(self) -> bool:
-        hooks = torch.nn.modules.module
-        if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-            return True
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
-
-
-class _NumpyMLP:
-    """An ``nn.Sequential`` of linear layers and activations, evaluated with NumPy.
-
-    The layers hold views of the module's parameters, so an optimizer's in-place steps are
-    seen; replaced tensors are caught by :class:`_Watch`. Inputs are never written.
-    """
-
-    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray | None] | _Activation]) -> None:
-        self._layers = layers
-
-    @classmethod
-    def of(cls, parent: nn.Module, name: str, watch: _Watch) -> _NumpyMLP | None:
-        """The head ``parent.<name>`` as a NumPy MLP, or ``None`` if it is anything else."""
-        head = watch.child(parent, name)
-        if head is None or type(head) is not nn.Sequential:  # a subclass may override forward
-            return None
-        layers: list[tuple[np.ndarray, np.ndarray | None] | _Activation] = []
-        for key in list(head._modules):
-            layer = watch.child(head, key)
-            kind = type(layer)
-            if layer is not None and kind is nn.Linear:
-                weight = watch.parameter(layer, "weight")
-                if weight is None:
-                    return None
-                layers.append((weight.T, watch.parameter(layer, "bias")))
-            elif layer is not None and kind in _ACTIVATIONS:
-                activation = _ACTIVATIONS[kind]
-                if activation is not None:
-                    layers.append(activation)
-            else:
-                return None
-        return cls(layers) if any(isinstance(layer, tuple) for layer in layers) else None
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        owned = False  # activations work in place, but never on the caller's array
-        for layer in self._layers:
-            if isinstance(layer, tuple):
-                weight_t, bias = layer
-                x = x @ weight_t
-                if bias is not None:
-                    x += bias
-                owned = True
-            else:
-                x = layer(x if owned else x.copy())
-                owned = True
-        return x
-
-
-class _NumpyHeads:
-    """A policy's heads as NumPy MLPs, and :meth:`Policy.act` computed with them.
-
-    Built only when every head the policy calls is a plain MLP whose parameters are CPU
-    tensors of one float dtype (float32 or float64); see the module doc.
-    """
-
-    def __init__(
-        self,
-        policy: Policy,
-        watch: _Watch,
-        dtype: np.dtype[Any],
-        actor: _NumpyMLP,
-        critic: _NumpyMLP | None,
-        log_std: np.ndarray | None,
-    ) -> None:
-        # What act needs of the policy, copied: a reference back would make a cycle.
-        self._module = policy.module
-        space = policy.action_space
-        self._start = int(space.start) if isinstance(space, spaces.Discrete) else 0
-        self._action_shape = tuple(space.shape or ())
-        self._watch = watch
-        self._dtype = dtype
-        self._actor = actor
-        self._critic = critic
-        self._log_std = log_std
-
-    @classmethod
-    def of(cls, policy: Policy) -> _NumpyHeads | None:
-        """The heads of ``policy``, or ``None`` where torch must act."""
-        module = policy.module
-        if policy.kind == "q" or not policy._obs_shape:
-            return None
-        watch = _Watch()
-        try:
-            actor = _NumpyMLP.of(
-                module, "actor" if policy.kind == "categorical" else "actor_mean", watch
-            )
-            critic = _NumpyMLP.of(module, "critic", watch) if policy.has_critic else None
-            log_std = None
-            if policy.kind == "gaussian":
-                log_std = watch.parameter(module, "actor_logstd")
-        except _NotPlain:
-            return None
-        if actor is None or (policy.has_critic and critic is None):
-            return None
-        if policy.kind == "gaussian" and log_std is None:
-            return None  # a plain tensor attribute, not a parameter: torch acts
-        dtypes = {tensor.dtype for tensor, _ in watch.tensors}
-        if len(dtypes) != 1:
-            return None
-        dtype = _numpy_dtype(dtypes.pop())
-        assert dtype is not None
-        return cls(policy, watch, dtype, actor, critic, log_std)
-
-    def current(self) -> bool:
-        """Whether the heads still are the module's, with the same parameter tensors."""
-        return self._watch.current()
-
-    def hooked(self) -> bool:
-        """Whether a forward hook is registered (globally or on a layer of the heads)."""
-        return self._watch.hooked()
-
-    def act(
-        self, obs: np.ndarray, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """:meth:`Policy.act` on checked observations, sampling from ``rng``."""
-        x = np.asarray(obs, dtype=self._dtype)
-        out = self._actor(x)
-        if self._log_std is not None:
-            log_std = np.broadcast_to(self._log_std, out.shape)
-            noise = rng.standard_normal(out.shape, dtype=self._dtype)
-            sample = out + np.exp(log_std) * noise
-            log_prob = (-0.5 * np.square(noise) - log_std - _LOG_SQRT_2PI).sum(-1)
-            shape = (sample.shape[0], *self._action_shape)
-            actions = sample.astype(np.float32, copy=False).reshape(shape)
-        else:
-            logits = out - out.max(axis=-1, keepdims=True)
-            # Gumbel-max: the argmax of the logits plus Gumbel noise is a sample of their
-            # softmax (a row's constant shift does not move it).
-            gumbel = -np.log(-np.log(rng.random(logits.shape)))
-            index = np.argmax(logits + gumbel, axis=-1)
-            log_sum = np.log(np.exp(logits).sum(axis=-1))
-            log_prob = logits[np.arange(index.shape[0]), index] - log_sum
-            _check_no_nan(log_prob, self._module)  # a NaN or +inf logit makes its row NaN
-            actions = index.astype(np.int64, copy=False) + self._start
-        values = None
-        if self._critic is not None:
-            values = self._critic(x).reshape(-1).astype(np.float32, copy=False)
-        return actions, log_prob.astype(np.float32, copy=False), values

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 import aps  # noqa: E402
 from aps import sync  # noqa: E402
+from aps.worker.steps import StepServer  # noqa: E402
 from tests.agents import Agent, ContinuousAgent, QNetwork, WideAgent  # noqa: E402
 from tests.conftest import FAST, WorkerTasks  # noqa: E402
 
@@ -195,7 +196,8 @@ async def test_published_versions_stay_bounded(learner_factory: Any) -> None:
     await learner.rollout(1)
     for _ in range(50):
         await learner.publish(agent)
-    assert learner._versions is not None and len(learner._versions) == 2  # v1 (held) and v51
+    versions = learner._detach.versions
+    assert versions is not None and len(versions) == 2  # v1 (held) and v51
     await learner.rollout(1)  # workers on a stale version keep producing valid chunks
 
 
@@ -356,11 +358,11 @@ async def test_truncated_steps_keep_their_last_observation(workers: WorkerTasks,
                 assert not np.array_equal(last, following)
 
 
-class Tampering(aps.Worker):
-    """An honest DETACH worker whose chunks are then tampered with as ``tamper`` says."""
+class TamperingServer(StepServer):
+    """An honest DETACH step server whose chunks are then tampered with as ``tamper`` says."""
 
-    def __init__(self, *args: Any, tamper: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, tamper: str) -> None:
+        super().__init__(*args)
         self.tamper = tamper
 
     def _rollout(self, request: Any) -> Any:
@@ -373,6 +375,17 @@ class Tampering(aps.Worker):
             return dataclasses.replace(chunk, episode_env=chunk.episode_env + 100)
         # truncated observations said to be at other steps than the truncated ones
         return dataclasses.replace(chunk, truncated_index=chunk.truncated_index[::-1] + 1)
+
+
+class Tampering(aps.Worker):
+    """An honest DETACH worker whose chunks are tampered with (see TamperingServer)."""
+
+    def __init__(self, *args: Any, tamper: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tamper = tamper
+
+    def _new_server(self, envs: Any, collector: Any) -> StepServer:
+        return TamperingServer(envs, collector, None, tamper=self.tamper)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aps.transports",),
     ("aps.protocol", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
-    ("aps.policy",),
+    ("aps.policy", "aps._numpy_heads"),
     ("aps.vector", "aps.worker", "aps.learner", "aps.collect", "aps.gradients", "aps.pg.trainer"),
     ("aps.cluster_env", "aps.launch", "aps.cli", "aps.__main__", "aps.testing", "aps"),
 ]
@@ -82,3 +82,23 @@ def test_importing_aps_loads_neither_torch_nor_websockets() -> None:
     code = "import sys, aps; print(sorted(m for m in ('torch', 'websockets') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# Inside the roles, each mode talks to the pool (learner) or is driven by the session loop
+# (worker); no mode imports another, so a mode changes without touching the others.
+MODES = {
+    "aps.learner": ("aps.learner.lockstep", "aps.learner.detach", "aps.learner.rounds"),
+    "aps.worker": ("aps.worker.steps", "aps.worker.collector", "aps.worker.rounds"),
+}
+ALLOWED = {("aps.worker.steps", "aps.worker.collector")}  # the step server hands rollouts on
+
+
+def test_modes_do_not_import_each_other() -> None:
+    violations = []
+    for modes in MODES.values():
+        for me in modes:
+            path = ROOT / Path(*me.split(".")[1:]).with_suffix(".py")
+            for target in aps_imports(path):
+                if target in modes and target != me and (me, target) not in ALLOWED:
+                    violations.append(f"{me} imports {target}")
+    assert not violations, "\n".join(violations)

@@ -21,6 +21,7 @@ import aps
 from aps import codec, transports
 from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, StepRequest, Welcome
 from aps.transports.tcp import TCPFactory
+from aps.worker.steps import StepServer
 from tests.conftest import FAST, WorkerTasks
 
 TCP = "tcp://127.0.0.1:0"
@@ -106,26 +107,37 @@ async def test_bad_actions_are_refused_before_sending(
         await learner.step(np.zeros(4, np.int64))  # still in lockstep
 
 
-class Miscounting(aps.Worker):
-    """An honest worker whose step answers are then tampered with as ``tamper`` says."""
+class MiscountingServer(StepServer):
+    """An honest step server whose answers are then tampered with as ``tamper`` says."""
 
-    def __init__(self, *args: Any, tamper: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, tamper: str) -> None:
+        super().__init__(*args)
         self.tamper = tamper
 
-    def _step(self, envs: Any, request: Any) -> Any:
-        answer = super()._step(envs, request)
+    def _step(self, request: Any) -> Any:
+        answer = super()._step(request)
         if self.tamper == "reward":  # one reward too many
             return dataclasses.replace(answer, reward=np.append(answer.reward, 1.0))
         if self.tamper == "terminated":  # floats where bools belong
             return dataclasses.replace(answer, terminated=answer.terminated.astype(np.float32))
         return dataclasses.replace(answer, obs=np.concatenate([answer.obs, answer.obs]))
 
-    def _reset(self, envs: Any, request: Any) -> Any:
-        answer = super()._reset(envs, request)
+    def _reset(self, request: Any) -> Any:
+        answer = super()._reset(request)
         if self.tamper == "reset":  # one observation too many
             return dataclasses.replace(answer, obs=np.concatenate([answer.obs, answer.obs]))
         return answer
+
+
+class Miscounting(aps.Worker):
+    """An honest worker whose answers are tampered with (see MiscountingServer)."""
+
+    def __init__(self, *args: Any, tamper: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tamper = tamper
+
+    def _new_server(self, envs: Any, collector: Any) -> StepServer:
+        return MiscountingServer(envs, collector, None, tamper=self.tamper)
 
 
 @pytest.mark.parametrize(
@@ -161,13 +173,18 @@ async def test_a_reset_answer_for_other_envs_is_refused(workers: WorkerTasks) ->
             await learner.step(np.zeros(2, np.int64))  # no batch was returned: not reset
 
 
-class Slow(aps.Worker):
-    """An honest worker that answers each step 0.3 s late (without blocking the loop)."""
+class SlowServer(StepServer):
+    """An honest step server that answers each step 0.3 s late (without blocking the loop)."""
 
-    async def _answer(self, session: Any, envs: Any, request: Any) -> None:
+    async def answer(self, session: Any, request: Any) -> bool:
         if isinstance(request, StepRequest):
             await asyncio.sleep(0.3)
-        await super()._answer(session, envs, request)
+        return await super().answer(session, request)
+
+
+class Slow(aps.Worker):
+    def _new_server(self, envs: Any, collector: Any) -> StepServer:
+        return SlowServer(envs, collector, None)
 
 
 async def test_a_partial_answer_for_other_envs_is_refused(workers: WorkerTasks) -> None:
@@ -223,7 +240,7 @@ async def test_spaces_that_disagree_are_refused(workers: WorkerTasks) -> None:
     async with aps.Learner(TCP, num_workers=2, timeouts=FAST) as learner:
         workers.start(learner.url, num_envs=1)
         await asyncio.sleep(0)  # let the first worker in first
-        while not learner._remotes:  # noqa: ASYNC110 - polling a test-only condition
+        while not learner._pool.remotes:  # noqa: ASYNC110 - polling a test-only condition
             await asyncio.sleep(0.01)
         odd = workers.start(learner.url, env="Pendulum-v1")
         with pytest.raises(aps.ConfigError, match="same spaces"):

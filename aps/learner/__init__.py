@@ -1,0 +1,37 @@
+"""The learner role: accept workers and step all their envs as one batch.
+
+A :class:`Learner` listens on one URL, admits ``num_workers`` workers (handshake, token proof,
+spaces that agree), and then exposes their envs in one stable order (worker registration
+order, then env index) through :meth:`Learner.reset` and :meth:`Learner.step`. Each call sends
+one message per worker, never one per env, and stitches the replies with array operations.
+
+A bad peer (malformed frames, a wrong token, the wrong protocol version, disagreeing spaces,
+a slow handshake) is refused with a specific error, logged and closed; the learner keeps
+serving everyone else.
+
+A worker that is lost (its process died, its connection dropped or it went silent past a
+deadline) is handled as ``on_worker_lost`` says: ``"raise"`` :class:`~aps.errors.WorkerLost`
+from the pending call, ``"wait"`` up to ``reconnect_timeout`` for the worker to resume its
+session or for a replacement to take its env slots, or ``"drop"`` it from chunk streams and
+gradient rounds. Requests are numbered (see :mod:`aps.messages`), so a resumed worker's
+answers arrive exactly once.
+
+The package, one room each:
+
+- :mod:`~aps.learner.learner`: :class:`Learner`, the public face; it only checks arguments
+  and hands each call to the pool or a mode.
+- :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers as
+  connections (admission, handshake, resume, spares, replacement, ``on_worker_lost``) and the
+  numbered request/answer service every mode uses.
+- :mod:`~aps.learner.lockstep`: reset, step, and the partial batches of send/recv.
+- :mod:`~aps.learner.detach`: published versions, sync decisions, rollouts and chunk streams.
+- :mod:`~aps.learner.rounds`: gradient rounds for :mod:`aps.pg`.
+
+Modes depend on the pool, never on each other; when a worker resumes or is replaced, the pool
+asks each mode (its :class:`~aps.learner.pool.SlotHooks`) what the worker needs first.
+"""
+
+from aps.learner.learner import Learner
+from aps.learner.pool import MAX_HANDSHAKES, WorkerInfo
+
+__all__ = ["MAX_HANDSHAKES", "Learner", "WorkerInfo"]

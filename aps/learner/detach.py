@@ -1,0 +1,473 @@
+"""DETACH: workers act with their own policy copy; weights travel when the sync strategy says.
+
+:class:`Detach` implements :meth:`Learner.publish`, :meth:`Learner.rollout` and
+:meth:`Learner.chunks`. It keeps the published versions (:class:`~aps.collect.PolicyVersions`,
+encoded once however many workers they go to), asks the sync strategy before each request
+whether a worker gets the newest one (measuring the worker's divergence only when the
+strategy asks for it), and checks and accounts for every chunk: its shapes, the version it was
+acted with, and the policy lag of its transitions.
+
+Per worker slot it keeps what the sync decision needs (steps and seconds since the last sync,
+a sample of the states the worker acted on); as the pool's :class:`~aps.learner.pool.SlotHooks`
+it rehydrates a worker that resumed without the newest weights, and asks a replacement for the
+chunks its predecessor owed a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aps.collect import Chunk, PolicyVersions, Rollout, sample_states
+from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
+from aps.learner.pool import Remote, WorkerPool, expect
+from aps.messages import (
+    ErrorReport,
+    Message,
+    Request,
+    ResetRequest,
+    RolloutChunk,
+    RolloutRequest,
+    Weights,
+)
+from aps.protocol import MAX_IN_FLIGHT
+from aps.sync import SyncContext, SyncStrategy
+
+__all__ = ["Detach"]
+
+log = logging.getLogger(__name__)
+
+_Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
+"""Chunks from several workers, and their failures, in arrival order."""
+
+
+@dataclass(slots=True)
+class _SlotSync:
+    """What the sync strategy and the chunk checks know of the worker serving one slot."""
+
+    steps_since_sync: int = 0
+    synced_at: float = 0.0
+    last_chunk_version: int = 0
+    states: np.ndarray[Any, Any] | None = None  # a sample of the states it acted on last
+    preparing: bool = False  # its reset is outstanding: chunk requests wait (counted in lost)
+    lost: int = 0  # chunks its predecessor owed the stream, to ask of it
+
+
+class Detach:
+    """Versions, sync decisions, rollouts and chunk streams; see the :class:`Learner` methods.
+
+    Args:
+        pool: the workers.
+        policy: the policy import path the workers act with (``None``: no DETACH).
+        sync: the sync strategy.
+    """
+
+    def __init__(self, pool: WorkerPool, policy: str | None, sync: SyncStrategy) -> None:
+        self._pool = pool
+        self._policy = policy
+        self.sync = sync
+        self.versions: PolicyVersions | None = None
+        self._slots: dict[Remote, _SlotSync] = {}
+        self._stream: AsyncGenerator[Chunk, None] | None = None
+        self._previous_stream: AsyncGenerator[Chunk, None] | None = None
+
+    def _slot(self, remote: Remote) -> _SlotSync:
+        slot = self._slots.get(remote)
+        if slot is None:
+            slot = self._slots[remote] = _SlotSync()
+        return slot
+
+    def require_policy(self, operation: str) -> PolicyVersions:
+        """The versions, created on first use.
+
+        Raises:
+            InvalidState: the learner has no policy.
+        """
+        if self._policy is None:
+            raise InvalidState(
+                f"{operation}() needs workers that act: create the learner with "
+                "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
+            )
+        if self.versions is None:
+            self.versions = PolicyVersions(*self._pool.require_workers())
+        return self.versions
+
+    @property
+    def version(self) -> int:
+        """The newest published version (0 before the first publish)."""
+        return 0 if self.versions is None else self.versions.current
+
+    # What a new connection needs (SlotHooks).
+
+    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+        """Forget the lost worker; its replacement owes the stream the chunks it owed."""
+        slot = self._slot(remote)
+        slot.lost += sum(isinstance(r, RolloutRequest) for r in void)
+        slot.steps_since_sync = slot.last_chunk_version = 0
+        slot.states = None
+
+    async def rejoined(self, remote: Remote) -> None:
+        """Send a resumed worker the newest version if it no longer holds it."""
+        versions = self.versions
+        held = remote.metrics.version
+        if versions is not None and versions.current and 0 <= held != versions.current:
+            await self._send_weights(remote)
+
+    # Versions and their synchronization.
+
+    async def publish(self, agent: Any, *, epsilon: float | None) -> int:
+        """:meth:`Learner.publish`, once the workers are admitted."""
+        pool = self._pool
+        versions = self.require_policy("publish")
+        version = versions.publish(agent, epsilon=epsilon)
+        for remote in pool.remotes:
+            if remote.metrics.version < 0 and remote.info.worker_id not in pool.dropped:
+                try:
+                    await self._send_weights(remote)
+                except WorkerLost as exc:
+                    pool.broken = exc
+                    raise
+        self._prune()
+        return version
+
+    async def _maybe_sync(self, remote: Remote) -> None:
+        versions = self.versions
+        if versions is None or versions.current == 0:
+            raise InvalidState("publish(agent) before the first rollout")
+        held = remote.metrics.version
+        if held == versions.current:
+            return
+        if held < 0:
+            await self._send_weights(remote)
+            return
+        slot = self._slot(remote)
+        measured: list[float] = []
+
+        def divergence() -> float:
+            if not measured:
+                states = slot.states
+                # No chunk yet: nothing to measure on, so treat the worker as far away.
+                value = math.inf if states is None else versions.divergence(held, states)
+                measured.append(value)
+                remote.metrics.divergences.append(value)
+            return measured[0]
+
+        context = SyncContext(
+            worker_id=remote.info.worker_id,
+            worker_version=held,
+            learner_version=versions.current,
+            steps_since_sync=slot.steps_since_sync,
+            seconds_since_sync=time.monotonic() - slot.synced_at,
+            measure_divergence=divergence,
+        )
+        if self.sync.should_sync(context):
+            await self._send_weights(remote)
+            self._prune()
+
+    async def _send_weights(self, remote: Remote) -> None:
+        versions = self.versions
+        assert versions is not None
+        version = versions.current
+        message = Weights(
+            version=version, arrays=versions.weights(version), epsilon=versions.epsilon
+        )
+        # Encoded once, when published, however many workers it goes to.
+        await self._pool.send(remote, message, versions.frame(version))
+        metrics = remote.metrics
+        metrics.version = version
+        metrics.syncs += 1
+        metrics.weight_bytes += versions.nbytes(version)
+        slot = self._slot(remote)
+        slot.steps_since_sync = 0
+        slot.synced_at = time.monotonic()
+
+    def _prune(self) -> None:
+        if self.versions is not None:
+            self.versions.prune({r.metrics.version for r in self._pool.remotes})
+
+    # Chunks.
+
+    def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
+        """Check a chunk against what this learner sent that worker, and account for it."""
+        info = remote.info
+        steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
+        expected = (steps, info.num_envs)
+        for name in ("reward", "terminated", "truncated", "logprob"):
+            shape = getattr(message, name).shape
+            if steps < 1 or shape != expected:
+                raise ProtocolError(
+                    f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
+                    f"expected (T, {info.num_envs}); the worker is not a compatible aps worker"
+                )
+        observation_space, _ = self._pool.require_workers()
+        obs_shape = observation_space.shape or ()
+        shapes = {
+            "obs": (message.obs.shape, expected + obs_shape),
+            "next_obs": (message.next_obs.shape, (info.num_envs, *obs_shape)),
+            "actions": (message.actions.shape[:2], expected),
+        }
+        if message.value is not None:
+            shapes["value"] = (message.value.shape, expected)
+        # One value per episode that ended: 1-d arrays of one length (-1 matches no shape).
+        ended = message.episode_return
+        episodes = (ended.shape[0] if ended.ndim == 1 else -1,)
+        shapes["episode_return"] = (message.episode_return.shape, episodes)
+        shapes["episode_length"] = (message.episode_length.shape, episodes)
+        shapes["episode_env"] = (message.episode_env.shape, episodes)
+        for name, (shape, wanted) in shapes.items():
+            if shape != wanted:
+                raise ProtocolError(
+                    f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
+                    f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
+                    "worker is not a compatible aps worker"
+                )
+        if np.any((message.episode_env < 0) | (message.episode_env >= info.num_envs)):
+            raise ProtocolError(
+                f"worker {info.worker_id} sent episodes of envs outside its "
+                f"{info.num_envs}; the worker is not a compatible aps worker"
+            )
+        cuts = int(np.count_nonzero(message.truncated))
+        last_obs = (cuts, *obs_shape)
+        if message.truncated_index.shape != (cuts, 2) or message.truncated_obs.shape != last_obs:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent truncated observations of shape "
+                f"{message.truncated_obs.shape} at indices of shape "
+                f"{message.truncated_index.shape} for {cuts} truncated steps, expected "
+                f"{last_obs} and {(cuts, 2)}; the worker is not a compatible aps worker"
+            )
+        if not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
+            raise ProtocolError(
+                f"worker {info.worker_id} sent truncated observations at (step, env) indices "
+                "that are not its truncated steps; the worker is not a compatible aps worker"
+            )
+        slot = self._slot(remote)
+        if not slot.last_chunk_version <= message.version <= remote.metrics.version:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent a chunk acted with version {message.version}, "
+                f"but it was sent versions up to {remote.metrics.version} and already used "
+                f"{slot.last_chunk_version}; refusing to attribute it"
+            )
+        slot.last_chunk_version = message.version
+        versions = self.versions
+        assert versions is not None
+        lag = versions.current - message.version
+        transitions = steps * info.num_envs
+        metrics = remote.metrics
+        metrics.chunks += 1
+        metrics.transitions += transitions
+        metrics.lag_sum += lag * transitions
+        metrics.lag_max = max(metrics.lag_max, lag)
+        slot.steps_since_sync += transitions
+        slot.states = sample_states(message.obs, versions.max_states)
+        return Chunk(
+            worker_id=info.worker_id,
+            env_offset=info.env_offset,
+            version=message.version,
+            lag=lag,
+            obs=message.obs,
+            actions=message.actions,
+            logprob=message.logprob,
+            value=message.value,
+            reward=message.reward,
+            terminated=message.terminated,
+            truncated=message.truncated,
+            next_obs=message.next_obs,
+            episode_return=message.episode_return,
+            episode_length=message.episode_length,
+            episode_env=message.episode_env + info.env_offset,
+            truncated_obs=message.truncated_obs,
+            truncated_index=message.truncated_index + np.array([0, info.env_offset]),
+        )
+
+    async def rollout(self, num_steps: int) -> Rollout:
+        """:meth:`Learner.rollout`, once the workers are admitted."""
+        pool = self._pool
+        await self.end_stream()
+        self.require_policy("rollout")
+        if not pool.was_reset:
+            raise InvalidState("call reset() before rollout()")
+        requests = [RolloutRequest(num_steps=num_steps)] * len(pool.remotes)
+        answers = await pool.exchange(requests, "rollout", redo=self._redo, before=self._before)
+        results = [expect(a, RolloutChunk) for a in answers]
+        try:
+            chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
+        except ProtocolError as exc:
+            pool.broken = exc
+            raise
+        return Rollout.from_chunks(chunks)
+
+    async def _before(self, remote: Remote) -> None:
+        await self._prepare(remote, "rollout")
+        await self._maybe_sync(remote)
+
+    async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
+        """A rollout asked of a worker that was replaced: reset the new one's envs, ask again."""
+        reset = ResetRequest(seed=None, options=None)
+        answer = await self._pool.call_until_answered(remote, reset, operation)
+        if isinstance(answer, ErrorReport):
+            return answer
+        remote.envs_reset()
+        await self._maybe_sync(remote)
+        chunk = await self._pool.call(remote, request, operation)
+        return chunk if chunk is not None else await self._redo(remote, request, operation)
+
+    def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
+        """:meth:`Learner.chunks`."""
+        if not isinstance(max_in_flight, int) or not 1 <= max_in_flight <= MAX_IN_FLIGHT:
+            raise ConfigError(f"max_in_flight must be in 1..{MAX_IN_FLIGHT}, got {max_in_flight!r}")
+        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+            raise ConfigError(f"num_steps must be an int >= 1, got {num_steps!r}")
+        previous, self._stream = self._stream, self._chunk_stream(num_steps, max_in_flight)
+        self._previous_stream = previous
+        return self._stream
+
+    async def end_stream(self) -> None:
+        """End an abandoned chunk stream (a new operation is about to use the workers)."""
+        if self._stream is not None:
+            await self._stream.aclose()
+
+    async def _chunk_stream(
+        self, num_steps: int, max_in_flight: int
+    ) -> AsyncGenerator[Chunk, None]:
+        pool = self._pool
+        previous, self._previous_stream = self._previous_stream, None
+        if previous is not None:
+            await previous.aclose()
+        await pool.wait_for_workers()
+        self.require_policy("chunks")
+        if not pool.was_reset:
+            raise InvalidState("call reset() before chunks()")
+        if pool.broken is not None:
+            raise InvalidState(f"this learner can no longer stream: {pool.broken}; start a new one")
+        if pool.busy:
+            raise InvalidState("chunks() called while another reset/step/rollout is running")
+        pool.busy = True
+        this = self._stream
+        inbox: _Inbox = asyncio.Queue()
+        pumps: list[asyncio.Task[None]] = []
+        active = pool.active()
+        try:
+            for remote in active:
+                self._slot(remote).lost = 0
+                await self._prepare(remote, "chunks")
+                for _ in range(max_in_flight):
+                    await self._request_chunk(remote, num_steps)
+            pumps = [
+                asyncio.create_task(
+                    self._chunk_pump(remote, inbox, num_steps),
+                    name=f"aps chunks {remote.info.worker_id}",
+                )
+                for remote in active
+            ]
+            while True:
+                remote, message = await inbox.get()
+                if isinstance(message, WorkerLost) and pool.on_worker_lost == "drop":
+                    await self._drop(remote, message)
+                    active.remove(remote)
+                    if active:
+                        continue
+                if isinstance(message, BaseException):
+                    raise message
+                if isinstance(message, ErrorReport):
+                    raise pool.worker_error(remote, message)
+                chunk = self._accept_chunk(remote, expect(message, RolloutChunk))
+                yield chunk
+                await self._request_chunk(remote, num_steps)
+        except (WorkerLost, Timeout, ProtocolError) as exc:
+            pool.broken = exc
+            raise
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            if pumps:
+                await asyncio.wait(pumps)
+            await self._drain(inbox, active)
+            pool.busy = False
+            if self._stream is this:
+                self._stream = None
+
+    async def _prepare(self, remote: Remote, operation: str) -> None:
+        """Reset a replacement's envs before it acts on its own."""
+        if remote.needs_reset:
+            slot = self._slot(remote)
+            slot.preparing = True
+            try:
+                reset = ResetRequest(seed=None, options=None)
+                answer = await self._pool.call_until_answered(remote, reset, operation)
+            finally:
+                slot.preparing = False
+            if isinstance(answer, ErrorReport):
+                raise self._pool.worker_error(remote, answer)
+            remote.envs_reset()
+
+    async def _request_chunk(self, remote: Remote, num_steps: int) -> None:
+        slot = self._slot(remote)
+        if slot.preparing:
+            # A reset is outstanding (lockstep on the wire): ask once it is answered.
+            slot.lost += 1
+            return
+        await self._maybe_sync(remote)
+        await self._pool.send_request(remote, RolloutRequest(num_steps=num_steps))
+
+    async def _chunk_pump(self, remote: Remote, inbox: _Inbox, num_steps: int) -> None:
+        """Move one worker's chunks into a shared inbox until cancelled.
+
+        A replacement worker is reset and asked for as many chunks as its predecessor owed.
+        A failure ends the pump and goes into the inbox too, for the consumer to raise.
+        """
+        operation = "chunks"
+        slot = self._slot(remote)
+        while True:
+            try:
+                answer = await self._pool.answer_from(remote, operation)
+                if answer is None:
+                    await self._prepare(remote, operation)
+                    owed, slot.lost = slot.lost, 0
+                    for _ in range(owed):
+                        await self._request_chunk(remote, num_steps)
+                    continue
+            except ApsError as exc:
+                inbox.put_nowait((remote, exc))
+                return
+            inbox.put_nowait((remote, answer))
+
+    async def _drop(self, remote: Remote, lost: WorkerLost) -> None:
+        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
+        self._pool.drop(remote)
+        log.warning("%s; dropped it, going on with the other workers", lost)
+        await remote.session.aclose("the learner dropped this worker")
+
+    async def _drain(self, inbox: _Inbox, remotes: Sequence[Remote]) -> None:
+        """Receive the answers still owed after a stream ends, so lockstep can resume."""
+        pool = self._pool
+        while not inbox.empty():
+            remote, message = inbox.get_nowait()
+            if isinstance(message, RolloutChunk):
+                remote.metrics.dropped_chunks += 1
+        if pool.broken is not None:
+            return
+        try:
+            async with asyncio.timeout(pool.timeouts.step + pool.reconnect_timeout):
+                for remote in remotes:
+                    while remote.unanswered:
+                        late = await pool.answer_from(remote, "the end of the chunk stream")
+                        if late is None:
+                            break  # a replacement owes nothing; it is reset before its use
+                        if isinstance(late, RolloutChunk):
+                            remote.metrics.dropped_chunks += 1
+        except (TimeoutError, ApsError) as exc:
+            pool.broken = InvalidState(f"the chunk stream did not end cleanly ({exc!r})")
+
+    async def aclose(self) -> None:
+        """End the chunk stream, if one is open."""
+        if self._stream is not None:
+            with contextlib.suppress(ApsError):
+                await self._stream.aclose()

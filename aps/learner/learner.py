@@ -1,0 +1,466 @@
+"""The :class:`Learner`: one public face over the worker pool and its three modes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from aps._typing import Array, Info
+from aps.collect import Chunk, Metrics, Rollout
+from aps.errors import ConfigError, InvalidState
+from aps.learner.detach import Detach
+from aps.learner.lockstep import Lockstep, StepReturn
+from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
+from aps.learner.rounds import GradientRounds
+from aps.messages import GradientReport
+from aps.session import Timeouts
+from aps.sync import AlwaysSync, SyncStrategy
+from aps.transports.base import Listener, TransportFactory
+
+__all__ = ["Learner"]
+
+
+class Learner:
+    """Admits workers and steps their envs as one batch; an async context manager.
+
+    Args:
+        listen: the URL to bind (``"tcp://127.0.0.1:0"``, ``"ws://0.0.0.0:7000"``,
+            ``"memory://"``) or a bound :class:`~aps.transports.Listener`.
+        num_workers: how many workers to wait for.
+        token: a shared secret workers must prove they know (HMAC challenge; the token never
+            crosses the wire). Required when listening on a non-loopback address.
+        autoreset_mode: Gymnasium's autoreset mode, applied on the workers.
+        timeouts: the deadlines, see :class:`~aps.session.Timeouts`.
+        insecure: allow a non-loopback address without a token.
+        factory: the transport factory to listen with, instead of the URL scheme's; this is
+            where TLS and a frame size limit other than 256 MiB are set, e.g.
+            ``TCPFactory(ssl_context=..., max_frame_size=...)``.
+        policy: import path of the policy workers act with (``"pkg.module:make_agent"`` or
+            ``"path/to/script.py:Agent"``, called with the single observation and action
+            spaces); enables :meth:`publish`, :meth:`rollout` and :meth:`chunks`.
+        sync: when a worker gets a newly published version (:mod:`aps.sync`); default
+            :class:`~aps.sync.AlwaysSync`.
+        launcher: an :class:`aps.launch.Launcher` (``aps.launch.local/ray/slurm(...)``) that
+            starts the workers: the learner starts it once bound (handing it the URL, the
+            token and the policy), watches it while waiting for the workers (a launch that
+            fails ends the wait at once), and stops it when it closes or when the workers do
+            not all arrive in time.
+        on_worker_lost: what a lost worker does to the call that notices it. ``"raise"``
+            (default): :class:`~aps.errors.WorkerLost`, and the learner is unusable.
+            ``"wait"``: wait up to ``reconnect_timeout`` seconds for the worker to resume its
+            session (the call then completes as if nothing happened) or for a new worker with
+            the same number of envs to take its slots (a :meth:`step` then reports those envs
+            ``truncated`` with ``info["worker_restarted"]``). While every slot is taken, new
+            workers are kept as spares for this. ``"drop"``: chunk streams and gradient
+            rounds go on with the other workers; lockstep calls raise.
+        reconnect_timeout: seconds ``"wait"`` waits for a resume or a replacement.
+
+    Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
+    for the workers (or call :meth:`wait_for_workers`).
+
+    Example:
+        >>> async def main():  # doctest: +SKIP
+        ...     async with Learner("tcp://127.0.0.1:0", num_workers=2) as learner:
+        ...         print(learner.url)  # start the workers against this URL
+        ...         obs, info = await learner.reset(seed=0)
+        ...         obs, rew, term, trunc, info = await learner.step(learner.action_space.sample())
+    """
+
+    def __init__(
+        self,
+        listen: str | Listener = "tcp://127.0.0.1:0",
+        *,
+        num_workers: int,
+        token: str | bytes | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        timeouts: Timeouts | None = None,
+        insecure: bool = False,
+        factory: TransportFactory | None = None,
+        policy: str | None = None,
+        sync: SyncStrategy | None = None,
+        launcher: Launcher | None = None,
+        on_worker_lost: OnWorkerLost = "raise",
+        reconnect_timeout: float = 60.0,
+    ) -> None:
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if on_worker_lost not in ("raise", "wait", "drop"):
+            raise ConfigError(
+                f"on_worker_lost must be 'raise', 'wait' or 'drop', got {on_worker_lost!r}"
+            )
+        if (
+            not isinstance(reconnect_timeout, int | float)
+            or isinstance(reconnect_timeout, bool)
+            or not reconnect_timeout > 0
+        ):
+            raise ConfigError(
+                f"reconnect_timeout must be a positive number of seconds, got {reconnect_timeout!r}"
+            )
+        try:
+            mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in AutoresetMode)
+            raise ConfigError(
+                f"autoreset_mode must be one of {choices}, got {autoreset_mode!r}"
+            ) from None
+        if mode is AutoresetMode.DISABLED:
+            raise ConfigError(
+                "autoreset_mode 'Disabled' is not supported; use 'NextStep' or 'SameStep'"
+            )
+        if policy is not None and (not isinstance(policy, str) or ":" not in policy):
+            raise ConfigError(
+                f"policy must be an import path 'package.module:factory' or "
+                f"'path/to/file.py:factory', got {policy!r}"
+            )
+        sync = AlwaysSync() if sync is None else sync
+        if not isinstance(sync, SyncStrategy):
+            raise ConfigError(
+                f"sync must have a should_sync(ctx) method (see aps.sync), got {sync!r}"
+            )
+        self.num_workers = num_workers
+        self.autoreset_mode = mode
+        self.policy = policy
+        self.sync = sync
+        self.launcher = launcher
+        self.on_worker_lost: OnWorkerLost = on_worker_lost
+        self.reconnect_timeout = float(reconnect_timeout)
+        self._pool = WorkerPool(
+            listen,
+            num_workers=num_workers,
+            token=token.encode() if isinstance(token, str) else token,
+            autoreset_mode=mode,
+            timeouts=timeouts or Timeouts(),
+            insecure=insecure,
+            factory=factory,
+            policy=policy,
+            launcher=launcher,
+            on_worker_lost=on_worker_lost,
+            reconnect_timeout=self.reconnect_timeout,
+        )
+        self._lockstep = Lockstep(self._pool)
+        self._detach = Detach(self._pool, policy, sync)
+        self._rounds = GradientRounds(self._pool)
+        self._pool.hooks += [self._detach, self._rounds]
+
+    # Lifecycle.
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Bind the address and start admitting workers; idempotent.
+
+        Raises:
+            ConfigError: a non-loopback address without a token (and not ``insecure``), or a
+                malformed URL.
+            ConnectError: the address cannot be bound.
+            LaunchError | MissingDependency: the launcher could not start the workers (the
+                learner is closed again).
+        """
+        await self._pool.start()
+
+    @property
+    def url(self) -> str:
+        """The bound address, with port 0 resolved; workers dial it."""
+        return self._pool.url
+
+    async def aclose(self) -> None:
+        """Say goodbye to every worker and stop listening; idempotent."""
+        if self._pool.closed:
+            return
+        await self._detach.aclose()
+        await self._rounds.stop()
+        await self._lockstep.cancel()
+        await self._pool.aclose()
+
+    async def wait_for_workers(self, timeout: float | None = None) -> None:
+        """Wait until all ``num_workers`` workers are admitted.
+
+        Args:
+            timeout: seconds to wait; default ``timeouts.connect``.
+
+        With a launcher, the wait also watches it: workers that die before they connect end
+        the wait at once, and on any failure the launcher is stopped (its job cancelled).
+
+        Raises:
+            Timeout: not all workers arrived in time; the message says how many did, why any
+                were refused, and what the launcher reports (a Slurm job's state).
+            WorkerLost | LaunchError: the launcher's workers died before they all connected.
+        """
+        await self._pool.wait_for_workers(timeout)
+
+    # The batch.
+
+    @property
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        """The admitted workers in env order."""
+        return tuple(r.info for r in self._pool.remotes)
+
+    @property
+    def restarts(self) -> int:
+        """Workers that replaced lost ones."""
+        return self._pool.restarts
+
+    @property
+    def num_envs(self) -> int:
+        """Total envs over all workers (known once the workers are admitted)."""
+        self._pool.require_workers()
+        return sum(self._pool.counts)
+
+    @property
+    def single_observation_space(self) -> gym.Space[Any]:
+        """The observation space of one env, as the workers reported it."""
+        return self._pool.require_workers()[0]
+
+    @property
+    def single_action_space(self) -> gym.Space[Any]:
+        """The action space of one env, as the workers reported it."""
+        return self._pool.require_workers()[1]
+
+    @property
+    def observation_space(self) -> gym.Space[Any]:
+        """The batched observation space over all envs."""
+        return batch_space(self.single_observation_space, self.num_envs)
+
+    @property
+    def action_space(self) -> gym.Space[Any]:
+        """The batched action space over all envs."""
+        return batch_space(self.single_action_space, self.num_envs)
+
+    # Lockstep: the learner chooses every action.
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, Info]:
+        """Reset every env; waits for the workers first if needed.
+
+        Args:
+            seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do.
+                ``None`` lets each worker use its own seed on its first reset.
+            options: passed to every env's ``reset``.
+
+        Returns:
+            ``(observations, infos)`` batched over all envs.
+
+        Raises:
+            WorkerError: an env raised on a worker.
+            WorkerLost: a worker disconnected; this learner can no longer step.
+            Timeout: a worker took longer than ``timeouts.step``.
+        """
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        await self._pool.wait_for_workers()
+        await self._detach.end_stream()
+        return await self._lockstep.reset(seed=seed, options=options)
+
+    async def step(self, actions: Any) -> StepReturn:
+        """Step every env with its action.
+
+        Args:
+            actions: one batched action for all envs, shaped like :attr:`action_space`.
+
+        Returns:
+            ``(observations, rewards, terminations, truncations, infos)``, as a Gymnasium
+            vector env returns them (autoreset as :attr:`autoreset_mode` says). Envs whose
+            worker was replaced during the step (``on_worker_lost="wait"``) end their episode
+            there: ``truncated``, reward 0, ``info["worker_restarted"]``, and the observation
+            is the replacement's reset observation; under ``NextStep`` their next step is the
+            reset step.
+
+        Raises:
+            ConfigError: ``actions`` has the wrong shape or dtype (nothing was sent).
+            InvalidState: called before :meth:`reset`, or concurrently.
+            WorkerError: an env raised on a worker.
+            WorkerLost: a worker was lost (and did not come back in time under ``"wait"``);
+                this learner can no longer step.
+            Timeout: a worker took longer than ``timeouts.step``.
+        """
+        await self._detach.end_stream()
+        return await self._lockstep.step(actions)
+
+    async def send(self, actions: Any, worker_ids: Sequence[int] | None = None) -> None:
+        """Step the envs of some workers without waiting for them; :meth:`recv` takes results.
+
+        With this and :meth:`recv` a learner overlaps its own work (inference, updates) with
+        the workers' stepping, and never waits for the slowest worker: send to the workers
+        :meth:`recv` returned, while the others are still stepping.
+
+        Args:
+            actions: a batch of actions for the envs of ``worker_ids``, in that order
+                (``sum`` of their ``num_envs`` rows).
+            worker_ids: the workers to step (default: every worker); none may have a step
+                sent and not yet received.
+
+        Raises:
+            ConfigError: an unknown or repeated worker id, or actions of the wrong shape
+                (nothing was sent).
+            InvalidState: called before :meth:`reset`, for a worker whose last step is not
+                received yet, or while another kind of operation runs.
+        """
+        await self._detach.end_stream()
+        await self._lockstep.send(actions, worker_ids)
+
+    async def recv(self, min_workers: int = 1) -> StepReturn:
+        """Wait until ``min_workers`` of the workers sent to have answered; return their envs.
+
+        Returns every worker that has answered by then (at least ``min_workers``), in env
+        order, batched like :meth:`step`; ``info["env_id"]`` holds each row's global env
+        index (as EnvPool does) and ``info["worker_id"]`` the id of the worker that stepped
+        it, so ``np.unique(info["worker_id"])`` are the workers to :meth:`send` to next.
+
+        Raises:
+            ConfigError: ``min_workers`` is not between 1 and the workers awaited.
+            InvalidState: nothing was sent, another ``recv()`` is waiting, or the steps it
+                waits for were cancelled meanwhile (by :meth:`aclose`, or a :meth:`send`
+                that lost a worker).
+            WorkerError | WorkerLost | Timeout: as :meth:`step`.
+        """
+        return await self._lockstep.recv(min_workers)
+
+    # DETACH: workers act with their own policy copy.
+
+    @property
+    def version(self) -> int:
+        """The newest published policy version (0 before the first :meth:`publish`)."""
+        return self._detach.version
+
+    @property
+    def metrics(self) -> Metrics:
+        """Syncs, weight bytes, divergences and policy lag, per worker and in total.
+
+        Workers that were replaced keep their entries, before the current ones.
+        """
+        pool = self._pool
+        workers = (*pool.former, *(r.metrics for r in pool.remotes))
+        return Metrics(version=self.version, workers=tuple(w.snapshot() for w in workers))
+
+    async def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
+        """Make ``agent``'s current weights a new policy version.
+
+        Workers that hold no version yet get it at once; for the others the sync strategy
+        decides, before each of their next rollouts, whether it travels.
+
+        Args:
+            agent: the ``nn.Module`` being trained (a CleanRL-style agent; see
+                :mod:`aps.policy`) or an :class:`aps.policy.Policy`.
+            epsilon: exploration rate for epsilon-greedy Q-policies (``None``: unchanged).
+
+        Returns:
+            The new version number (1, 2, ...).
+
+        Raises:
+            InvalidState: the learner has no ``policy``.
+            ConfigError: the agent is not a policy aps can run.
+            WorkerLost: a worker disconnected while receiving its first version.
+        """
+        await self._pool.wait_for_workers()
+        return await self._detach.publish(agent, epsilon=epsilon)
+
+    async def rollout(self, num_steps: int) -> Rollout:
+        """Have every worker act ``num_steps`` times with its policy copy; gather the batch.
+
+        Before asking a worker, the sync strategy decides whether it gets the newest version.
+        All workers act at once; the result is ``[num_steps, num_envs]`` in env order.
+
+        Raises:
+            InvalidState: no policy, nothing published, no reset yet, or another call running.
+            WorkerError: an env or the policy raised on a worker.
+            WorkerLost | Timeout | ProtocolError: a worker failed; the learner is unusable.
+        """
+        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+            raise ConfigError(f"num_steps must be an int >= 1, got {num_steps!r}")
+        await self._pool.wait_for_workers()
+        return await self._detach.rollout(num_steps)
+
+    def chunks(self, num_steps: int, *, max_in_flight: int = 2) -> AsyncGenerator[Chunk, None]:
+        """Stream chunks of ``num_steps`` steps from every worker, as they arrive.
+
+        Each worker keeps acting without waiting for the others: it has up to
+        ``max_in_flight`` requests outstanding, and a new one is sent when the caller takes
+        one of its chunks (so a slow consumer bounds the memory on both sides, and a chunk
+        is at most ``max_in_flight`` chunks older than the consumer). The sync strategy runs
+        before each request. Publish from inside the loop to train off-policy.
+
+        Leaving the loop (break, an error, or the next reset/step/rollout) stops the
+        stream; chunks still in flight are received and dropped (counted in
+        :attr:`metrics` as ``dropped_chunks``).
+
+        Raises:
+            InvalidState: no policy, nothing published, no reset yet, or another call running.
+            WorkerError: an env or the policy raised on a worker.
+            WorkerLost | Timeout | ProtocolError: a worker failed; the learner is unusable.
+        """
+        return self._detach.chunks(num_steps, max_in_flight)
+
+    # Gradient rounds (Rennala / Malenia NIGT); aps.pg.NIGT drives these.
+
+    @property
+    def gradient_workers(self) -> tuple[WorkerInfo, ...]:
+        """The workers taking part in gradient rounds (all, minus those dropped)."""
+        return self._rounds.workers
+
+    async def start_round(
+        self, round_id: int, arrays: dict[str, Array], *, horizon: int, gamma: float
+    ) -> int:
+        """Broadcast a gradient round: every worker samples at ``arrays`` from now on.
+
+        The first call enters gradient mode (reports start flowing, see :meth:`next_report`);
+        later calls replace the round. Reports of earlier rounds may still arrive: they carry
+        their round id.
+
+        Returns:
+            The bytes put on the wire (the encoded round, once per worker).
+
+        Raises:
+            InvalidState: no policy, or another operation is running.
+            WorkerLost: a worker disconnected (see :meth:`drop_worker`).
+        """
+        await self._pool.wait_for_workers()
+        if self.policy is None:
+            raise InvalidState(
+                "start_round() needs workers that act: create the learner with "
+                "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
+            )
+        if not self._rounds.active:
+            await self._detach.end_stream()
+        return await self._rounds.start_round(round_id, arrays, horizon=horizon, gamma=gamma)
+
+    async def next_report(self) -> tuple[int, GradientReport]:
+        """Wait for the next gradient report from any worker: ``(worker_id, report)``.
+
+        Raises:
+            InvalidState: not in gradient mode.
+            WorkerError: sampling or differentiating raised on a worker.
+            WorkerLost: a worker disconnected; :meth:`drop_worker` it to go on without it
+                (under ``on_worker_lost="drop"`` it is dropped already; under ``"wait"`` this
+                announces a replacement, whose reports count from the next round).
+            Timeout: no report for ``timeouts.step`` seconds.
+        """
+        return await self._rounds.next_report()
+
+    def drop_worker(self, worker_id: int) -> None:
+        """Leave a lost worker out of the rest of gradient mode.
+
+        The learner's env batch no longer matches its workers afterwards, so lockstep calls
+        (reset, step, rollout) refuse from then on. Dropping a worker that was dropped or
+        replaced already does nothing.
+        """
+        self._rounds.drop_worker(worker_id)
+
+    async def stop_gradients(self) -> None:
+        """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
+        await self._rounds.stop()

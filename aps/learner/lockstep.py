@@ -1,0 +1,317 @@
+"""Lockstep stepping: the learner chooses every action, and envs step as one batch.
+
+:class:`Lockstep` implements :meth:`Learner.reset`, :meth:`Learner.step` and the partial
+batches of :meth:`Learner.send` / :meth:`Learner.recv` (EnvPool's asynchronous API) over the
+pool's request/answer service: one message per worker per step, stitched with array
+operations. A worker replaced during a step ends its envs' episodes there (``truncated``,
+``info["worker_restarted"]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from aps._typing import Array, Info
+from aps.batching import check_batch, concat, merge_infos, split
+from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
+from aps.learner.pool import Remote, WorkerPool, expect
+from aps.messages import (
+    ErrorReport,
+    Message,
+    Request,
+    ResetRequest,
+    ResetResult,
+    StepRequest,
+    StepResult,
+)
+
+__all__ = ["Lockstep", "StepReturn"]
+
+StepReturn = tuple[Any, Array, Array, Array, Info]
+"""``(observations, rewards, terminations, truncations, infos)``, batched over all envs."""
+
+_FRESH_RESET = ResetRequest(seed=None, options=None)
+"""What a replacement's envs get before they step (each worker seeds them its own way)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_ids(env_offset: int, num_envs: int, worker_id: int) -> tuple[Array, Array]:
+    """A worker's rows in :meth:`Lockstep.recv`: global env ids, and its id on each row."""
+    rows = np.arange(env_offset, env_offset + num_envs), np.full(num_envs, worker_id, np.int64)
+    for array in rows:
+        array.flags.writeable = False  # shared by every recv(), which hands out copies
+    return rows
+
+
+class Lockstep:
+    """Reset and step every worker's envs as one batch; see the :class:`Learner` methods."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+        self._partial: dict[Remote, asyncio.Task[Message]] = {}  # send() -> recv()
+        self._answered: asyncio.Future[None] | None = None  # recv() waits; an answer wakes it
+
+    async def reset(self, *, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, Info]:
+        """:meth:`Learner.reset`, once the workers are admitted."""
+        pool = self._pool
+        self._check("reset")
+        requests = [
+            ResetRequest(seed=None if seed is None else seed + offset, options=options)
+            for offset in pool.offsets
+        ]
+        answers = await pool.exchange(requests, "reset", redo=self._redo)
+        results = [expect(a, ResetResult) for a in answers]
+        for remote in pool.remotes:
+            remote.envs_reset()
+        observation_space, _ = pool.require_workers()
+        obs = concat(observation_space, [r.obs for r in results], pool.counts)
+        info = merge_infos(
+            list(zip(pool.offsets, (r.info for r in results), strict=True)), sum(pool.counts)
+        )
+        pool.was_reset = True
+        return obs, info
+
+    async def step(self, actions: Any) -> StepReturn:
+        """:meth:`Learner.step`."""
+        pool = self._pool
+        if not pool.was_reset:
+            raise InvalidState("call reset() before step()")
+        self._check("step")
+        requests = self._step_requests(pool.remotes, actions, pool.counts)
+        answers = await pool.exchange(requests, "step", redo=self._redo)
+        return self._step_results(pool.remotes, answers)
+
+    def _check(self, operation: str) -> None:
+        if self._partial:
+            self._pool.check(operation, running="sent steps are not all received; recv() first")
+        else:
+            self._pool.check(operation)
+
+    async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
+        """The answer to ``request`` from a replacement of the worker it was sent to.
+
+        A reset is sent again as it was; for a step, the replacement's envs are reset and
+        that reset is the answer (see :meth:`_restarted_step`).
+        """
+        if not isinstance(request, ResetRequest):
+            request = _FRESH_RESET
+        return await self._pool.call_until_answered(remote, request, operation)
+
+    def _step_requests(
+        self, remotes: Sequence[Remote], actions: Any, counts: Sequence[int]
+    ) -> list[Request]:
+        _, space = self._pool.require_workers()
+        batch = check_batch(space, actions, sum(counts))
+        # A replacement's envs are reset instead of stepped (see _restarted_step).
+        return [
+            _FRESH_RESET if remote.needs_reset or remote.reset_next else StepRequest(actions=part)
+            for remote, part in zip(remotes, split(space, batch, counts), strict=True)
+        ]
+
+    def _step_results(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
+        """Stitch the step answers of ``remotes`` (in env order) into one batch.
+
+        Raises:
+            ProtocolError: an answer is not a step of exactly its worker's envs; this
+                learner can no longer step then.
+        """
+        try:
+            return self._stitch(remotes, answers)
+        except ProtocolError as exc:
+            self._pool.broken = exc
+            raise
+
+    def _stitch(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
+        obs: list[Any] = []
+        reward: list[Array] = []
+        terminated: list[Array] = []
+        truncated: list[Array] = []
+        infos: list[tuple[int, Info]] = []
+        counts: list[int] = []
+        offset = 0
+        for remote, answer in zip(remotes, answers, strict=True):
+            if type(answer) is not StepResult:
+                answer = (
+                    self._restarted_step(remote, answer)
+                    if isinstance(answer, ResetResult)
+                    else expect(answer, StepResult)
+                )
+            count = remote.info.num_envs
+            for name, array, kinds in (
+                ("reward", answer.reward, "fiu"),
+                ("terminated", answer.terminated, "b"),
+                ("truncated", answer.truncated, "b"),
+            ):
+                if array.shape != (count,) or array.dtype.kind not in kinds:
+                    raise ProtocolError(
+                        f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
+                        f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
+                        f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
+                        "a compatible aps worker"
+                    )
+            obs.append(answer.obs)
+            reward.append(answer.reward)
+            terminated.append(answer.terminated)
+            truncated.append(answer.truncated)
+            infos.append((offset, answer.info))
+            counts.append(count)
+            offset += count
+        observation_space, _ = self._pool.require_workers()
+        # Concatenating copies even a single worker's batch: users get writable arrays.
+        return (
+            concat(observation_space, obs, counts),
+            np.concatenate(reward),
+            np.concatenate(terminated),
+            np.concatenate(truncated),
+            merge_infos(infos, offset),
+        )
+
+    def _restarted_step(self, remote: Remote, reset: ResetResult) -> StepResult:
+        """Turn the reset of a replacement worker's envs into their step result.
+
+        The first one ends the lost worker's episodes (truncated, flagged); under ``NextStep``
+        a second reset on the next step plays the part of the autoreset step.
+        """
+        n = remote.info.num_envs
+        restarted = remote.needs_reset
+        remote.needs_reset = False
+        remote.reset_next = restarted and self._pool.autoreset_mode is AutoresetMode.NEXT_STEP
+        info = dict(reset.info)
+        if restarted:
+            info["worker_restarted"] = np.ones(n, dtype=np.bool_)
+            info["_worker_restarted"] = np.ones(n, dtype=np.bool_)
+        return StepResult(
+            obs=reset.obs,
+            reward=np.zeros(n, dtype=np.float64),
+            terminated=np.zeros(n, dtype=np.bool_),
+            truncated=np.full(n, restarted, dtype=np.bool_),
+            info=info,
+        )
+
+    # Partial batches (EnvPool's asynchronous API): send to some workers, take who is ready.
+
+    async def send(self, actions: Any, worker_ids: Sequence[int] | None) -> None:
+        """:meth:`Learner.send`."""
+        pool = self._pool
+        if not pool.was_reset:
+            raise InvalidState("call reset() before send()")
+        if not self._partial:
+            pool.check("send")
+        remotes = self._select(worker_ids)
+        requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
+        pool.busy = True
+        for remote, request in zip(remotes, requests, strict=True):
+            # Registered first: a send that fails below is still answered (or raised) in recv.
+            task = asyncio.create_task(
+                self._partial_answer(remote, request), name=f"aps step {remote.info.worker_id}"
+            )
+            task.add_done_callback(self._wake_recv)
+            self._partial[remote] = task
+            try:
+                await pool.send_request(remote, request)
+            except WorkerLost as exc:
+                pool.broken = exc
+                await self.cancel()
+                raise
+
+    def _select(self, worker_ids: Sequence[int] | None) -> list[Remote]:
+        by_id = {r.info.worker_id: r for r in self._pool.remotes}
+        ids = list(by_id) if worker_ids is None else list(worker_ids)
+        if len(set(ids)) != len(ids) or not ids:
+            raise ConfigError(f"worker_ids must be distinct and not empty, got {worker_ids!r}")
+        for worker_id in ids:
+            remote = by_id.get(worker_id)
+            if remote is None:
+                raise ConfigError(
+                    f"no worker {worker_id!r}; the workers are {sorted(by_id)} (see .workers)"
+                )
+            if remote in self._partial:
+                raise InvalidState(
+                    f"worker {worker_id} still has a step sent and not received; recv() first"
+                )
+        return [by_id[i] for i in ids]
+
+    def _wake_recv(self, task: asyncio.Task[Message]) -> None:
+        waiter = self._answered
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _partial_answer(self, remote: Remote, request: Request) -> Message:
+        answer = await self._pool.answer_from(remote, "step")
+        if answer is None:
+            answer = await self._redo(remote, request, "step")
+        return answer
+
+    async def recv(self, min_workers: int) -> StepReturn:
+        """:meth:`Learner.recv`."""
+        pool = self._pool
+        waiting = self._partial
+        if not waiting:
+            raise InvalidState("send() before recv()")
+        if self._answered is not None:
+            raise InvalidState("recv() is already waiting in another task; recv from one task")
+        if not isinstance(min_workers, int) or not 1 <= min_workers <= len(waiting):
+            raise ConfigError(
+                f"min_workers must be in 1..{len(waiting)} (the workers sent to), "
+                f"got {min_workers!r}"
+            )
+        while sum(task.done() for task in waiting.values()) < min_workers:
+            if len(waiting) < min_workers:  # cancelled meanwhile, by aclose() or a failed send()
+                raise InvalidState(
+                    "the steps recv() waited for were cancelled: "
+                    f"{pool.broken or 'the learner closed'}"
+                )
+            # One future, woken by each answer, instead of asyncio.wait's callbacks on every
+            # pending task per call: recv() runs once per answer with min_workers=1.
+            self._answered = waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._answered = None
+        ready = [r for r in pool.remotes if r in waiting and waiting[r].done()]
+        answers: list[Message] = []
+        failure: BaseException | None = None
+        for remote in ready:
+            task = waiting.pop(remote)
+            error = task.exception() if not task.cancelled() else InvalidState("cancelled")
+            if error is not None:
+                failure = failure or error
+            elif isinstance(answer := task.result(), ErrorReport):
+                failure = failure or pool.worker_error(remote, answer)
+            else:
+                answers.append(answer)
+        if isinstance(failure, WorkerLost | Timeout | ProtocolError):
+            pool.broken = failure
+            await self.cancel()
+        if not waiting:
+            pool.busy = False
+        if failure is not None:
+            raise failure
+        try:
+            result = self._step_results(ready, answers)
+        except ProtocolError:
+            await self.cancel()  # the learner is broken: no step is awaited any more
+            raise
+        rows = [_row_ids(r.info.env_offset, r.info.num_envs, r.info.worker_id) for r in ready]
+        env_ids = np.concatenate([env for env, _ in rows])  # copies: the cache stays intact
+        info = result[4]
+        info["env_id"], info["_env_id"] = env_ids, np.ones(len(env_ids), dtype=np.bool_)
+        info["worker_id"] = np.concatenate([worker for _, worker in rows])
+        info["_worker_id"] = np.ones(len(env_ids), dtype=np.bool_)
+        return result
+
+    async def cancel(self) -> None:
+        """Cancel the steps sent and not received; the pool is free again."""
+        tasks = list(self._partial.values())
+        self._partial.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+            self._pool.busy = False

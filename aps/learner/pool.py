@@ -1,0 +1,933 @@
+"""The worker pool: admission, sessions, recovery, and one request/answer service for the modes.
+
+:class:`WorkerPool` owns everything about the workers as connections: it listens, admits
+workers (handshake, token proof, spaces that agree), keeps spares, lets a worker whose
+connection dropped resume its session and a spare take over a lost worker's env slots, and
+applies ``on_worker_lost``. Each admitted worker's env slots are a :class:`Remote`.
+
+The modes (:mod:`~aps.learner.lockstep`, :mod:`~aps.learner.detach`,
+:mod:`~aps.learner.rounds`) talk to workers only through the pool's numbered request/answer
+service (:meth:`WorkerPool.send_request`, :meth:`WorkerPool.answer_from`,
+:meth:`WorkerPool.exchange`): requests carry sequence numbers, a resumed worker gets again
+what it did not answer, and answers arrive exactly once. When a connection takes over a slot,
+the pool asks each mode's :class:`SlotHooks` what that worker needs first (its weights, the
+current gradient round); the pool itself knows nothing of any mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+from aps import transports
+from aps.collect import WorkerMetrics
+from aps.errors import (
+    ApsError,
+    AuthError,
+    ConfigError,
+    EndOfStream,
+    InvalidState,
+    ProtocolError,
+    Timeout,
+    TransportClosed,
+    TransportError,
+    VersionMismatch,
+    WorkerError,
+    WorkerLost,
+)
+from aps.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    ErrorReport,
+    Hello,
+    Message,
+    Ready,
+    Reject,
+    Request,
+    StepRequest,
+    Welcome,
+)
+from aps.protocol import NONCE_SIZE, Role, check_hello
+from aps.session import Session, Timeouts
+from aps.transports.base import Listener, TransportFactory
+
+__all__ = [
+    "MAX_HANDSHAKES",
+    "OnWorkerLost",
+    "Remote",
+    "SlotHooks",
+    "WorkerInfo",
+    "WorkerPool",
+    "expect",
+]
+
+MAX_HANDSHAKES = 64
+"""The most connections a learner admits at once; more are closed at once."""
+
+SESSION_ID_SIZE = 16
+"""Random bytes in a session id (what a worker resumes its session with)."""
+
+OnWorkerLost = Literal["raise", "wait", "drop"]
+
+log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=Message)
+
+
+def expect(message: Message, kind: type[_M]) -> _M:
+    """``message``, which the protocol table allows to be nothing but a ``kind``."""
+    assert isinstance(message, kind), message
+    return message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerInfo:
+    """What the learner knows about one admitted worker."""
+
+    worker_id: int
+    """Unique within this learner, in order of arrival."""
+    env_offset: int
+    """Global index of the worker's first env."""
+    num_envs: int
+    env_id: str
+    host: str
+    pid: int
+    peer: str
+    label: str = ""
+    """What the worker was started as (a launcher sets its index: ``"0"``, ``"1"``, ...)."""
+
+
+class Launcher(Protocol):
+    """An :class:`aps.launch.Launcher` as the learner sees it.
+
+    The launchers live in a higher layer than the roles (they start workers), so the learner
+    names only the members it calls, without importing them.
+    """
+
+    @property
+    def spec(self) -> Any: ...  # an aps.launch.WorkerSpec
+
+    async def start(self, url: str, spec: Any = None) -> None: ...
+
+    async def status(self) -> object: ...
+
+    async def watch(self) -> None: ...
+
+    async def stop(self, grace: float = ...) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Remote:
+    """One worker's env slots, and the connection serving them now.
+
+    The connection changes when the worker resumes its session and the worker itself when a
+    replacement takes the slots over; ``generation`` counts both. Modes keep their own
+    per-slot state, keyed by the remote (identity).
+    """
+
+    info: WorkerInfo
+    session: Session
+    metrics: WorkerMetrics
+    session_id: bytes
+    # Numbered requests: the next seq, the answers received, the requests not answered yet
+    # (oldest first, sent again after a resume) and the generation they were all sent on.
+    sent: int = 0
+    received: int = 0
+    unanswered: collections.deque[Request] = field(default_factory=collections.deque)
+    generation: int = 0
+    delivered: int = 0
+    attached: asyncio.Event = field(default_factory=asyncio.Event)
+    # A replacement took over: the requests of the lost worker are void, and its envs have
+    # not been reset yet (NextStep: the step after that reset is the envs' reset step).
+    restarted: bool = False
+    needs_reset: bool = False
+    reset_next: bool = False
+
+    def envs_reset(self) -> None:
+        """Note that this slot's envs were just reset by whoever serves it."""
+        self.needs_reset = self.reset_next = False
+
+
+class SlotHooks(Protocol):
+    """What a mode does when the worker serving a slot changes."""
+
+    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+        """A new worker took over ``remote``; ``void`` are the lost worker's unanswered requests.
+
+        The mode forgets what it knew of the lost worker (it is called before anything is sent
+        to the new one).
+        """
+
+    async def rejoined(self, remote: Remote) -> None:
+        """A connection took over ``remote`` (resumed or replaced): send what it needs first.
+
+        Called before the unanswered requests are sent again; send with
+        :meth:`WorkerPool.send`.
+        """
+
+
+Redo = Callable[[Remote, Request, str], Awaitable[Message]]
+"""How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Spare:
+    """A worker admitted while every slot was taken: it waits to replace a lost one."""
+
+    session: Session
+    hello: Hello
+    worker_id: int
+    session_id: bytes
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` can only be reached from this host."""
+    parts = urlsplit(url)
+    if parts.scheme in ("memory", "unix"):  # this process; this host, by file permission
+        return True
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class WorkerPool:
+    """The learner's workers: admission, sessions, recovery and numbered requests.
+
+    Arguments are the :class:`~aps.learner.Learner`'s of the same names, checked there.
+    """
+
+    def __init__(
+        self,
+        listen: str | Listener,
+        *,
+        num_workers: int,
+        token: bytes | None,
+        autoreset_mode: AutoresetMode,
+        timeouts: Timeouts,
+        insecure: bool,
+        factory: TransportFactory | None,
+        policy: str | None,
+        launcher: Launcher | None,
+        on_worker_lost: OnWorkerLost,
+        reconnect_timeout: float,
+    ) -> None:
+        self._listen = listen
+        self.num_workers = num_workers
+        self._token = token
+        self.autoreset_mode = autoreset_mode
+        self.timeouts = timeouts
+        self._insecure = insecure
+        self._factory = factory
+        self._policy = policy
+        self.launcher = launcher
+        self.on_worker_lost: OnWorkerLost = on_worker_lost
+        self.reconnect_timeout = reconnect_timeout
+        self.hooks: list[SlotHooks] = []
+        """The modes to tell when the worker serving a slot changes."""
+
+        self._launched = False
+        self._listener: Listener | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        self._admissions: set[asyncio.Task[None]] = set()
+        self._admitting = 0
+        self._next_id = 0
+        self.remotes: list[Remote] = []
+        """The admitted workers' slots, in env order."""
+        self._by_session: dict[bytes, Remote] = {}
+        self._spares: list[_Spare] = []
+        self.dropped: set[int] = set()
+        """Worker ids left out of chunk streams and gradient rounds."""
+        self.former: list[WorkerMetrics] = []
+        """Metrics of workers that were replaced."""
+        self.restarts = 0
+        """Workers that replaced lost ones."""
+        self._all_ready = asyncio.Event()
+        self._refusals: list[str] = []
+        self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
+        self.counts: list[int] = []
+        """Envs per worker, in env order."""
+        self.offsets: list[int] = []
+        """Global index of each worker's first env."""
+        self.was_reset = False
+        """Whether the envs were reset at least once (a replacement's are then reset too)."""
+        self.busy = False
+        """An operation (a step, a stream, gradient mode) is using the workers."""
+        self.broken: ApsError | None = None
+        """Why the workers can no longer be stepped together, once that happened."""
+        self.closed = False
+
+    # Lifecycle.
+
+    async def start(self) -> None:
+        """Bind the address and start admitting workers; see :meth:`Learner.start`."""
+        if self.closed:
+            raise InvalidState("this learner is closed; create a new one")
+        if self._listener is not None:
+            return
+        url = self._listen if isinstance(self._listen, str) else self._listen.url
+        if self._token is None and not self._insecure and not is_loopback(url):
+            raise ConfigError(
+                f"refusing to listen on {url!r} without a token: anyone who can reach it could "
+                "attach a worker; pass token=... (workers use --token-file), or insecure=True "
+                "on a network you trust"
+            )
+        if isinstance(self._listen, str):
+            factory = self._factory or transports.get_factory(transports.scheme_of(self._listen))
+            self._listener = await factory.listen(self._listen)
+        else:
+            self._listener = self._listen
+        self._accept_task = asyncio.create_task(self._accept_loop(), name="aps accept loop")
+        log.info("learner listening on %s for %d workers", self.url, self.num_workers)
+        if self.launcher is not None and not self._launched:
+            self._launched = True
+            try:
+                spec = self.launcher.spec.for_learner(
+                    self.url, token=self._token, policy=self._policy
+                )
+                await self.launcher.start(self.url, spec)
+            except BaseException:
+                await self.aclose()
+                raise
+
+    @property
+    def url(self) -> str:
+        """The bound address, with port 0 resolved."""
+        if self._listener is None:
+            raise InvalidState("the learner is not started; use 'async with' or await start()")
+        return self._listener.url
+
+    async def aclose(self) -> None:
+        """Stop admitting, say goodbye to every worker, stop the launcher; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+        for task in list(self._admissions):
+            task.cancel()
+        tasks = [t for t in (self._accept_task, *self._admissions) if t is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        if self._listener is not None:
+            await self._listener.aclose()
+        sessions = [r.session for r in self.remotes] + [s.session for s in self._spares]
+        await asyncio.gather(
+            *(session.aclose("the learner is closing") for session in sessions),
+            return_exceptions=True,
+        )
+        if self.launcher is not None:
+            await self.launcher.stop()
+
+    # Admission.
+
+    async def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                transport = await self._listener.accept()
+            except TransportClosed:
+                return
+            except TransportError as exc:
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.05)
+                continue
+            if len(self._admissions) >= MAX_HANDSHAKES:
+                # A flood of connections that never finish their handshake must not hold
+                # unbounded resources; each pending one already ends at the handshake deadline.
+                log.warning(
+                    "refused %s: %d handshakes already in progress", transport.peer, MAX_HANDSHAKES
+                )
+                await transport.aclose()
+                continue
+            session = Session(
+                transport,
+                Role.LEARNER,
+                heartbeat_interval=self.timeouts.heartbeat_interval,
+            )
+            task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
+            self._admissions.add(task)
+            task.add_done_callback(self._admissions.discard)
+
+    async def _admit(self, session: Session) -> None:
+        admitted = False
+        reason = ""
+        try:
+            await self._handshake(session)
+            admitted = True
+        except ApsError as exc:
+            reason = self._refuse(session, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug must not leave a silent task behind: refuse the worker and say why.
+            log.exception("admitting %s failed unexpectedly", session.peer)
+            reason = self._refuse(session, exc)
+        finally:
+            if not admitted:
+                # The goodbye tells the peer why (unless a Reject or a goodbye already did).
+                await session.aclose(reason)
+
+    def _refuse(self, session: Session, exc: BaseException) -> str:
+        """Log and remember why ``session`` was refused; return the reason for its goodbye."""
+        reason = f"{type(exc).__name__}: {exc}"
+        text = f"{session.peer}: {reason}"
+        self._refusals.append(text)
+        del self._refusals[:-20]  # keep the last few for error messages, never grow
+        log.warning("refused a worker at %s", text)
+        return reason[:200]
+
+    async def _reject(self, session: Session, error: ApsError) -> None:
+        with contextlib.suppress(TransportError, InvalidState):
+            await session.send(Reject(kind=type(error).__name__, reason=str(error)))
+        raise error
+
+    async def _handshake(self, session: Session) -> None:
+        timeouts = self.timeouts
+        nonce = os.urandom(NONCE_SIZE)
+        try:
+            async with asyncio.timeout(timeouts.handshake):
+                await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
+                hello = await session.receive(timeout=None, operation="the worker's hello")
+        except TimeoutError as exc:
+            if isinstance(exc, Timeout):
+                raise
+            raise Timeout(
+                f"no hello from {session.peer} within {timeouts.handshake} s; dropped it",
+                operation="handshake",
+                seconds=timeouts.handshake,
+            ) from None
+        assert isinstance(hello, Hello)  # the protocol table allows nothing else
+        try:
+            check_hello(hello, nonce=nonce, token=self._token)
+        except (VersionMismatch, AuthError) as exc:
+            await self._reject(session, exc)
+        if not isinstance(hello.num_envs, int) or hello.num_envs < 1:
+            await self._reject(session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"))
+        resumed = self._by_session.get(hello.resume) if hello.resume else None
+        if resumed is not None:
+            await self._resume(session, hello, resumed)
+            return
+        # A new worker (or one whose session this learner does not know: it restarted).
+        spare = len(self.remotes) + self._admitting >= self.num_workers
+        if spare and (self.on_worker_lost != "wait" or len(self._spares) >= self.num_workers):
+            why = (
+                "start the learner with a larger num_workers"
+                if self.on_worker_lost != "wait"
+                else f"{len(self._spares)} spares already wait to replace lost workers"
+            )
+            await self._reject(
+                session,
+                ConfigError(f"this learner already has its {self.num_workers} workers; {why}"),
+            )
+        self._admitting += 0 if spare else 1
+        try:
+            worker_id = self._next_id
+            self._next_id += 1
+            session_id = secrets.token_bytes(SESSION_ID_SIZE)
+            await self._welcome(session, hello, worker_id, session_id, resumed=False)
+        finally:
+            self._admitting -= 0 if spare else 1
+        if spare:
+            session.start_heartbeats()
+            self._spares.append(_Spare(session, hello, worker_id, session_id))
+            log.info("worker %d from %s waits as a spare", worker_id, session.peer)
+            await self._fill_vacancies()
+        else:
+            self._register(session, hello, worker_id, session_id)
+
+    async def _welcome(
+        self, session: Session, hello: Hello, worker_id: int, session_id: bytes, *, resumed: bool
+    ) -> None:
+        """Send the welcome and wait until the worker's envs are ready with the right spaces."""
+        await session.send(
+            Welcome(
+                worker_id=worker_id,
+                autoreset_mode=self.autoreset_mode.value,
+                policy=self._policy,
+                session_id=session_id,
+                resumed=resumed,
+            )
+        )
+        # Building envs runs user code and may take long: the step deadline bounds it.
+        ready = await session.receive(
+            timeout=self.timeouts.step, operation="the worker to build its envs"
+        )
+        if isinstance(ready, ErrorReport):
+            raise ConfigError(
+                f"the worker could not build its envs or policy: "
+                f"{ready.remote_type}: {ready.message}"
+            )
+        assert isinstance(ready, Ready)
+        await self._check_spaces(session, ready, hello)
+        if self.spaces is None:
+            self.spaces = (ready.observation_space, ready.action_space)
+
+    async def _resume(self, session: Session, hello: Hello, remote: Remote) -> None:
+        """Take a worker whose connection dropped back into its session and env slots."""
+        info = remote.info
+        if not (
+            remote.received <= hello.served <= remote.sent
+            and hello.num_envs == info.num_envs
+            and hello.version <= remote.metrics.version
+            and info.worker_id not in self.dropped
+        ):
+            await self._reject(
+                session,
+                ProtocolError(
+                    f"cannot resume worker {info.worker_id}'s session: it says it answered "
+                    f"{hello.served} requests of {info.num_envs} envs holding version "
+                    f"{hello.version}, but it was sent {remote.sent} requests "
+                    f"({remote.received} answered) for {info.num_envs} envs, and version "
+                    f"{remote.metrics.version}"
+                    + (", and it was dropped" if info.worker_id in self.dropped else "")
+                    + "; restart the worker without resuming"
+                ),
+            )
+        await self._welcome(session, hello, info.worker_id, remote.session_id, resumed=True)
+        # Weights sent before the cut may be lost: the worker's word is what it holds.
+        remote.metrics.version = hello.version
+        remote.metrics.resumes += 1
+        log.warning("worker %d resumed its session from %s", info.worker_id, session.peer)
+        await self._attach(remote, session)
+
+    async def _attach(self, remote: Remote, session: Session) -> None:
+        """Make ``session`` the one serving ``remote`` and close the one it replaces."""
+        old, remote.session = remote.session, session
+        remote.generation += 1
+        session.start_heartbeats()
+        remote.attached.set()
+        # A call still waiting on the old connection fails at once and carries on here.
+        await old.aclose("another connection took over this worker's session")
+
+    async def _fill_vacancies(self) -> None:
+        """Give each lost worker's slots to a spare with as many envs, if there is one."""
+        for remote in self.remotes:
+            if remote.attached.is_set():
+                continue
+            for spare in self._spares:
+                if spare.hello.num_envs == remote.info.num_envs:
+                    self._spares.remove(spare)
+                    await self._replace(remote, spare)
+                    break
+
+    async def _replace(self, remote: Remote, spare: _Spare) -> None:
+        lost, hello = remote.info, spare.hello
+        remote.info = dataclasses.replace(
+            lost,
+            worker_id=spare.worker_id,
+            env_id=hello.env_id,
+            host=hello.host,
+            pid=hello.pid,
+            label=hello.label,
+            peer=spare.session.peer,
+        )
+        self.former.append(remote.metrics)
+        remote.metrics = WorkerMetrics(worker_id=spare.worker_id)
+        del self._by_session[remote.session_id]
+        remote.session_id = spare.session_id
+        self._by_session[spare.session_id] = remote
+        void = tuple(remote.unanswered)
+        remote.unanswered.clear()
+        remote.sent = remote.received = 0
+        remote.restarted = True
+        remote.needs_reset = self.was_reset
+        for hooks in self.hooks:
+            hooks.replaced(remote, void)
+        self.restarts += 1
+        log.warning(
+            "worker %d from %s took over the envs %d..%d of lost worker %d",
+            *(spare.worker_id, spare.session.peer, lost.env_offset),
+            *(lost.env_offset + lost.num_envs - 1, lost.worker_id),
+        )
+        await self._attach(remote, spare.session)
+
+    async def _check_spaces(self, session: Session, ready: Ready, hello: Hello) -> None:
+        if ready.num_envs != hello.num_envs:
+            await self._reject(
+                session,
+                ProtocolError(f"hello said {hello.num_envs} envs, ready said {ready.num_envs}"),
+            )
+        if self.spaces is None:
+            return
+        observation_space, action_space = self.spaces
+        for name, theirs, ours in (
+            ("observation", ready.observation_space, observation_space),
+            ("action", ready.action_space, action_space),
+        ):
+            if theirs != ours:
+                await self._reject(
+                    session,
+                    ConfigError(
+                        f"worker {hello.env_id!r} has {name} space {theirs}, but the workers "
+                        f"already admitted have {ours}; every worker must run envs with the "
+                        "same spaces"
+                    ),
+                )
+
+    def _register(self, session: Session, hello: Hello, worker_id: int, session_id: bytes) -> None:
+        offset = sum(self.counts)
+        info = WorkerInfo(
+            worker_id=worker_id,
+            env_offset=offset,
+            num_envs=hello.num_envs,
+            env_id=hello.env_id,
+            host=hello.host,
+            pid=hello.pid,
+            label=hello.label,
+            peer=session.peer,
+        )
+        remote = Remote(
+            info=info,
+            session=session,
+            metrics=WorkerMetrics(worker_id=worker_id),
+            session_id=session_id,
+        )
+        remote.attached.set()
+        self.remotes.append(remote)
+        self._by_session[session_id] = remote
+        self.counts.append(hello.num_envs)
+        self.offsets.append(offset)
+        session.start_heartbeats()
+        last = offset + hello.num_envs - 1
+        log.info(
+            "worker %d admitted from %s: %d x %s (envs %d..%d)",
+            *(worker_id, session.peer, hello.num_envs, hello.env_id, offset, last),
+        )
+        if len(self.remotes) == self.num_workers:
+            self._all_ready.set()
+
+    async def wait_for_workers(self, timeout: float | None = None) -> None:
+        """Wait until all workers are admitted; see :meth:`Learner.wait_for_workers`."""
+        await self.start()
+        if self._all_ready.is_set():
+            return
+        seconds = self.timeouts.connect if timeout is None else timeout
+        try:
+            if self.launcher is None:
+                async with asyncio.timeout(seconds):
+                    await self._all_ready.wait()
+            else:
+                await self._wait_watching(self.launcher, seconds)
+        except TimeoutError:
+            refused = "; ".join(self._refusals[-3:]) or "none"
+            message = (
+                f"{len(self.remotes)} of {self.num_workers} workers arrived at {self.url} "
+                f"within {seconds} s (recent refusals: {refused})"
+            )
+            if self.launcher is None:
+                message += "; start the missing workers or raise Timeouts.connect"
+            else:
+                message += f"; {await self._give_up_launch()}; raise Timeouts.connect if the "
+                message += "workers need longer to start"
+            raise Timeout(message, operation="wait_for_workers", seconds=seconds) from None
+        except ApsError:
+            if self.launcher is not None:
+                await self._give_up_launch()
+            raise
+
+    async def _wait_watching(self, launcher: Launcher, seconds: float) -> None:
+        """Wait for the workers while the launcher watches them; TimeoutError when late."""
+        waiting = asyncio.create_task(self._all_ready.wait())
+        watching = asyncio.create_task(launcher.watch())
+        try:
+            done, _ = await asyncio.wait(
+                {waiting, watching}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiting.cancel()
+            watching.cancel()
+            await asyncio.wait({waiting, watching})
+        if waiting in done:
+            return
+        if watching in done:
+            watching.result()  # raises the launcher's WorkerLost or LaunchError
+        raise TimeoutError
+
+    async def _give_up_launch(self) -> str:
+        """Stop the launcher after a failed wait; return what it reported just before."""
+        assert self.launcher is not None
+        try:
+            report = f"{await self.launcher.status()}"
+        except Exception as exc:  # the report only decorates an error already on its way
+            report = f"the launcher could not report its state ({exc!r})"
+        try:
+            await self.launcher.stop(grace=0.0)  # no goodbye was said: nobody leaves alone
+        except Exception as exc:
+            log.warning("stopping the launcher failed: %r", exc)
+            return f"{report}; stopping it failed: {exc}"
+        return f"{report}; the launcher has been stopped"
+
+    def require_workers(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
+        """The single observation and action spaces, once every worker is admitted."""
+        if self.spaces is None or not self._all_ready.is_set():
+            raise InvalidState(
+                "the workers have not all arrived yet; await wait_for_workers() or reset() first"
+            )
+        return self.spaces
+
+    def active(self) -> list[Remote]:
+        """The slots not dropped, in env order."""
+        return [r for r in self.remotes if r.info.worker_id not in self.dropped]
+
+    def check(self, operation: str, *, running: str = "another operation is running") -> None:
+        """Refuse an operation over every worker's envs that the learner cannot make now.
+
+        ``running`` says what keeps the pool busy, for the error.
+
+        Raises:
+            InvalidState: the workers are out of step for good, some were dropped, or another
+                operation is running.
+        """
+        if self.broken is not None:
+            raise InvalidState(
+                f"this learner can no longer {operation}: {self.broken}; start a new one"
+            )
+        if self.dropped:
+            raise InvalidState(
+                f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
+                "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
+            )
+        if self.busy:
+            raise InvalidState(f"{operation}() called while {running}")
+
+    def drop(self, remote: Remote) -> None:
+        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
+        self.dropped.add(remote.info.worker_id)
+        remote.unanswered.clear()
+
+    # One request per worker, all at once.
+
+    async def exchange(
+        self,
+        requests: Sequence[Request],
+        operation: str,
+        *,
+        redo: Redo,
+        before: Callable[[Remote], Awaitable[None]] | None = None,
+    ) -> list[Message]:
+        """Send one request per worker, then collect one answer from each, in worker order.
+
+        ``before`` runs for each worker just before its request is sent; ``redo`` gives the
+        answer when a replacement took a worker over before answering (its envs start afresh).
+        While it runs the pool is busy; a failure that leaves the workers out of step marks
+        the pool broken.
+
+        Raises:
+            InvalidState: see :meth:`check`.
+            WorkerError: an env raised on a worker (the others' answers are still received).
+            WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
+        """
+        self.check(operation)
+        self.busy = True
+        try:
+            return await self._exchange(requests, operation, redo, before)
+        except (WorkerLost, Timeout, ProtocolError) as exc:
+            self.broken = exc
+            raise
+        except BaseException as exc:
+            # Cancelled or failed halfway: replies may still be in flight, so the
+            # lockstep with the workers is lost for good.
+            if not isinstance(exc, WorkerError):
+                self.broken = InvalidState(f"{operation}() was interrupted ({exc!r})")
+            raise
+        finally:
+            self.busy = False
+
+    async def _exchange(
+        self,
+        requests: Sequence[Request],
+        operation: str,
+        redo: Redo,
+        before: Callable[[Remote], Awaitable[None]] | None,
+    ) -> list[Message]:
+        remotes = self.remotes
+        for remote, request in zip(remotes, requests, strict=True):
+            if before is not None:
+                await before(remote)
+            await self.send_request(remote, request)
+        answers: list[Message] = []
+        failure: WorkerError | None = None
+        for remote, request in zip(remotes, requests, strict=True):
+            answer = await self.answer_from(remote, operation)
+            if answer is None:  # a replacement took over: its envs start afresh
+                answer = await redo(remote, request, operation)
+            if isinstance(answer, ErrorReport):
+                failure = failure or self.worker_error(remote, answer)
+                continue
+            answers.append(answer)
+        if failure is not None:
+            raise failure
+        return answers
+
+    # Numbered requests, and what happens when a worker is lost.
+
+    async def send_request(self, remote: Remote, request: Request) -> None:
+        """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
+        if type(request) is StepRequest:
+            # The per-step path: built directly, at half the cost of dataclasses.replace.
+            request = StepRequest(actions=request.actions, seq=remote.sent, acked=remote.received)
+        else:
+            request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
+        remote.sent += 1
+        remote.unanswered.append(request)
+        if remote.delivered == remote.generation and remote.attached.is_set():
+            await self.send(remote, request)
+
+    async def send(self, remote: Remote, message: Message, frame: bytes | None = None) -> None:
+        """Send an unnumbered message to ``remote``; a broken connection is noticed later.
+
+        Raises:
+            WorkerLost: sending failed under ``on_worker_lost="raise"``. Otherwise the
+                connection is closed, and the next receive recovers it.
+        """
+        try:
+            await remote.session.send(message, frame=frame)
+        except TransportError as exc:
+            if self.on_worker_lost == "raise":
+                raise self.lost(remote, type(message).__name__, exc) from exc
+            # Whatever was unanswered goes again on the connection that takes over.
+            remote.delivered = -1
+            await remote.session.aclose("sending failed")
+
+    async def answer_from(self, remote: Remote, operation: str) -> Message | None:
+        """Receive ``remote``'s next answer, exactly once.
+
+        Returns ``None`` when a replacement worker took over: the requests of the lost one
+        are void.
+
+        Raises:
+            WorkerLost: the worker was lost (and, under ``"wait"``, did not come back).
+            Timeout: the worker took longer than ``timeouts.step`` (under ``"raise"``; the
+                other choices treat a silent worker as lost).
+            ProtocolError: the worker broke the protocol.
+        """
+        while True:
+            generation = remote.generation
+            try:
+                if remote.delivered != generation:
+                    await self.catch_up(remote)
+                message = await remote.session.receive(
+                    timeout=self.timeouts.step,
+                    operation=f"worker {remote.info.worker_id}'s {operation}",
+                )
+            except (EndOfStream, TransportError, Timeout) as exc:
+                if isinstance(exc, Timeout) and self.on_worker_lost == "raise":
+                    raise
+                await self.recover(remote, generation, operation, exc)
+                if remote.restarted:
+                    remote.restarted = False
+                    return None
+                continue
+            if self._accept_answer(remote, message):
+                return message
+
+    async def call(self, remote: Remote, request: Request, operation: str) -> Message | None:
+        """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile)."""
+        await self.send_request(remote, request)
+        return await self.answer_from(remote, operation)
+
+    async def call_until_answered(
+        self, remote: Remote, request: Request, operation: str
+    ) -> Message:
+        """:meth:`call`, sent again to each replacement until one of them answers."""
+        while (answer := await self.call(remote, request, operation)) is None:
+            pass
+        return answer
+
+    def _accept_answer(self, remote: Remote, message: Message) -> bool:
+        """Count an answer in; ``False`` for one already received (sent again on a resume)."""
+        seq = getattr(message, "seq", None)
+        if seq is None or seq > remote.received or not remote.unanswered:
+            raise ProtocolError(
+                f"worker {remote.info.worker_id} sent {type(message).__name__} answering request "
+                f"{seq}, but the next answer due is {remote.received} of {remote.sent} sent; "
+                "the worker is not a compatible aps worker"
+            )
+        if seq < remote.received:
+            return False
+        remote.unanswered.popleft()
+        remote.received += 1
+        return True
+
+    async def catch_up(self, remote: Remote) -> None:
+        """Bring a connection that took over up to date: what the modes say, then requests."""
+        generation = remote.generation
+        for hooks in self.hooks:
+            await hooks.rejoined(remote)
+        # Requests sent meanwhile were only queued; the loop sends those too, in order.
+        index = 0
+        while index < len(remote.unanswered):
+            await self.send(remote, remote.unanswered[index])
+            if remote.delivered == -1 or remote.generation != generation:
+                return  # failed again: the next receive notices
+            index += 1
+        remote.delivered = generation
+
+    async def recover(
+        self, remote: Remote, generation: int, operation: str, exc: BaseException
+    ) -> None:
+        """Handle the loss of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
+
+        Returns once another connection serves ``remote`` (resumed or replaced).
+
+        Raises:
+            WorkerLost: under ``"raise"`` and ``"drop"``; under ``"wait"`` when nothing took
+                over within ``reconnect_timeout``.
+        """
+        if remote.generation != generation:
+            return  # a resume already took over
+        if self.on_worker_lost != "wait":
+            raise self.lost(remote, operation, exc) from exc
+        if remote.attached.is_set():
+            remote.attached.clear()
+            log.warning(
+                "%s; waiting up to %s s for it to resume or for a replacement",
+                *(self.lost(remote, operation, exc), self.reconnect_timeout),
+            )
+            await remote.session.aclose("the learner lost this connection")
+            await self._fill_vacancies()
+        try:
+            async with asyncio.timeout(self.reconnect_timeout):
+                await remote.attached.wait()
+        except TimeoutError:
+            raise WorkerLost(
+                f"{self.lost(remote, operation, exc)}, and no worker resumed its session or "
+                f"took its envs over within {self.reconnect_timeout} s; start a replacement "
+                "worker sooner or raise reconnect_timeout",
+                worker_id=remote.info.worker_id,
+            ) from exc
+
+    def worker_error(self, remote: Remote, report: ErrorReport) -> WorkerError:
+        """The :class:`WorkerError` for an error ``remote`` reported."""
+        return WorkerError(
+            report.message,
+            worker_id=remote.info.worker_id,
+            remote_type=report.remote_type,
+            remote_traceback=report.traceback,
+        )
+
+    def lost(self, remote: Remote, operation: str, exc: BaseException) -> WorkerLost:
+        """The :class:`WorkerLost` for ``remote``, lost during ``operation`` because of ``exc``."""
+        info = remote.info
+        return WorkerLost(
+            f"worker {info.worker_id} ({info.env_id} x {info.num_envs} at {info.peer}, pid "
+            f"{info.pid}) was lost during {operation}: {exc}",
+            worker_id=info.worker_id,
+        )

@@ -1,0 +1,186 @@
+"""Gradient rounds (Rennala / Malenia NIGT): the learner's side, driven by :mod:`aps.pg`.
+
+:class:`GradientRounds` implements :meth:`Learner.start_round`, :meth:`Learner.next_report`,
+:meth:`Learner.drop_worker` and :meth:`Learner.stop_gradients`. In gradient mode every worker
+samples at the broadcast point and reports on its own; one pump per worker moves the reports
+into a small shared inbox (backpressure when the caller falls behind). As the pool's
+:class:`~aps.learner.pool.SlotHooks` it sends the current round to a worker that resumed or
+replaced a lost one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from aps import codec
+from aps._typing import Array
+from aps.errors import (
+    ApsError,
+    ConfigError,
+    EndOfStream,
+    InvalidState,
+    Timeout,
+    TransportError,
+    WorkerLost,
+)
+from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
+from aps.messages import ErrorReport, GradientReport, GradientRound, Message, Request, StopGradients
+from aps.protocol import State
+
+__all__ = ["REPORT_BACKLOG", "GradientRounds"]
+
+REPORT_BACKLOG = 2
+"""Gradient reports the learner buffers per worker; beyond them the workers wait (backpressure)."""
+
+_Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
+
+
+class GradientRounds:
+    """Gradient mode over the pool's workers; see the :class:`Learner` methods."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+        self.active = False
+        self._remotes: list[Remote] = []
+        self._pumps: list[asyncio.Task[None]] = []
+        self._inbox: _Inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
+        self._round: tuple[GradientRound, bytes] | None = None
+
+    @property
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        """The workers taking part (all, minus those dropped)."""
+        return tuple(r.info for r in self._remotes)
+
+    # What a new connection needs (SlotHooks).
+
+    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+        """Nothing to forget: a replacement starts sampling at the current round."""
+
+    async def rejoined(self, remote: Remote) -> None:
+        """Send the current round to a worker that resumed or took over."""
+        if self._round is not None:
+            await self._pool.send(remote, *self._round)
+
+    # Rounds.
+
+    async def start_round(
+        self, round_id: int, arrays: dict[str, Array], *, horizon: int, gamma: float
+    ) -> int:
+        """:meth:`Learner.start_round`, once the workers are admitted and a policy is set."""
+        pool = self._pool
+        if not self.active:
+            if pool.broken is not None:
+                raise InvalidState(f"this learner can no longer train: {pool.broken}")
+            if pool.busy:
+                raise InvalidState("start_round() called while another operation is running")
+            pool.busy = self.active = True
+            self._remotes = pool.active()
+            for remote in self._remotes:
+                # Gradient mode samples from fresh resets; a replacement needs no reset now.
+                remote.envs_reset()
+            self._pumps = [
+                asyncio.create_task(self._pump(r), name=f"aps reports {r.info.worker_id}")
+                for r in self._remotes
+            ]
+        message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
+        frame = codec.encode(message)
+        self._round = (message, frame)
+        for remote in self._remotes:
+            await pool.send(remote, message, frame)
+        return len(frame) * len(self._remotes)
+
+    async def _pump(self, remote: Remote) -> None:
+        """Move one worker's gradient reports into the shared inbox until cancelled.
+
+        The inbox holds a few reports per worker; when the caller falls behind, pumps wait,
+        the sockets fill and the workers block on sending (backpressure). A worker that
+        resumes or is replaced gets the current round again; a replacement is announced as
+        the loss of the worker it replaced.
+        """
+        pool = self._pool
+        inbox = self._inbox
+        while True:
+            generation = remote.generation
+            try:
+                message = await remote.session.receive(
+                    timeout=pool.timeouts.heartbeat_timeout,
+                    operation=f"worker {remote.info.worker_id}'s gradients",
+                )
+            except (EndOfStream, TransportError, Timeout) as exc:
+                lost = remote.info.worker_id
+                try:
+                    await pool.recover(remote, generation, "gradients", exc)
+                except WorkerLost as error:
+                    await inbox.put((remote, error))
+                    return
+                if remote.restarted:
+                    remote.restarted = False
+                    replaced = (
+                        f"worker {lost} was lost and worker {remote.info.worker_id} took over"
+                    )
+                    await inbox.put((remote, WorkerLost(replaced, worker_id=lost)))
+                await pool.catch_up(remote)
+                continue
+            except ApsError as exc:
+                await inbox.put((remote, exc))
+                return
+            await inbox.put((remote, message))
+
+    async def next_report(self) -> tuple[int, GradientReport]:
+        """:meth:`Learner.next_report`."""
+        pool = self._pool
+        if not self.active:
+            raise InvalidState("call start_round() before next_report()")
+        seconds = pool.timeouts.step
+        try:
+            async with asyncio.timeout(seconds):
+                remote, message = await self._inbox.get()
+        except TimeoutError:
+            raise Timeout(
+                f"no gradient report from any worker for {seconds} s; raise "
+                "Timeouts.step if trajectories are that slow",
+                operation="next_report",
+                seconds=seconds,
+            ) from None
+        if isinstance(message, WorkerLost) and pool.on_worker_lost == "drop":
+            self.drop_worker(remote.info.worker_id)
+            await remote.session.aclose("the learner dropped this worker")
+        if isinstance(message, BaseException):
+            raise message
+        if isinstance(message, ErrorReport):
+            raise pool.worker_error(remote, message)
+        return remote.info.worker_id, expect(message, GradientReport)
+
+    def drop_worker(self, worker_id: int) -> None:
+        """:meth:`Learner.drop_worker`."""
+        pool = self._pool
+        for remote in self._remotes:
+            if remote.info.worker_id == worker_id:
+                self._remotes.remove(remote)
+                pool.dropped.add(worker_id)
+                return
+        if worker_id in pool.dropped or any(m.worker_id == worker_id for m in pool.former):
+            return
+        raise ConfigError(f"worker {worker_id} is not taking part in gradient rounds")
+
+    async def stop(self) -> None:
+        """:meth:`Learner.stop_gradients`."""
+        if not self.active:
+            return
+        pool = self._pool
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.wait(self._pumps)
+        try:
+            async with asyncio.timeout(pool.timeouts.step):
+                for remote in self._remotes:
+                    await remote.session.send(StopGradients())
+                    while remote.session.state is State.STOPPING:
+                        await remote.session.receive(timeout=None, operation="gradients to stop")
+        except (TimeoutError, ApsError) as exc:
+            pool.broken = InvalidState(f"gradient mode did not end cleanly ({exc!r})")
+        finally:
+            self.active = pool.busy = False
+            self._inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
+            self._round = None

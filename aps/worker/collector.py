@@ -1,0 +1,152 @@
+"""Worker-side inference (DETACH): act with the local policy copy and record chunks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from aps.errors import ConfigError, InvalidState, ProtocolError
+from aps.messages import RolloutChunk, Weights
+from aps.vector import AnyVectorEnv
+
+__all__ = ["MAX_ROLLOUT_STEPS", "Collector"]
+
+MAX_ROLLOUT_STEPS = 1_000_000
+"""The most steps one rollout request may ask for (it bounds the worker's buffers)."""
+
+
+class Collector:
+    """Worker-side inference (DETACH): act with the local policy copy, record chunks.
+
+    Keeps the current observations between requests (lockstep resets and steps update them
+    too), the policy version in use, and per-env episode returns and lengths. Under the
+    ``NextStep`` autoreset mode the step after an episode's end only resets that env; it is
+    recorded like any other (reward 0, not done) and not counted in episode lengths.
+    """
+
+    def __init__(self, envs: AnyVectorEnv, policy_path: str, mode: AutoresetMode) -> None:
+        from aps import policy  # torch is needed only by workers that act
+
+        policy.limit_threads(1)  # many workers share few cores; one thread each is fastest
+        self._envs = envs
+        self._policy = policy.Policy.load(
+            policy_path, envs.single_observation_space, envs.single_action_space
+        )
+        if not isinstance(envs.observation_space.sample(), np.ndarray):
+            raise ConfigError(
+                f"worker-side inference needs array observations, got "
+                f"{envs.single_observation_space}; use lockstep stepping for dict or tuple spaces"
+            )
+        self._next_step_reset = mode is AutoresetMode.NEXT_STEP
+        self.version = -1
+        num_envs = envs.num_envs
+        self._obs: np.ndarray[Any, Any] | None = None
+        self._pending_reset = np.zeros(num_envs, dtype=bool)
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+
+    @property
+    def policy(self) -> Any:
+        """The worker's :class:`aps.policy.Policy`."""
+        return self._policy
+
+    def load(self, weights: Weights) -> None:
+        """Load a new version; raises ConfigError when the arrays do not fit the policy."""
+        if not isinstance(weights.arrays, dict):
+            raise ProtocolError(f"weights must map names to arrays, got {type(weights.arrays)}")
+        # The arrays are views of the frame they came in, which nothing else holds: the
+        # policy takes that memory as its own rather than copying a large version.
+        self._policy.set_weights(weights.arrays, share=True)
+        if weights.epsilon is not None:
+            self._policy.epsilon = weights.epsilon
+        self.version = weights.version
+
+    def observe(self, obs: Any, done: np.ndarray[Any, Any] | None) -> None:
+        """Track observations produced by a lockstep reset (``done=None``) or step."""
+        self._obs = obs
+        if done is None:
+            self._pending_reset[:] = False
+            self._episode_return[:] = 0.0
+            self._episode_length[:] = 0
+        else:
+            self._pending_reset = done.copy() if self._next_step_reset else self._pending_reset
+
+    def collect(self, num_steps: int, seq: int = 0) -> RolloutChunk:
+        """Act ``num_steps`` times on every env and return the chunk (answering ``seq``)."""
+        if not 1 <= num_steps <= MAX_ROLLOUT_STEPS:
+            raise ConfigError(f"num_steps must be in 1..{MAX_ROLLOUT_STEPS}, got {num_steps}")
+        if self.version < 0:
+            raise ProtocolError("the learner asked for a rollout before sending any weights")
+        if self._obs is None:
+            raise InvalidState("reset the envs before the first rollout")
+        envs, policy = self._envs, self._policy
+        num_envs = envs.num_envs
+        obs = self._obs
+        obs_buf = np.empty((num_steps, *obs.shape), dtype=obs.dtype)
+        reward = np.empty((num_steps, num_envs), dtype=np.float64)
+        terminated = np.empty((num_steps, num_envs), dtype=np.bool_)
+        truncated = np.empty((num_steps, num_envs), dtype=np.bool_)
+        actions_buf: np.ndarray[Any, Any] | None = None
+        logprob = np.empty((num_steps, num_envs), dtype=np.float32)
+        value = np.empty((num_steps, num_envs), dtype=np.float32) if policy.has_critic else None
+        ended: list[tuple[float, int, int]] = []
+        cut: list[tuple[int, int, np.ndarray[Any, Any]]] = []  # truncated: step, env, last obs
+        for t in range(num_steps):
+            obs_buf[t] = obs
+            actions, logprob[t], values = policy.act(obs)
+            if actions_buf is None:
+                actions_buf = np.empty((num_steps, *actions.shape), dtype=actions.dtype)
+            actions_buf[t] = actions
+            if value is not None and values is not None:
+                value[t] = values
+            # The chunk keeps the raw samples; the env gets them within its bounds.
+            stepped = policy.env_actions(actions)
+            obs, reward[t], terminated[t], truncated[t], info = envs.step(stepped)
+            self._count_episodes(reward[t], terminated[t] | truncated[t], ended)
+            for env in np.flatnonzero(truncated[t]):
+                # SameStep: obs already holds the reset observation, the last one is in the
+                # info; NextStep: obs is still the last one (the reset comes next step).
+                last = info["final_obs"][env] if "final_obs" in info else obs[env]
+                cut.append((t, int(env), np.array(last)))
+        assert actions_buf is not None
+        self._obs = obs
+        returns, lengths, env_ids = zip(*ended, strict=True) if ended else ((), (), ())
+        return RolloutChunk(
+            version=self.version,
+            obs=obs_buf,
+            actions=actions_buf,
+            logprob=logprob,
+            value=value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            next_obs=np.array(obs),
+            episode_return=np.array(returns, dtype=np.float64),
+            episode_length=np.array(lengths, dtype=np.int64),
+            episode_env=np.array(env_ids, dtype=np.int64),
+            truncated_obs=(
+                np.stack([c[2] for c in cut]) if cut else np.empty((0, *obs.shape[1:]), obs.dtype)
+            ),
+            truncated_index=np.array([c[:2] for c in cut], dtype=np.int64).reshape(-1, 2),
+            seq=seq,
+        )
+
+    def _count_episodes(
+        self,
+        reward: np.ndarray[Any, Any],
+        done: np.ndarray[Any, Any],
+        ended: list[tuple[float, int, int]],
+    ) -> None:
+        self._episode_return += reward
+        self._episode_length += ~self._pending_reset
+        if done.any():
+            for env in np.flatnonzero(done):
+                ended.append(
+                    (float(self._episode_return[env]), int(self._episode_length[env]), int(env))
+                )
+            self._episode_return[done] = 0.0
+            self._episode_length[done] = 0
+        if self._next_step_reset:
+            self._pending_reset = done.copy()

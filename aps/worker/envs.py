@@ -1,0 +1,60 @@
+"""What a worker runs: env specs (a Gymnasium id, an import path, a callable) and factories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from aps._imports import import_object, names_a_module
+from aps.errors import ConfigError
+
+__all__ = ["EnvSpec", "describe", "make_env", "resolve_env"]
+
+EnvSpec = str | Callable[[], gym.Env[Any, Any]]
+"""A Gymnasium id (``"CartPole-v1"``), an import path (``"pkg.mod:make_env"`` or
+``"path/to/file.py:make_env"``) or a callable that returns a new env."""
+
+
+def resolve_env(spec: EnvSpec, **env_kwargs: Any) -> Callable[[], gym.Env[Any, Any]]:
+    """Turn an env spec into a zero-argument factory.
+
+    Args:
+        spec: a Gymnasium id, ``"module:factory"``, ``"path/to/file.py:factory"`` or a
+            callable.
+        env_kwargs: keyword arguments for ``gym.make`` or the factory.
+
+    Raises:
+        ConfigError: the import path cannot be resolved.
+    """
+    if callable(spec):
+        return (lambda: spec(**env_kwargs)) if env_kwargs else spec
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(
+            f"env must be a Gymnasium id, 'module:factory' or a callable, got {spec!r}"
+        )
+    # Gymnasium ids may contain ':' too ("ale_py:ALE/Pong-v5" registers through a module).
+    # A spec whose attribute part names something importable is a factory path; anything
+    # else goes to gym.make, which gives its own clear error for unknown ids.
+    if ":" in spec and names_a_module(spec):
+        factory = import_object(spec, what="env spec")
+        if not callable(factory):
+            raise ConfigError(f"{spec!r} names {type(factory).__name__}, not a callable")
+        return (lambda: factory(**env_kwargs)) if env_kwargs else factory
+    env_id = spec
+    return lambda: gym.make(env_id, **env_kwargs)
+
+
+def make_env(spec: EnvSpec, env_kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    """A new env of ``spec``."""
+    # A module-level function, so that a partial of it pickles: the async backend's
+    # subprocesses build their envs by resolving the spec themselves.
+    return resolve_env(spec, **env_kwargs)()
+
+
+def describe(spec: EnvSpec) -> str:
+    """How ``spec`` is named in logs and in the learner's :class:`~aps.learner.WorkerInfo`."""
+    if isinstance(spec, str):
+        return spec
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"

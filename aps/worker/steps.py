@@ -1,0 +1,186 @@
+"""The step server: a worker's envs, answering the learner's numbered requests exactly once.
+
+A :class:`StepServer` lives as long as one worker session (it survives resumes, not a new
+session). It answers resets, steps and rollouts with whole batches, one message per request;
+an env that raises is reported to the learner as an :class:`~aps.messages.ErrorReport` and
+the server keeps serving. Every answer is kept, encoded, until the learner acknowledges it, so
+that after a resume the learner gets the answers it missed and no request runs twice.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from aps import codec
+from aps.batching import check_batch
+from aps.errors import ApsError, ConfigError, ProtocolError
+from aps.messages import (
+    Answer,
+    ErrorReport,
+    Message,
+    Request,
+    ResetRequest,
+    ResetResult,
+    RolloutChunk,
+    RolloutRequest,
+    StepRequest,
+    StepResult,
+    Weights,
+)
+from aps.protocol import MAX_IN_FLIGHT
+from aps.session import Session
+from aps.vector import AnyVectorEnv
+from aps.worker.collector import Collector
+
+__all__ = ["StepServer"]
+
+_ANSWERS: dict[type[Message], type[Message]] = {
+    ResetRequest: ResetResult,
+    StepRequest: StepResult,
+    RolloutRequest: RolloutChunk,
+}
+
+
+class StepServer:
+    """Answers one session's requests with ``envs`` (and ``collector`` when the worker acts).
+
+    Args:
+        envs: the worker's vector env; the server closes it.
+        collector: worker-side inference, when the learner named a policy.
+        seed: the seed of the first reset when the learner resets without one.
+    """
+
+    def __init__(self, envs: AnyVectorEnv, collector: Collector | None, seed: int | None) -> None:
+        self.envs = envs
+        self.collector = collector
+        self._pending_seed = seed
+        self._weights_error: ApsError | None = None
+        self.served = 0
+        """Requests of this session answered."""
+        self._answers: collections.OrderedDict[int, tuple[Message, bytes]] = (
+            collections.OrderedDict()
+        )
+
+    @property
+    def version(self) -> int:
+        """The policy version the worker holds (-1: none, or no policy)."""
+        return -1 if self.collector is None else self.collector.version
+
+    def close(self) -> None:
+        """Close the envs."""
+        self.envs.close()
+
+    async def answer(self, session: Session, request: Request) -> bool:
+        """Answer request ``seq`` once: run it, or send the kept answer if it already ran.
+
+        Returns:
+            Whether the answer was a kept one (sent again after a resume).
+
+        Raises:
+            ProtocolError: the learner skipped a request, or asked again for one whose answer
+                it had acknowledged.
+        """
+        answers = self._answers
+        while answers and next(iter(answers)) < request.acked:
+            answers.popitem(last=False)
+        seq = request.seq
+        if seq < self.served:
+            kept = answers.get(seq)
+            expected = _ANSWERS[type(request)]
+            if kept is None or not isinstance(kept[0], expected | ErrorReport):
+                raise ProtocolError(
+                    f"the learner asked again for answer {seq} ({type(request).__name__}), "
+                    "which this worker no longer holds; the learner is not a compatible aps "
+                    "learner"
+                )
+            await session.send(kept[0], frame=kept[1])
+            return True
+        if seq != self.served:
+            raise ProtocolError(
+                f"the learner sent request {seq} but the next one is {self.served}; a request "
+                "was lost, the learner is not a compatible aps learner"
+            )
+        answer: Answer
+        if type(request) is StepRequest:
+            answer = self._step(request)
+        elif isinstance(request, ResetRequest):
+            answer = self._reset(request)
+        else:
+            assert isinstance(request, RolloutRequest)
+            answer = self._rollout(request)
+        # Encoded once: the frame is what is sent, and what is kept for a resend.
+        frame = codec.encode(answer)
+        answers[seq] = (answer, frame)
+        while len(answers) > MAX_IN_FLIGHT:
+            answers.popitem(last=False)
+        self.served += 1
+        await session.send(answer, frame=frame)
+        return False
+
+    def load_weights(self, weights: Weights) -> None:
+        """Take a new policy version (weights have no answer: a bad one fails the next rollout)."""
+        if self.collector is None:
+            self._weights_error = ProtocolError(
+                "the learner sent weights to a worker without a policy"
+            )
+            return
+        try:
+            self.collector.load(weights)
+            self._weights_error = None
+        except ApsError as exc:
+            self._weights_error = exc
+
+    def _rollout(self, request: RolloutRequest) -> RolloutChunk | ErrorReport:
+        seq = request.seq
+        if self.collector is None:
+            return ErrorReport.of(
+                ProtocolError(
+                    "the learner asked for a rollout but gave this worker no policy; "
+                    "create the learner with policy='module:factory'"
+                ),
+                seq,
+            )
+        if self._weights_error is not None:
+            return ErrorReport.of(self._weights_error, seq)
+        try:
+            return self.collector.collect(request.num_steps, seq)
+        except Exception as exc:
+            return ErrorReport.of(exc, seq)
+
+    def _step(self, request: StepRequest) -> StepResult | ErrorReport:
+        envs = self.envs
+        try:
+            actions = check_batch(envs.single_action_space, request.actions, envs.num_envs)
+        except ConfigError as exc:
+            return ErrorReport.of(
+                ProtocolError(f"the learner sent bad actions: {exc}"), request.seq
+            )
+        try:
+            obs, reward, terminated, truncated, info = envs.step(actions)
+        except Exception as exc:
+            return ErrorReport.of(exc, request.seq)
+        if self.collector is not None:
+            self.collector.observe(obs, terminated | truncated)
+        return StepResult(
+            obs=obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            info=info,
+            seq=request.seq,
+        )
+
+    def _reset(self, request: ResetRequest) -> ResetResult | ErrorReport:
+        seed = request.seed if request.seed is not None else self._pending_seed
+        self._pending_seed = None
+        options = dict(request.options) if request.options is not None else None
+        try:
+            obs, info = self.envs.reset(seed=seed, options=options)
+        except Exception as exc:
+            return ErrorReport.of(exc, request.seq)
+        if self.collector is not None:
+            self.collector.observe(obs, None)
+            if seed is not None:
+                # Seeded resets make the worker's action sampling reproducible too.
+                self.collector.policy.seed(seed)
+        return ResetResult(obs=obs, info=info, seq=request.seq)
