@@ -905,6 +905,101 @@ async def test_websocket_refuses_an_oversized_message() -> None:
         await server.aclose()
 
 
+@contextlib.asynccontextmanager
+async def ws_pair(
+    server_limit: int = 64 * 2**20, client_limit: int = 64 * 2**20
+) -> AsyncIterator[tuple[Transport, Transport]]:
+    async with await WebSocketFactory(max_frame_size=server_limit).listen(
+        "ws://127.0.0.1:0"
+    ) as listener:
+        client = await WebSocketFactory(max_frame_size=client_limit).connect(
+            listener.url, timeout=5
+        )
+        server = await listener.accept()
+        try:
+            yield server, client
+        finally:
+            await client.aclose()
+            await server.aclose()
+
+
+async def test_websocket_large_frames_travel_as_fragments_and_arrive_whole_in_order() -> None:
+    from websockets.asyncio.client import connect
+
+    from aps.transports.websocket import _DIRECT, FRAGMENT_SIZE
+
+    rng = random.Random(3)
+    big = rng.randbytes(3 * FRAGMENT_SIZE + 5)
+    async with await WebSocketFactory().listen("ws://127.0.0.1:0") as listener:
+        # A plain websockets client sees the fragments (the receiver's buffers stay small).
+        async with connect(listener.url, max_size=None, **_DIRECT) as raw:
+            server = await listener.accept()
+            await server.send(big)
+            fragments = [bytes(f) async for f in raw.recv_streaming()]
+            assert len(fragments) >= 4 and b"".join(fragments) == big
+        await server.aclose()
+    async with ws_pair() as (server, client):
+        frames = [
+            big,
+            b"small",
+            rng.randbytes(FRAGMENT_SIZE + 1),
+            b"",
+            rng.randbytes(FRAGMENT_SIZE),
+        ]
+
+        async def send(tag: bytes) -> None:
+            for frame in frames:
+                await server.send(tag + frame)
+
+        async with asyncio.TaskGroup() as tasks:  # two senders: frames never interleave
+            tasks.create_task(send(b"a"))
+            tasks.create_task(send(b"b"))
+            got = [await client.receive() for _ in range(2 * len(frames))]
+        for tag in (b"a", b"b"):
+            assert [g[1:] for g in got if g[:1] == tag] == frames
+
+
+async def test_websocket_a_fragmented_message_over_the_limit_is_refused() -> None:
+    from aps.transports.websocket import FRAGMENT_SIZE
+
+    async with ws_pair(server_limit=2 * FRAGMENT_SIZE) as (server, client):
+        await client.send(bytes(3 * FRAGMENT_SIZE))  # over the server's limit in total
+        with pytest.raises(FrameTooLarge):
+            await server.receive()
+
+
+async def test_websocket_aclose_after_a_large_send_delivers_it_first() -> None:
+    from aps.transports.websocket import FRAGMENT_SIZE
+
+    big = random.Random(4).randbytes(8 * FRAGMENT_SIZE)
+    async with ws_pair() as (server, client):
+        await server.send(big)  # handed over: it leaves in the background
+        closing = asyncio.create_task(server.aclose())
+        assert await client.receive() == big
+        with pytest.raises(EndOfStream):
+            await client.receive()
+        await closing
+
+
+async def test_websocket_a_send_cancelled_behind_a_large_frame_sends_nothing() -> None:
+    from aps.transports.websocket import FRAGMENT_SIZE
+
+    first, second = bytes(32 * FRAGMENT_SIZE), b"\x01" * (2 * FRAGMENT_SIZE)
+    async with ws_pair() as (server, client):
+        await server.send(first)  # nobody reads yet: it cannot all leave
+        waiting = asyncio.create_task(server.send(second))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # it waits for the first frame to leave
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        async with asyncio.TaskGroup() as tasks:  # "after" waits for the first to leave
+            tasks.create_task(server.send(b"after"))
+            assert await client.receive() == first
+            assert await client.receive() == b"after"
+
+
 async def test_websocket_to_a_server_that_is_not_one() -> None:
     async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")

@@ -21,8 +21,10 @@ the local network (or 127.0.0.1) whatever the shell exports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import ssl
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -40,7 +42,13 @@ from aps.errors import (
     TransportClosed,
 )
 from aps.framing import check_max_frame_size, frame_view
-from aps.transports._util import AcceptQueue, check_ssl_side, detach, format_host
+from aps.transports._util import (
+    AcceptQueue,
+    check_ssl_side,
+    detach,
+    format_host,
+    owned_payload,
+)
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
 try:
@@ -71,6 +79,27 @@ _DIRECT: dict[str, Any] = (
 # TCP connection. A live peer answers in milliseconds.
 _CLOSE_TIMEOUT = 5.0
 
+FRAGMENT_SIZE = 1 << 20
+"""Frames larger than this travel as a fragmented WebSocket message of pieces this size.
+
+websockets buffers and slices each incoming WebSocket frame whole: one 40 MB frame costs the
+receiver three fresh 40 MB buffers (its stream buffer, the slice, the message), and fresh
+memory is what large transfers pay for. In 1 MiB fragments the first two stay small and are
+reused, and only the assembled message is new (as over TCP). The peer sees one message.
+"""
+
+
+def _fragments(view: memoryview) -> Iterator[memoryview]:
+    for start in range(0, view.nbytes, FRAGMENT_SIZE):
+        yield view[start : start + FRAGMENT_SIZE]
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    # A send whose caller was cancelled fails unobserved; the next send or receive reports
+    # the broken connection.
+    if not task.cancelled():
+        task.exception()
+
 
 class WebSocketTransport:
     """One WebSocket connection; each frame is one binary message.
@@ -93,6 +122,7 @@ class WebSocketTransport:
         self.max_frame_size = max_frame_size
         self._receiving = False
         self._closed = False
+        self._sending: asyncio.Future[None] | None = None  # a large frame still leaving
 
     @property
     def peer(self) -> str:
@@ -102,8 +132,17 @@ class WebSocketTransport:
     async def send(self, frame: Frame) -> None:
         """Send one frame as one binary message; concurrent calls never interleave.
 
-        Cancellation: websockets writes the whole message to the socket buffer in one
-        synchronous step before it waits, so a cancelled send delivers all or nothing.
+        A frame of at most :data:`FRAGMENT_SIZE` bytes is written to the socket buffer in one
+        synchronous step before ``send`` waits for the buffer to drain. A larger one is
+        handed over and sent in the background (as TCP does): ``send`` returns at once, so
+        that frames to several peers travel at the same time. Every later ``send`` first
+        waits for a large frame handed over to leave, so frames keep their order and a
+        connection holds at most one. A connection that breaks meanwhile raises on the
+        next call. Either way, what is sent
+        is a copy or an immutable ``bytes``, so a mutable buffer can be reused afterwards.
+
+        Cancellation: a frame is delivered whole or not at all; a call cancelled while it
+        waits for a large frame to leave sends nothing.
 
         Raises:
             TransportClosed: this side already closed.
@@ -116,9 +155,24 @@ class WebSocketTransport:
         if view.nbytes > self.max_frame_size:
             raise FrameTooLarge(view.nbytes, self.max_frame_size)
         try:
-            # websockets serializes the frame (a copy) before send() returns, so a mutable
-            # buffer can be reused afterwards.
-            await self._connection.send(view)
+            previous = self._sending
+            if previous is not None:
+                # Frames go out in order: after the large one handed over (which websockets
+                # would make them wait for anyway, once it has started).
+                await asyncio.shield(previous)
+                if self._sending is previous:
+                    self._sending = None
+                previous.result()  # a failure surfaces on the next call
+            if view.nbytes <= FRAGMENT_SIZE:
+                await self._connection.send(view)
+                return
+            # Fragments keep the receiver's buffers small (see FRAGMENT_SIZE); the message
+            # waits for the socket between fragments, so it goes on in a task of its own,
+            # which also completes it if the caller is cancelled later: it is never left half
+            # sent for the next message to interleave with.
+            fragments = _fragments(memoryview(owned_payload(view)))
+            self._sending = asyncio.ensure_future(self._connection.send(fragments))
+            self._sending.add_done_callback(_retrieve)
         except (ConnectionClosed, OSError) as exc:
             if self._closed:
                 raise TransportClosed(
@@ -189,7 +243,13 @@ class WebSocketTransport:
         if self._closed:
             return
         self._closed = True
+        sending = self._sending
         try:
+            if sending is not None and not sending.done():
+                # Frames already handed over leave before the closing handshake (a live
+                # peer reads them; a stuck one is cut off at the close timeout).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(sending), _CLOSE_TIMEOUT)
             await self._connection.close(code, reason)
         except asyncio.CancelledError:
             self._connection.transport.abort()
