@@ -724,7 +724,7 @@ class WorkerPool:
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
-        ``before`` runs for each worker just before its request is sent; ``redo`` gives the
+        ``before`` runs for each worker before any request is sent; ``redo`` gives the
         answer when a replacement took a worker over before answering (its envs start afresh).
         While it runs the pool is busy; a failure that leaves the workers out of step marks
         the pool broken.
@@ -758,9 +758,12 @@ class WorkerPool:
         before: Callable[[Remote], Awaitable[None]] | None,
     ) -> list[Message]:
         remotes = self.remotes
-        for remote, request in zip(remotes, requests, strict=True):
-            if before is not None:
+        if before is not None:
+            # Every worker's preparation first (weights, say), then the requests: large
+            # frames handed to several connections travel at the same time.
+            for remote in remotes:
                 await before(remote)
+        for remote, request in zip(remotes, requests, strict=True):
             await self.send_request(remote, request)
         answers: list[Message] = []
         failure: WorkerError | None = None
