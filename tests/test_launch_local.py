@@ -207,3 +207,11 @@ async def test_local_workers_restart_a_killed_worker_into_its_slots(url: str) ->
         assert not info["_worker_restarted"][2:].any()
         assert launcher.restarts == 1 and learner.restarts == 1
         assert learner.workers[0].pid != victim.pid
+
+
+async def test_local_tls_ca_goes_to_subprocesses_and_not_to_memory_tasks() -> None:
+    launcher = aps.launch.local("CartPole-v1", num_workers=1, tls_ca="/etc/aps/ca.pem")
+    arguments = launcher.spec.worker_arguments(0)
+    assert arguments[arguments.index("--tls-ca") + 1] == "/etc/aps/ca.pem"
+    with pytest.raises(aps.ConfigError, match="memory:// workers have no TLS"):
+        await launcher.start("memory://tls-test")
