@@ -46,18 +46,28 @@ what to run: a Gymnasium id (CartPole-v1), an import path 'package.module:factor
 or a file path 'path/to/envs.py:factory' (the factory returns a new env)"""
 
 
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """Add the subcommand ``name``: ``summary`` in ``aps --help``, ``description`` in its own."""
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aps", description="aps: Gymnasium envs on remote workers, learning stays central."
     )
     parser.add_argument("--version", action="version", version=f"aps {aps.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    worker = commands.add_parser(
-        "worker",
-        help="host envs for a learner",
-        description=_WORKER_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    worker = _command(commands, "worker", "host envs for a learner", _WORKER_HELP)
     worker.add_argument(
         "url", metavar="URL", help="the learner's address, e.g. tcp://10.0.0.5:7000"
     )
@@ -162,12 +172,7 @@ Never pass a token on a command line, where other users of the machine can read 
 
 
 def _add_token(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    token = commands.add_parser(
-        "token",
-        help="print a fresh random token for --token-file",
-        description=_TOKEN_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    token = _command(commands, "token", "print a fresh random token for --token-file", _TOKEN_HELP)
     token.add_argument(
         "--output",
         type=Path,
@@ -206,11 +211,8 @@ Exits 0 when a worker with this token could join, 1 otherwise, saying why.
 
 
 def _add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    check = commands.add_parser(
-        "check",
-        help="dial a learner and prove the token, without joining",
-        description=_CHECK_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    check = _command(
+        commands, "check", "dial a learner and prove the token, without joining", _CHECK_HELP
     )
     check.add_argument("url", metavar="URL", help="the learner's address, as workers dial it")
     check.add_argument(
@@ -260,11 +262,8 @@ when you submit (sbatch passes your environment on).
 
 
 def _add_slurm_script(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    script = commands.add_parser(
-        "slurm-script",
-        help="print a Slurm batch script of workers",
-        description=_SLURM_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    script = _command(
+        commands, "slurm-script", "print a Slurm batch script of workers", _SLURM_HELP
     )
     script.add_argument("url", metavar="URL", help="the learner's address as the nodes dial it")
     script.add_argument("--env", required=True, help=_ENV_HELP)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tomllib
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from aps.cli import _parser
+from tests.test_launch_slurm import free_port
 
 yaml = pytest.importorskip("yaml")
 
@@ -190,13 +190,6 @@ def test_both_run_the_image_the_dockerfile_builds() -> None:
     assert 'ARG TORCH=""' in dockerfile and 'if [ -n "$TORCH" ]; then' in dockerfile
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("torch") for d in project["dependencies"])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def make_certificates(directory: Path) -> bool:
