@@ -1,16 +1,17 @@
-# Two commands do everything: `make demo` and `make test`. Each builds .venv first.
+# Two commands do everything: `make demo` and `make test` (lint, the strict docs build, tests).
+# Each builds .venv first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[websocket,fast,ray]' --group test --group lint --group examples
+	$(PY) -m pip install --quiet -e '.[websocket,fast,ray]' --group test --group lint --group examples --group docs
 	touch $@
 
 demo: $(VENV)/.installed
@@ -21,11 +22,15 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff format --check aps tests examples benchmarks
 	$(PY) -m mypy aps
 
-test: lint
+# The documentation site, strict: a broken link or an unresolved API reference fails.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+test: lint docs
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,7 +1,9 @@
 """The ``aps`` command line.
 
 ``aps worker URL --env ENV --num-envs N`` hosts envs for a learner;
-``aps slurm-script URL --env ENV --nodes N ...`` prints a Slurm batch script of workers.
+``aps slurm-script URL --env ENV --nodes N ...`` prints a Slurm batch script of workers;
+``aps token`` makes a token; ``aps check URL`` dials a learner and proves the token without
+joining; ``aps --version`` prints the version.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import aps
 from aps._loop import run
+from aps._probe import check_learner
 from aps.errors import ApsError, ConfigError
 from aps.launch.base import LOG_LEVELS, WorkerSpec, client_factory
 from aps.launch.local import TOKEN_ENV
@@ -41,17 +46,28 @@ what to run: a Gymnasium id (CartPole-v1), an import path 'package.module:factor
 or a file path 'path/to/envs.py:factory' (the factory returns a new env)"""
 
 
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """Add the subcommand ``name``: ``summary`` in ``aps --help``, ``description`` in its own."""
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aps", description="aps: Gymnasium envs on remote workers, learning stays central."
     )
+    parser.add_argument("--version", action="version", version=f"aps {aps.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    worker = commands.add_parser(
-        "worker",
-        help="host envs for a learner",
-        description=_WORKER_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    worker = _command(commands, "worker", "host envs for a learner", _WORKER_HELP)
     worker.add_argument(
         "url", metavar="URL", help="the learner's address, e.g. tcp://10.0.0.5:7000"
     )
@@ -135,7 +151,105 @@ def _parser() -> argparse.ArgumentParser:
         help="default INFO",
     )
     _add_slurm_script(commands)
+    _add_token(commands)
+    _add_check(commands)
     return parser
+
+
+TOKEN_BYTES = 32
+"""Random bytes in a token from ``aps token``: 256 bits, printed as 64 hex digits."""
+
+_TOKEN_HELP = f"""\
+Print a fresh random token ({TOKEN_BYTES} random bytes from the operating system, as hex) for
+a learner and its workers. Keep it in a file only you can read and give that file to the
+workers with --token-file:
+
+    aps token --output token.txt      # created with mode 0600, never overwritten
+    (umask 077 && aps token > token.txt)
+
+Never pass a token on a command line, where other users of the machine can read it.
+"""
+
+
+def _add_token(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    token = _command(commands, "token", "print a fresh random token for --token-file", _TOKEN_HELP)
+    token.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the token to FILE (created with mode 0600; an existing FILE is refused) "
+        "instead of printing it",
+    )
+
+
+def _make_token(output: Path | None) -> None:
+    token = secrets.token_hex(TOKEN_BYTES)
+    if output is None:
+        print(token)
+        return
+    try:
+        # O_EXCL: never truncate a token a running learner or its workers still use.
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(
+            f"{str(output)!r} exists; aps token never overwrites a token file: remove it "
+            "first or choose another name"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create the token file {str(output)!r}: {exc.strerror}") from exc
+    with os.fdopen(fd, "w") as file:
+        file.write(token + "\n")
+
+
+_CHECK_HELP = """\
+Dial the learner at URL as a worker would, prove the token and leave without joining: the
+learner refuses the check (it offers no envs) after checking the token and before giving it a
+worker's slot, and logs it as a refused worker. Prints the time to connect and one round trip.
+Exits 0 when a worker with this token could join, 1 otherwise, saying why.
+"""
+
+
+def _add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = _command(
+        commands, "check", "dial a learner and prove the token, without joining", _CHECK_HELP
+    )
+    check.add_argument("url", metavar="URL", help="the learner's address, as workers dial it")
+    check.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="F",
+        help=f"file holding the learner's token (or set {TOKEN_ENV})",
+    )
+    check.add_argument("--tls-ca", default=None, metavar="FILE", help="see aps worker --help")
+    check.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the longest the check may take (default %(default)s)",
+    )
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    token = _read_token(args.token_file)
+    result = run(
+        check_learner(
+            args.url,
+            token=token,
+            factory=client_factory(args.url, args.tls_ca),
+            timeout=args.timeout,
+        ),
+        use_uvloop=False,
+    )
+    proof = "accepted" if token is not None else "none given, none needed"
+    print(f"learner:    {result.url}, protocol {result.protocol_version}")
+    print(f"token:      {proof}")
+    print(f"connect:    {result.connect_seconds * 1e3:.1f} ms")
+    print(f"round trip: {result.round_trip_seconds * 1e3:.1f} ms")
 
 
 _SLURM_HELP = """\
@@ -148,11 +262,8 @@ when you submit (sbatch passes your environment on).
 
 
 def _add_slurm_script(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    script = commands.add_parser(
-        "slurm-script",
-        help="print a Slurm batch script of workers",
-        description=_SLURM_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    script = _command(
+        commands, "slurm-script", "print a Slurm batch script of workers", _SLURM_HELP
     )
     script.add_argument("url", metavar="URL", help="the learner's address as the nodes dial it")
     script.add_argument("--env", required=True, help=_ENV_HELP)
@@ -242,14 +353,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=getattr(args, "log_level", "WARNING"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    if args.command == "slurm-script":
+    if args.command != "worker":
         try:
-            print(_slurm_script(args), end="")
+            if args.command == "slurm-script":
+                print(_slurm_script(args), end="")
+            elif args.command == "token":
+                _make_token(args.output)
+            else:
+                _check(args)
         except ApsError as exc:
-            print(f"aps slurm-script: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"aps {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            return 130
         return 0
     try:
         if args.env_kwargs is not None and not isinstance(args.env_kwargs, dict):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -163,30 +162,6 @@ async def test_cli_worker_dials_a_tls_learner_with_tls_ca(tmp_path: Path) -> Non
             assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
-def test_the_kubernetes_job_runs_one_seeded_worker_per_pod() -> None:
-    yaml = pytest.importorskip("yaml")
-    path = Path(__file__).resolve().parent.parent / "examples" / "k8s" / "workers-job.yaml"
-    (job,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-    assert job["kind"] == "Job"
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 8
-    pod = job["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert pod["volumes"][0]["secret"]["secretName"] == "aps-token"
-    environ = {e["name"]: e["value"] for e in container["env"]}
-    # Run the pod's command line as its shell would, with echo in place of aps.
-    command = container["args"][0].replace("exec aps worker", "exec echo aps worker")
-    out = subprocess.run(
-        [*container["command"], command],
-        env={**environ, "LEARNER_HOST": "127.0.0.1", "JOB_COMPLETION_INDEX": "2"},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert out[:3] == ["aps", "worker", "tcp://127.0.0.1:7000"]
-    assert out[out.index("--seed") + 1] == "32"
-    assert out[out.index("--token-file") + 1] == "/var/run/aps/token"
-
-
 @pytest.mark.parametrize("url", ["tcp://127.0.0.1:0", "unix://"])
 async def test_local_workers_restart_a_killed_worker_into_its_slots(url: str) -> None:
     launcher = aps.launch.local("CartPole-v1", num_workers=2, envs_per_worker=2, restart=True)
@@ -207,3 +182,11 @@ async def test_local_workers_restart_a_killed_worker_into_its_slots(url: str) ->
         assert not info["_worker_restarted"][2:].any()
         assert launcher.restarts == 1 and learner.restarts == 1
         assert learner.workers[0].pid != victim.pid
+
+
+async def test_local_tls_ca_goes_to_subprocesses_and_not_to_memory_tasks() -> None:
+    launcher = aps.launch.local("CartPole-v1", num_workers=1, tls_ca="/etc/aps/ca.pem")
+    arguments = launcher.spec.worker_arguments(0)
+    assert arguments[arguments.index("--tls-ca") + 1] == "/etc/aps/ca.pem"
+    with pytest.raises(aps.ConfigError, match="memory:// workers have no TLS"):
+        await launcher.start("memory://tls-test")

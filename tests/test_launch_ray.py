@@ -170,3 +170,33 @@ async def test_restarted_actor_dials_again(ray: Any) -> None:
             assert lost.value.worker_id == 1
     finally:
         await workers.stop()
+
+
+def test_restarted_actor_takes_over_the_lost_workers_envs_under_wait(ray: Any) -> None:
+    # What docs/multi-machine.md promises for restart=True with on_worker_lost="wait".
+    workers = launcher(restart=True, max_restarts=2)
+    envs = aps.ClusterEnv(
+        "tcp://127.0.0.1:0",
+        num_workers=WORKERS,
+        launcher=workers,
+        on_worker_lost="wait",
+        reconnect_timeout=60,
+    )
+    try:
+        envs.reset(seed=0)
+        before = {w.pid for w in envs.workers}
+        ray.kill(workers.actors[1], no_restart=False)
+        restarted = np.zeros(WORKERS * ENVS_PER_WORKER, dtype=bool)
+        for _ in range(200):
+            *_, truncated, info = envs.step(envs.action_space.sample())
+            if "worker_restarted" in info:
+                restarted = info["_worker_restarted"]
+                assert truncated[restarted].all()
+                break
+        # The restarted actor's worker holds the lost worker's envs (the last three).
+        assert restarted.tolist() == [False] * ENVS_PER_WORKER + [True] * ENVS_PER_WORKER
+        after = {w.pid for w in envs.workers}
+        assert len(after - before) == 1
+        envs.step(envs.action_space.sample())
+    finally:
+        envs.close()

@@ -60,6 +60,7 @@ def local(
     restart: bool = False,
     max_restarts: int = 100,
     vector: str = "sync",
+    tls_ca: str | None = None,
 ) -> LocalWorkers:
     """Workers on this machine: subprocesses, or tasks for ``memory://``.
 
@@ -81,6 +82,7 @@ def local(
         restart=restart,
         max_restarts=max_restarts,
         vector=vector,
+        tls_ca=tls_ca,
     )
 
 

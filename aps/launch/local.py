@@ -84,6 +84,8 @@ class LocalWorkers:
         max_restarts: the most replacements :attr:`restart` starts.
         vector: how each worker runs its envs: ``"sync"``, ``"async"`` (a subprocess per
             env) or ``"envpool"`` (see :mod:`aps.vector`).
+        tls_ca: a CA certificate file (PEM): subprocess workers dial with TLS and check the
+            learner's certificate against it (``aps worker --tls-ca``).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class LocalWorkers:
         restart: bool = False,
         max_restarts: int = 100,
         vector: str = "sync",
+        tls_ca: str | None = None,
     ) -> None:
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
@@ -118,6 +121,7 @@ class LocalWorkers:
             seed=seed,
             connect_timeout=(timeouts or Timeouts()).connect,
             vector=vector,
+            tls_ca=tls_ca,
         )
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
@@ -149,6 +153,11 @@ class LocalWorkers:
         if self._state == "running":
             raise InvalidState("these local workers are already started; stop() them first")
         if url.startswith("memory:"):
+            if spec.tls_ca is not None:
+                raise ConfigError(
+                    f"tls_ca={spec.tls_ca!r} with {url}: in-process memory:// workers have no "
+                    "TLS; drop tls_ca or listen on tcp://"
+                )
             self._start_tasks(url, spec)
         else:
             self._start_processes(url, spec)

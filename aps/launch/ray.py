@@ -105,7 +105,9 @@ class RayWorkers:
     :meth:`stop`). Each actor reserves
     ``num_cpus``, ``num_gpus`` and ``resources``; with a placement group the whole set is
     reserved at once (``"spread"`` over the nodes, ``"pack"`` onto as few as possible, or
-    their ``strict_`` forms).
+    their ``strict_`` forms). ``env_kwargs``, ``seed``, ``compute_delays``, ``comm_delays``,
+    ``log_level``, ``connect_timeout``, ``tls_ca`` and ``vector`` are
+    :class:`~aps.launch.WorkerSpec`'s.
 
     Args:
         env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a module-level
@@ -131,8 +133,6 @@ class RayWorkers:
             ``env_vars``), e.g. to ship a local env module to the nodes.
         learner_host: the name or address actors dial when the learner listens on a
             wildcard address (``0.0.0.0``); default the driver node's IP as Ray sees it.
-        env_kwargs, seed, compute_delays, comm_delays, log_level, connect_timeout, tls_ca,
-            vector: see :class:`~aps.launch.WorkerSpec`.
         use_uvloop: the actors' event loop (default: uvloop when installed).
         poll_interval: seconds between two checks of :meth:`watch`.
 

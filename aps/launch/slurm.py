@@ -214,20 +214,20 @@ class SlurmJob:
     left the queue); :meth:`watch` raises when the job ends while the learner still waits;
     :meth:`stop` lets the job finish after the learner's goodbye, cancels it with
     ``scancel`` otherwise, and removes the token file. The script and the job's log
-    (``aps-workers-JOBID.out``) stay in ``directory``.
+    (``aps-workers-JOBID.out``) stay in ``directory``. ``nodes``, ``tasks_per_node``,
+    ``partition``, ``time``, ``cpus_per_task``, ``gpus_per_task``, ``job_name``,
+    ``extra_sbatch`` and ``python`` are :func:`sbatch_script`'s; ``env_kwargs``, ``seed``,
+    ``compute_delays``, ``comm_delays``, ``log_level``, ``connect_timeout``, ``tls_ca`` and
+    ``vector`` are :class:`~aps.launch.WorkerSpec`'s.
 
     Args:
         env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a module-level
             function, importable on the nodes.
-        nodes, tasks_per_node, partition, time, cpus_per_task, gpus_per_task, job_name,
-            extra_sbatch, python: see :func:`sbatch_script`.
         envs_per_worker: envs hosted by each worker (task).
         directory: where the script, the token file and the log go (default
             ``./aps-slurm``); must be visible from the nodes.
         learner_host: the name or address the nodes dial when the learner listens on a
             wildcard address (``0.0.0.0``); default this machine's host name.
-        env_kwargs, seed, compute_delays, comm_delays, log_level, connect_timeout, tls_ca,
-            vector: see :class:`~aps.launch.WorkerSpec`.
         poll_interval: seconds between two ``squeue`` calls of :meth:`watch`.
 
     Raises:
