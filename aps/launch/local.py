@@ -198,6 +198,7 @@ class LocalWorkers:
                     compute_delay=spec.compute_delay_of(index),
                     comm_delay=spec.comm_delay_of(index),
                     label=str(index),
+                    policy=spec.policy,
                     vector=spec.vector,
                 )
                 return asyncio.create_task(worker.run(), name=f"aps worker {index}")
