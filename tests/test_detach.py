@@ -408,6 +408,7 @@ async def test_a_chunk_that_does_not_fit_the_worker_is_refused(
             env_kwargs={"max_episode_steps": 5},
             timeouts=FAST,
             tamper=tamper,
+            policy=POLICY,
         )
         workers.tasks.append(asyncio.create_task(bad.run()))
         await learner.reset(seed=0)

@@ -60,7 +60,7 @@ class Workers:
     def process(self, url: str, *args: str) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "aps", "worker", url, "--env", "CartPole-v1"]
         process = subprocess.Popen(
-            [*command, "--num-envs", str(ENVS), *args],
+            [*command, "--num-envs", str(ENVS), "--allow-policy", TEST_POLICIES[0], *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
