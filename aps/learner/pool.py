@@ -223,9 +223,10 @@ class _Pending:
 
 
 class _RefusalLog:
-    """Logs refusals one by one up to a burst per window, then one summary line.
+    """Logs refusals as warnings up to a burst per window, then one summary line.
 
-    A flood of bad connections must not become a flood of log lines.
+    A flood of bad connections must not become a flood of warnings; the refusals past the
+    burst are logged at debug level.
     """
 
     def __init__(self) -> None:
@@ -246,6 +247,8 @@ class _RefusalLog:
             self._logged += 1
             log.warning("refused a worker at %s", text)
         else:
+            # Still one record per refusal, for whoever listens at debug level.
+            log.debug("refused a worker at %s", text)
             self._unlogged += 1
             self._latest = text
 
