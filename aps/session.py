@@ -281,7 +281,9 @@ class Session:
                 await asyncio.sleep(interval - quiet)
 
     async def _abort(self, reason: str) -> None:
-        log.warning("closing the connection to %s: %s", self.peer, reason)
+        # Before authentication the role logs the refusal (summed up in a flood).
+        report = log.warning if self._authenticated else log.debug
+        report("closing the connection to %s: %s", self.peer, reason)
         await self.aclose(reason[:200])
 
     async def aclose(self, reason: str = "", *, goodbye: bool = True) -> None:

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -435,6 +436,40 @@ async def test_closing_after_a_loss_under_wait_does_not_wait() -> None:
                 await stepping
     finally:
         await learner.aclose()
+
+
+async def test_leaving_a_chunk_stream_after_a_loss_under_wait_does_not_wait() -> None:
+    """The lost worker's owed chunks are dropped whenever it comes back; the stream ends now."""
+    import gymnasium as gym
+
+    from tests.agents import Agent
+
+    timeouts = aps.Timeouts(connect=30, handshake=5, step=10)
+    learner = aps.Learner(
+        TCP,
+        num_workers=1,
+        timeouts=timeouts,
+        policy=AGENT,
+        on_worker_lost="wait",
+        reconnect_timeout=600,
+    )
+    async with learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", timeouts=FAST, policy=AGENT)
+        task = asyncio.create_task(worker.run())
+        await learner.wait_for_workers(30)
+        env = gym.make("CartPole-v1")
+        spaces = types.SimpleNamespace(
+            single_observation_space=env.observation_space, single_action_space=env.action_space
+        )
+        env.close()
+        await learner.publish(Agent(spaces))
+        async with asyncio.timeout(60):  # far below reconnect_timeout
+            async for _ in learner.chunks(4, max_in_flight=2):
+                task.cancel()  # the worker goes away, the stream still owes its chunks
+                await asyncio.wait([task])
+                await until(lambda: not learner._pool.remotes[0].attached.is_set())
+                break
+        assert learner._pool.remotes[0].discard > 0
 
 
 async def test_a_worker_whose_learner_is_gone_exits_non_zero_after_its_window(

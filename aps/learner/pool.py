@@ -63,7 +63,7 @@ from aps.messages import (
 )
 from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.session import Session, Timeouts
-from aps.transports.base import Listener, TransportFactory
+from aps.transports.base import Listener, Transport, TransportFactory
 
 __all__ = [
     "MAX_HANDSHAKES",
@@ -175,6 +175,9 @@ class Remote:
     restarted: bool = False
     needs_reset: bool = False
     reset_next: bool = False
+    # Answers still owed that nobody waits for any more (a stream ended while the worker
+    # was away): they are received and dropped when they come.
+    discard: int = 0
 
     def envs_reset(self) -> None:
         """Note that this slot's envs were just reset by whoever serves it."""
@@ -218,6 +221,7 @@ class _Pending:
     """A handshake in progress."""
 
     task: asyncio.Task[None]
+    peer: str
     host: str
     greeted: bool = False  # the peer said hello: it is past the cheap stage of a flood
 
@@ -447,24 +451,35 @@ class WorkerPool:
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.05)
                 continue
-            session = Session(
-                transport,
-                Role.LEARNER,
-                heartbeat_interval=self.timeouts.heartbeat_interval,
-            )
-            host = _host_of(session.peer)
-            if self._make_room(host):
-                task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
-                self._pending[task] = _Pending(task, host)
-                task.add_done_callback(self._forget_pending)
-            elif len(self._admissions) < 2 * MAX_HANDSHAKES:
-                task = asyncio.create_task(self._turn_away(session), name="aps turn away")
-            else:
-                # Even the answers to busy refusals are backed up: drop the connection.
-                self._refusal_log.note(f"{session.peer}: the learner is overloaded")
-                task = asyncio.create_task(session.aclose(), name="aps drop")
-            self._admissions.add(task)
-            task.add_done_callback(self._admissions.discard)
+            try:
+                self._admit_later(transport)
+            except Exception:
+                # Nothing about one connection may stop the learner from accepting the next.
+                log.exception("admitting a connection from %s failed", transport.peer)
+                detached = asyncio.create_task(transport.aclose(), name="aps close")
+                self._admissions.add(detached)
+                detached.add_done_callback(self._admissions.discard)
+
+    def _admit_later(self, transport: Transport) -> None:
+        """Start admitting ``transport`` in a task of its own (or turn it away)."""
+        session = Session(
+            transport,
+            Role.LEARNER,
+            heartbeat_interval=self.timeouts.heartbeat_interval,
+        )
+        host = _host_of(session.peer)
+        if self._make_room(host):
+            task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
+            self._pending[task] = _Pending(task, session.peer, host)
+            task.add_done_callback(self._forget_pending)
+        elif len(self._admissions) < 2 * MAX_HANDSHAKES:
+            task = asyncio.create_task(self._turn_away(session), name="aps turn away")
+        else:
+            # Even the answers to busy refusals are backed up: drop the connection.
+            self._refusal_log.note(f"{session.peer}: Busy: the learner is overloaded; dropped")
+            task = asyncio.create_task(session.aclose(), name="aps drop")
+        self._admissions.add(task)
+        task.add_done_callback(self._admissions.discard)
 
     def _forget_pending(self, task: asyncio.Task[None]) -> None:
         self._pending.pop(task, None)
@@ -490,15 +505,16 @@ class WorkerPool:
         del self._pending[victim.task]
         victim.task.cancel()
         self._refusal_log.note(
-            f"{victim.host}: dropped a connection that had not said hello, to make room "
-            f"({MAX_HANDSHAKES} handshakes at most, {MAX_HANDSHAKES_PER_HOST} per address)"
+            f"{victim.peer}: Timeout: dropped before its hello, to make room for a newer "
+            f"connection ({MAX_HANDSHAKES} handshakes at most, {MAX_HANDSHAKES_PER_HOST} per "
+            "address)"
         )
         return True
 
     async def _turn_away(self, session: Session) -> None:
         """Tell a connection the learner is busy, and when to dial again."""
         self._refusal_log.note(
-            f"{session.peer}: {MAX_HANDSHAKES} handshakes in progress; told to retry"
+            f"{session.peer}: Busy: {MAX_HANDSHAKES} handshakes in progress; told to dial again"
         )
         reason = f"the learner is busy with {MAX_HANDSHAKES} handshakes; dial again"
         with contextlib.suppress(ApsError):
@@ -710,6 +726,7 @@ class WorkerPool:
         self._by_session[spare.session_id] = remote
         void = tuple(remote.unanswered)
         remote.unanswered.clear()
+        remote.discard = 0
         remote.sent = remote.received = 0
         remote.restarted = True
         remote.needs_reset = self.was_reset
@@ -872,6 +889,14 @@ class WorkerPool:
         if self.busy:
             raise InvalidState(f"{operation}() called while {running}")
 
+    def forget_answers(self, remote: Remote) -> None:
+        """Stop waiting for the answers ``remote`` owes: they are dropped when they come.
+
+        For a caller that no longer needs them (a chunk stream that ends) while the worker is
+        lost and may resume much later.
+        """
+        remote.discard = len(remote.unanswered)
+
     def drop(self, remote: Remote) -> None:
         """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
         self.dropped.add(remote.info.worker_id)
@@ -1003,6 +1028,9 @@ class WorkerPool:
                     return None
                 continue
             if self._accept_answer(remote, message):
+                if remote.discard:
+                    remote.discard -= 1
+                    continue
                 return message
 
     async def call(self, remote: Remote, request: Request, operation: str) -> Message | None:
