@@ -454,21 +454,27 @@ async def test_leaving_a_chunk_stream_after_a_loss_under_wait_does_not_wait() ->
         reconnect_timeout=600,
     )
     async with learner:
-        worker = aps.Worker(learner.url, "CartPole-v1", timeouts=FAST, policy=AGENT)
-        task = asyncio.create_task(worker.run())
-        await learner.wait_for_workers(30)
-        env = gym.make("CartPole-v1")
-        spaces = types.SimpleNamespace(
-            single_observation_space=env.observation_space, single_action_space=env.action_space
-        )
-        env.close()
-        await learner.publish(Agent(spaces))
-        async with asyncio.timeout(60):  # far below reconnect_timeout
-            async for _ in learner.chunks(4, max_in_flight=2):
-                task.cancel()  # the worker goes away, the stream still owes its chunks
-                await asyncio.wait([task])
-                await until(lambda: not learner._pool.remotes[0].attached.is_set())
-                break
+        command = [sys.executable, "-m", "aps", "worker", learner.url, "--env", "CartPole-v1"]
+        process = _spawn([*command, "--policy", AGENT], stderr=subprocess.DEVNULL)
+        try:
+            await learner.reset(seed=0)
+            env = gym.make("CartPole-v1")
+            spaces = types.SimpleNamespace(
+                single_observation_space=env.observation_space,
+                single_action_space=env.action_space,
+            )
+            env.close()
+            await learner.publish(Agent(spaces))
+            stream = learner.chunks(3000, max_in_flight=2)  # long chunks: one stays owed
+            async with asyncio.timeout(60):  # far below reconnect_timeout
+                async for _ in stream:
+                    process.kill()  # the worker goes away, the stream still owes a chunk
+                    await until(lambda: not learner._pool.remotes[0].attached.is_set())
+                    break
+                await stream.aclose()  # leaving the stream
+        finally:
+            process.kill()
+            await asyncio.to_thread(process.wait)
         assert learner._pool.remotes[0].discard > 0
 
 
