@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from aps.collect import Chunk, PolicyVersions, Rollout, sample_states
+from aps.collect import STALL_LAG, Chunk, PolicyVersions, Rollout, sample_states
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
 from aps.learner.pool import Remote, WorkerPool, expect
 from aps.messages import (
@@ -59,6 +59,7 @@ class _SlotSync:
     states: np.ndarray[Any, Any] | None = None  # a sample of the states it acted on last
     preparing: bool = False  # its reset is outstanding: chunk requests wait (counted in lost)
     lost: int = 0  # chunks its predecessor owed the stream, to ask of it
+    declined_all: bool = True  # every decision since its last sync measured and declined
 
 
 class Detach:
@@ -78,6 +79,7 @@ class Detach:
         self._slots: dict[Remote, _SlotSync] = {}
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
+        self._warned_stall = False
 
     def _slot(self, remote: Remote) -> _SlotSync:
         slot = self._slots.get(remote)
@@ -113,6 +115,7 @@ class Detach:
         slot.lost += sum(isinstance(r, RolloutRequest) for r in void)
         slot.steps_since_sync = slot.last_chunk_version = 0
         slot.states = None
+        slot.declined_all = True
 
     async def rejoined(self, remote: Remote) -> None:
         """Send a resumed worker the newest version if it no longer holds it."""
@@ -171,6 +174,27 @@ class Detach:
         if self.sync.should_sync(context):
             await self._send_weights(remote)
             self._prune()
+            return
+        slot.declined_all &= bool(measured)
+        lag = versions.current - held
+        if slot.declined_all and lag >= STALL_LAG and not remote.metrics.stalled:
+            self._stalled(remote, held, versions.current, measured[0])
+
+    def _stalled(self, remote: Remote, held: int, current: int, divergence: float) -> None:
+        metrics = remote.metrics
+        metrics.stalled = True
+        metrics.stalls += 1
+        if not self._warned_stall:
+            self._warned_stall = True  # once per learner: the metrics count every stall
+            log.warning(
+                "worker %d still acts with version %d while the learner is at %d: every sync "
+                "decision since its last weights measured its divergence (last %.3g) and "
+                "declined. A threshold above what an update can move a stale policy by (PPO "
+                "clips against it) is never crossed, and learning stalls; bound staleness "
+                "with APS(kl_threshold, max_lag=16) or lower the threshold (metrics.stalled "
+                "lists stalled workers)",
+                *(remote.info.worker_id, held, current, divergence),
+            )
 
     async def _send_weights(self, remote: Remote) -> None:
         versions = self.versions
@@ -185,9 +209,11 @@ class Detach:
         metrics.version = version
         metrics.syncs += 1
         metrics.weight_bytes += versions.nbytes(version)
+        metrics.stalled = False
         slot = self._slot(remote)
         slot.steps_since_sync = 0
         slot.synced_at = time.monotonic()
+        slot.declined_all = True
 
     def _prune(self) -> None:
         if self.versions is not None:
