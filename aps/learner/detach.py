@@ -8,7 +8,7 @@ strategy asks for it), and checks and accounts for every chunk: its shapes, the 
 acted with, and the policy lag of its transitions.
 
 Per worker slot it keeps what the sync decision needs (steps and seconds since the last sync,
-a sample of the states the worker acted on); as the pool's :class:`~aps.learner.pool.SlotHooks`
+the states the worker acted on last); as the pool's :class:`~aps.learner.pool.SlotHooks`
 it rehydrates a worker that resumed without the newest weights, and asks a replacement for the
 chunks its predecessor owed a stream.
 """
@@ -56,7 +56,7 @@ class _SlotSync:
     steps_since_sync: int = 0
     synced_at: float = 0.0
     last_chunk_version: int = 0
-    states: np.ndarray[Any, Any] | None = None  # a sample of the states it acted on last
+    acted_on: np.ndarray[Any, Any] | None = None  # the observations of its latest chunk
     preparing: bool = False  # its reset is outstanding: chunk requests wait (counted in lost)
     lost: int = 0  # chunks its predecessor owed the stream, to ask of it
     declined_all: bool = True  # every decision since its last sync measured and declined
@@ -114,7 +114,7 @@ class Detach:
         slot = self._slot(remote)
         slot.lost += sum(isinstance(r, RolloutRequest) for r in void)
         slot.steps_since_sync = slot.last_chunk_version = 0
-        slot.states = None
+        slot.acted_on = None
         slot.declined_all = True
 
     async def rejoined(self, remote: Remote) -> None:
@@ -156,9 +156,13 @@ class Detach:
 
         def divergence() -> float:
             if not measured:
-                states = slot.states
+                acted_on = slot.acted_on
                 # No chunk yet: nothing to measure on, so treat the worker as far away.
-                value = math.inf if states is None else versions.divergence(held, states)
+                value = (
+                    math.inf
+                    if acted_on is None
+                    else versions.divergence(held, sample_states(acted_on, versions.max_states))
+                )
                 measured.append(value)
                 remote.metrics.divergences.append(value)
             return measured[0]
@@ -255,7 +259,8 @@ class Detach:
                     f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
                     "worker is not a compatible aps worker"
                 )
-        if np.any((message.episode_env < 0) | (message.episode_env >= info.num_envs)):
+        episode_env = message.episode_env
+        if episodes[0] and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
             raise ProtocolError(
                 f"worker {info.worker_id} sent episodes of envs outside its "
                 f"{info.num_envs}; the worker is not a compatible aps worker"
@@ -269,7 +274,8 @@ class Detach:
                 f"{message.truncated_index.shape} for {cuts} truncated steps, expected "
                 f"{last_obs} and {(cuts, 2)}; the worker is not a compatible aps worker"
             )
-        if not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
+        # With no truncated step, the shapes above already say the indices are right.
+        if cuts and not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
             raise ProtocolError(
                 f"worker {info.worker_id} sent truncated observations at (step, env) indices "
                 "that are not its truncated steps; the worker is not a compatible aps worker"
@@ -292,7 +298,8 @@ class Detach:
         metrics.lag_sum += lag * transitions
         metrics.lag_max = max(metrics.lag_max, lag)
         slot.steps_since_sync += transitions
-        slot.states = sample_states(message.obs, versions.max_states)
+        slot.acted_on = message.obs  # sampled only if a divergence is measured on it
+        offset = info.env_offset
         return Chunk(
             worker_id=info.worker_id,
             env_offset=info.env_offset,
@@ -308,9 +315,13 @@ class Detach:
             next_obs=message.next_obs,
             episode_return=message.episode_return,
             episode_length=message.episode_length,
-            episode_env=message.episode_env + info.env_offset,
+            episode_env=episode_env + offset if offset and episodes[0] else episode_env,
             truncated_obs=message.truncated_obs,
-            truncated_index=message.truncated_index + np.array([0, info.env_offset]),
+            truncated_index=(
+                message.truncated_index + np.array([0, offset])
+                if offset and cuts
+                else message.truncated_index
+            ),
         )
 
     async def rollout(self, num_steps: int) -> Rollout:
