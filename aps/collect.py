@@ -8,18 +8,37 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from aps import codec
 from aps._typing import Array
+from aps.errors import ConfigError
 from aps.messages import Weights
 
-__all__ = ["Chunk", "Metrics", "PolicyVersions", "Rollout", "WorkerMetrics", "sample_states"]
+__all__ = [
+    "STALL_LAG",
+    "Chunk",
+    "Metrics",
+    "PolicyVersions",
+    "Rollout",
+    "WeightPrecision",
+    "WorkerMetrics",
+    "sample_states",
+]
+
+WeightPrecision = Literal["exact", "float16"]
+"""How published weights travel: as the module holds them, or with floats rounded to float16."""
 
 DIVERGENCE_HISTORY = 1000
 """How many recent divergence values each worker's metrics keep."""
+
+STALL_LAG = 64
+"""Versions behind at which a worker whose every sync decision declined on a measured
+divergence counts as stalled: four times the default ``APS(max_lag=16)``, so a bounded APS
+never reaches it, while a threshold above what the learner's updates can move a stale
+policy by (PPO clipped against it) is reported long before the run ends."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +176,11 @@ class WorkerMetrics:
         chunks: chunks received from it.
         dropped_chunks: chunks that arrived after their stream was closed and were discarded.
         resumes: times the worker resumed its session after its connection dropped.
+        stalled: the worker is at least :data:`STALL_LAG` versions behind, and every sync
+            decision since it last got weights measured its divergence and declined: the
+            pattern of a threshold it can never cross (see :mod:`aps.sync`). Cleared when it
+            is synced.
+        stalls: times it was found stalled.
     """
 
     worker_id: int
@@ -172,6 +196,8 @@ class WorkerMetrics:
     chunks: int = 0
     dropped_chunks: int = 0
     resumes: int = 0
+    stalled: bool = False
+    stalls: int = 0
 
     @property
     def lag_mean(self) -> float:
@@ -191,6 +217,8 @@ class WorkerMetrics:
             chunks=self.chunks,
             dropped_chunks=self.dropped_chunks,
             resumes=self.resumes,
+            stalled=self.stalled,
+            stalls=self.stalls,
         )
         copy.divergences.extend(self.divergences)
         return copy
@@ -230,6 +258,11 @@ class Metrics:
         """Largest policy lag of any transition."""
         return max((w.lag_max for w in self.workers), default=0)
 
+    @property
+    def stalled(self) -> tuple[int, ...]:
+        """Ids of the workers stalled now (see :attr:`WorkerMetrics.stalled`)."""
+        return tuple(w.worker_id for w in self.workers if w.stalled)
+
     def as_dict(self) -> dict[str, Any]:
         """Totals and per-worker figures as plain numbers, for logs and JSON."""
         return {
@@ -239,6 +272,7 @@ class Metrics:
             "transitions": self.transitions,
             "lag_mean": self.lag_mean,
             "lag_max": self.lag_max,
+            "stalled": list(self.stalled),
             "workers": [
                 {
                     "worker_id": w.worker_id,
@@ -251,6 +285,8 @@ class Metrics:
                     "chunks": w.chunks,
                     "divergence_last": w.divergences[-1] if w.divergences else None,
                     "divergence_max": max(w.divergences, default=None),
+                    "stalled": w.stalled,
+                    "stalls": w.stalls,
                 }
                 for w in self.workers
             ],
@@ -270,6 +306,10 @@ class PolicyVersions:
     So a publish copies the weights once (into memory reused from earlier frames where
     possible), and the frame sent to every worker is the version itself.
 
+    With ``precision="float16"`` a version's float arrays are rounded to float16 when it is
+    published: that is what travels and what workers act with, and divergences are measured
+    against it too, so APS compares the policies the workers really hold.
+
     torch is imported on the first :meth:`publish`, never before.
     """
 
@@ -279,7 +319,11 @@ class PolicyVersions:
         action_space: Any,
         *,
         max_states: int = 1024,
+        precision: WeightPrecision = "exact",
     ) -> None:
+        if precision not in ("exact", "float16"):
+            raise ConfigError(f"weight precision must be 'exact' or 'float16', got {precision!r}")
+        self.precision: WeightPrecision = precision
         self._spaces = (observation_space, action_space)
         self.max_states = max_states
         self.current = 0
@@ -306,7 +350,7 @@ class PolicyVersions:
             ConfigError: the agent is not a policy aps can run (or ``epsilon`` was given for
                 a policy that does not explore with it).
         """
-        from aps.policy import Policy
+        from aps.policy import Policy, compact_weights
 
         if isinstance(agent, Policy):
             policy = agent
@@ -321,9 +365,10 @@ class PolicyVersions:
             self._live.epsilon = epsilon
             self.epsilon = epsilon
         version = self.current + 1
-        frame = codec.encode(
-            Weights(version=version, arrays=policy.get_weights(copy=False), epsilon=self.epsilon)
-        )
+        arrays = policy.get_weights(copy=False)
+        if self.precision == "float16":
+            arrays = compact_weights(arrays)
+        frame = codec.encode(Weights(version=version, arrays=arrays, epsilon=self.epsilon))
         weights = codec.decode(frame, max_frame_size=len(frame))
         assert isinstance(weights, Weights)
         self.current = version
@@ -352,10 +397,10 @@ class PolicyVersions:
             return 0.0
         if self._live_version != self.current:
             # Loaded only when measured: strategies that never measure never pay for it.
-            self._live.set_weights(self._weights[self.current])
+            self._live.set_weights(self._weights[self.current], widen=True)
             self._live_version = self.current
         if self._probe_version != version:
-            self._probe.set_weights(self._weights[version])
+            self._probe.set_weights(self._weights[version], widen=True)
             self._probe.set_behaviour_params(self._behaviour[version])
             self._probe_version = version
         return float(self._probe.kl(self._live, obs, max_states=self.max_states))

@@ -11,7 +11,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from aps._typing import Array, Info
-from aps.collect import Chunk, Metrics, Rollout
+from aps.collect import Chunk, Metrics, Rollout, WeightPrecision
 from aps.errors import ConfigError, InvalidState
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
@@ -59,6 +59,11 @@ class Learner:
             workers are kept as spares for this. ``"drop"``: chunk streams and gradient
             rounds go on with the other workers; lockstep calls raise.
         reconnect_timeout: seconds ``"wait"`` waits for a resume or a replacement.
+        weight_precision: how published weights travel: ``"exact"`` (default), or
+            ``"float16"``, which rounds float weights to float16 (half a float32 policy's
+            bytes). Workers then act with the rounded weights, and APS measures divergence
+            against them; behaviour log-probabilities stay the workers' own, so PPO's
+            correction stays exact.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -86,6 +91,7 @@ class Learner:
         launcher: Launcher | None = None,
         on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
+        weight_precision: WeightPrecision = "exact",
     ) -> None:
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
@@ -125,7 +131,6 @@ class Learner:
         self.num_workers = num_workers
         self.autoreset_mode = mode
         self.policy = policy
-        self.sync = sync
         self.launcher = launcher
         self.on_worker_lost: OnWorkerLost = on_worker_lost
         self.reconnect_timeout = float(reconnect_timeout)
@@ -143,7 +148,11 @@ class Learner:
             reconnect_timeout=self.reconnect_timeout,
         )
         self._lockstep = Lockstep(self._pool)
-        self._detach = Detach(self._pool, policy, sync)
+        if weight_precision not in ("exact", "float16"):
+            raise ConfigError(
+                f"weight_precision must be 'exact' or 'float16', got {weight_precision!r}"
+            )
+        self._detach = Detach(self._pool, policy, sync, weight_precision)
         self._rounds = GradientRounds(self._pool)
         self._pool.hooks += [self._detach, self._rounds]
 
@@ -338,6 +347,19 @@ class Learner:
     def version(self) -> int:
         """The newest published policy version (0 before the first :meth:`publish`)."""
         return self._detach.version
+
+    @property
+    def sync(self) -> SyncStrategy:
+        """The sync strategy; assigning one applies from the next decision on."""
+        return self._detach.sync
+
+    @sync.setter
+    def sync(self, strategy: SyncStrategy) -> None:
+        if not isinstance(strategy, SyncStrategy):
+            raise ConfigError(
+                f"sync must have a should_sync(ctx) method (see aps.sync), got {strategy!r}"
+            )
+        self._detach.sync = strategy
 
     @property
     def metrics(self) -> Metrics:
