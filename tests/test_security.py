@@ -298,40 +298,28 @@ async def test_pre_auth_frames_are_handshake_sized() -> None:
 async def test_idle_connections_do_not_keep_an_honest_worker_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Over MAX_HANDSHAKES idle connections, renewed all the time, and an honest worker
-    still joins; the refusals are summed up in the log, not listed one by one."""
+    """Three times MAX_HANDSHAKES idle connections, held open within the handshake deadline,
+    and an honest worker still joins; the refusals are summed up in the log, not listed."""
     caplog.set_level(logging.WARNING, logger="aps.learner.pool")
-    timeouts = aps.Timeouts(connect=30, handshake=5, step=30)
+    timeouts = aps.Timeouts(connect=30, handshake=30, step=30)
     async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
         host, port = learner.url.removeprefix("tcp://").rsplit(":", 1)
         idle: list[asyncio.StreamWriter] = []
-        stop = asyncio.Event()
-
-        async def flood() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(OSError):
-                    _, writer = await asyncio.open_connection(host, int(port))
-                    idle.append(writer)
-                if len(idle) > 2 * MAX_HANDSHAKES:
-                    idle.pop(0).close()
-                await asyncio.sleep(0.005)
-
-        flooding = asyncio.create_task(flood())
         try:
-            await until(lambda: learner._pool.refused > MAX_HANDSHAKES)
+            for _ in range(3 * MAX_HANDSHAKES):  # none says hello, none hangs up
+                _, writer = await asyncio.open_connection(host, int(port))
+                idle.append(writer)
+            await until(lambda: learner._pool.refused >= 2 * MAX_HANDSHAKES)
             worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
             task = asyncio.create_task(worker.run())
             await learner.wait_for_workers(30)
             obs, _ = await learner.reset(seed=0)
             assert obs.shape == (1, 4)
         finally:
-            stop.set()
-            await flooding
             for writer in idle:
                 writer.close()
         refusals = [r for r in caplog.records if "refused" in r.getMessage()]
-        assert learner._pool.refused > MAX_HANDSHAKES
-        assert len(refusals) <= 2 * aps.learner.pool.REFUSAL_LOG_BURST + 2
+        assert len(refusals) <= 2 * aps.learner.pool.REFUSAL_LOG_BURST + 2, len(refusals)
     await asyncio.wait_for(task, 30)
 
 
