@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures.thread
 import contextlib
 import logging
 import queue
@@ -49,6 +50,9 @@ _LOCAL_URLS = {
     "ws": "ws://127.0.0.1:0",
     "memory": "memory://",
 }
+
+
+_UNKNOWN = object()
 
 
 class _Pending(Generic[T]):
@@ -97,7 +101,15 @@ class _Portal:
         return self.submit(coroutine).result()
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> _Pending[T]:
-        """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``."""
+        """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``.
+
+        Raises:
+            InvalidState: the portal is closed (its env was closed), or the call comes from
+                the loop thread itself.
+        """
+        if self._loop.is_closed():
+            coroutine.close()  # never awaited on purpose: no "was never awaited" warning
+            raise InvalidState("this ClusterEnv is closed; create a new one to step again")
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
@@ -112,6 +124,30 @@ class _Portal:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+_OPEN: set[ClusterEnv] = set()
+"""Envs not closed yet; closed when the interpreter exits."""
+
+
+def _close_at_exit() -> None:
+    """Close every open env, silently: the script ended without ``close()``.
+
+    Registered with :mod:`threading`'s exit hooks where it has them: those run before the
+    interpreter stops its thread pools (registered earlier, so they run later), which the
+    launchers' ``stop`` still needs; a plain ``atexit`` hook runs after that and fails.
+    """
+    for env in list(_OPEN):
+        try:
+            env.close()
+        except BaseException as exc:  # exiting: nothing to raise to, and nobody to tell but a log
+            log.debug("closing %r at exit failed: %r", env, exc)
+
+
+# Imported before the hook is registered: its own exit hook must run after ours.
+assert concurrent.futures.thread.ThreadPoolExecutor is not None
+_register_exit = getattr(threading, "_register_atexit", atexit.register)
+_register_exit(_close_at_exit)
 
 
 class ClusterEnv(VectorEnv):
@@ -141,6 +177,14 @@ class ClusterEnv(VectorEnv):
             session changes nothing; one that another worker replaces ends its envs'
             episodes (``truncated``, ``info["worker_restarted"]``). See :class:`aps.Learner`.
         reconnect_timeout: how long ``"wait"`` waits, in seconds.
+        on_listening: called with the bound URL (port 0 resolved) before the constructor
+            waits for the workers, e.g. to print the command that starts them elsewhere.
+
+    Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
+    vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
+    :meth:`render`): on the workers, with arguments and results that travel as data.
+    At interpreter exit an env that was not closed is closed (its local workers stop), without
+    a word; after :meth:`close`, every method raises :class:`~aps.errors.InvalidState`.
 
     Raises:
         Timeout: the workers did not all arrive in time.
@@ -169,9 +213,11 @@ class ClusterEnv(VectorEnv):
         launcher: Launcher | None = None,
         on_worker_lost: Literal["raise", "wait"] = "raise",
         reconnect_timeout: float = 60.0,
+        on_listening: Callable[[str], object] | None = None,
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
+        self._render_mode: object = _UNKNOWN
         self._pending_step: _Pending[tuple[Any, Array, Array, Array, Info]] | None = None
         self._learner = Learner(
             listen,
@@ -189,12 +235,16 @@ class ClusterEnv(VectorEnv):
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
         try:
-            self._portal.call(self._start())
+            self._portal.call(self._learner.start())  # starts the launcher too, once bound
+            if on_listening is not None:
+                on_listening(self._learner.url)
+            # The wait watches the launcher: workers that die before they connect end it.
+            self._portal.call(self._learner.wait_for_workers())
         except BaseException:
             self._portal.call(self._shutdown())
             self._portal.close()
             raise
-        atexit.register(self.close)
+        _OPEN.add(self)
         self.closed = False
         learner = self._learner
         self.num_envs = learner.num_envs
@@ -298,10 +348,6 @@ class ClusterEnv(VectorEnv):
             log.warning("cannot listen on a Unix socket (%s); using tcp://127.0.0.1", exc)
             return start("tcp")
 
-    async def _start(self) -> None:
-        await self._learner.start()  # starts the launcher too, once bound
-        await self._learner.wait_for_workers()  # and watches it meanwhile
-
     async def _shutdown(self) -> None:
         await self._learner.aclose()  # stops the launcher too
 
@@ -310,10 +356,18 @@ class ClusterEnv(VectorEnv):
         """The workers, in env order."""
         return self._learner.workers
 
+    @property
+    def url(self) -> str:
+        """The address the workers dial (port 0 resolved); see also ``on_listening``."""
+        return self._learner.url
+
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, Info]:
-        """Reset every env; see :meth:`aps.Learner.reset`."""
+        """Reset every env; see :meth:`aps.Learner.reset` (an int, or one seed per env)."""
         if seed is None:
             seed, self._default_seed = self._default_seed, None
         return self._portal.call(self._learner.reset(seed=seed, options=options))
@@ -355,11 +409,66 @@ class ClusterEnv(VectorEnv):
         """Workers act ``num_steps`` times with their policies; see :meth:`aps.Learner.rollout`."""
         return self._portal.call(self._learner.rollout(num_steps))
 
-    def call(self, function: Callable[[Learner], Awaitable[T]]) -> T:
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name(*args, **kwargs)`` of every env, on the workers.
+
+        Gymnasium's ``VectorEnv.call``: an attribute that is not callable is returned as it
+        is. Arguments and results travel as data; see :meth:`aps.Learner.call`.
+
+        Returns:
+            One value per env, in env order.
+
+        Raises:
+            ConfigError: ``name`` is not a str (to run a routine against the learner, use
+                :meth:`call_learner`), or an argument is not plain data.
+            WorkerError: an env raised, or returned a value that is not plain data.
+        """
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"call() takes the name of an env method, as Gymnasium's vector envs do, got "
+                f"{name!r}; to run an await-based routine against the learner, use "
+                "call_learner(function)"
+            )
+        return self._portal.call(self._learner.call(name, *args, **kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The value of attribute ``name`` of every env, in env order; see :meth:`call`."""
+        return self._portal.call(self._learner.get_attr(name))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` of every env; see :meth:`aps.Learner.set_attr`."""
+        self._portal.call(self._learner.set_attr(name, values))
+
+    def render(self) -> tuple[Any, ...] | None:
+        """Every env's frame, in env order (envs made with ``render_mode="rgb_array"``).
+
+        ``None`` when the envs do not render (``render_mode`` is ``None``), as Gymnasium's
+        vector envs return.
+        """
+        if self.render_mode is None:
+            return None
+        return self._portal.call(self._learner.render())
+
+    @property
+    def render_mode(self) -> str | None:
+        """The envs' ``render_mode``, asked of the workers once."""
+        if self._render_mode is _UNKNOWN:
+            modes = self.get_attr("render_mode")
+            self._render_mode = modes[0] if modes else None
+        assert self._render_mode is None or isinstance(self._render_mode, str)
+        return self._render_mode
+
+    @render_mode.setter
+    def render_mode(self, mode: str | None) -> None:
+        # Gymnasium's base class assigns it; the workers' envs decide it, so this only
+        # replaces what the property reports.
+        self._render_mode = mode
+
+    def call_learner(self, function: Callable[[Learner], Awaitable[T]]) -> T:
         """Run an await-based routine against this env's learner, blocking until it returns.
 
         For algorithms written for :class:`aps.Learner` (``aps.pg.NIGT``'s blocking ``run``
-        uses it): ``envs.call(lambda learner: learner.rollout(8))``.
+        uses it): ``envs.call_learner(lambda learner: learner.rollout(8))``.
         """
         return self._portal.call(_awaited(function(self._learner)))
 
@@ -370,7 +479,7 @@ class ClusterEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones, and end the private loop."""
-        atexit.unregister(self.close)
+        _OPEN.discard(self)
         pending, self._pending_step = self._pending_step, None
         if pending is not None:
             with contextlib.suppress(Exception):  # closing: a failed last step changes nothing

@@ -7,6 +7,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
@@ -244,28 +245,32 @@ class Learner:
     # Lockstep: the learner chooses every action.
 
     async def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, Info]:
         """Reset every env; waits for the workers first if needed.
 
         Args:
-            seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do.
-                ``None`` lets each worker use its own seed on its first reset.
+            seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do,
+                or with ``seed[i]`` for a list of one int (or ``None``) per env. ``None``
+                lets each worker use its own seed on its first reset.
             options: passed to every env's ``reset``.
 
         Returns:
             ``(observations, infos)`` batched over all envs.
 
         Raises:
+            ConfigError: ``seed`` is not an int, ``None`` or one int or ``None`` per env.
             WorkerError: an env raised on a worker.
             WorkerLost: a worker disconnected; this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ConfigError(f"seed must be an int or None, got {seed!r}")
         await self._pool.wait_for_workers()
+        seeds = _check_seed(seed, self.num_envs)
         await self._detach.end_stream()
-        return await self._lockstep.reset(seed=seed, options=options)
+        return await self._lockstep.reset(seed=seeds, options=options)
 
     async def step(self, actions: Any) -> StepReturn:
         """Step every env with its action.
@@ -330,6 +335,67 @@ class Learner:
             WorkerError | WorkerLost | Timeout: as :meth:`step`.
         """
         return await self._lockstep.recv(min_workers)
+
+    # Each env by name, as Gymnasium's VectorEnv reaches its envs: one request per worker.
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name(*args, **kwargs)`` of every env, on the workers.
+
+        An attribute that is not callable is returned as it is (Gymnasium's ``call``).
+
+        Returns:
+            One value per env, in env order.
+
+        Raises:
+            ConfigError: an argument is not plain data (numbers, strings, numpy arrays,
+                tuples, dicts with str keys); nothing was sent.
+            WorkerError: an env raised, or returned a value that is not plain data.
+            InvalidState | WorkerLost | Timeout: as :meth:`step`.
+        """
+        return await self._env_call("call", _check_name(name), args, kwargs or None)
+
+    async def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The value of attribute ``name`` of every env, in env order; see :meth:`call`."""
+        return await self._env_call("get_attr", _check_name(name))
+
+    async def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` of every env to ``values[i]`` (or to ``values`` on all).
+
+        As Gymnasium's ``set_attr``: a list or tuple holds one value per env; anything else
+        is set on every env. Values travel as data (see :meth:`call`).
+
+        Raises:
+            ConfigError: a list or tuple whose length is not :attr:`num_envs`, or values that
+                are not plain data.
+        """
+        await self._pool.wait_for_workers()
+        n = self.num_envs
+        if isinstance(values, list | tuple):
+            if len(values) != n:
+                raise ConfigError(
+                    f"set_attr({name!r}) got {len(values)} values for {n} envs; pass one value "
+                    "per env, or a single value (not a list or tuple) for all of them"
+                )
+            per_env = tuple(values)
+        else:
+            per_env = (values,) * n
+        await self._env_call("set_attr", _check_name(name), values=per_env)
+
+    async def render(self) -> tuple[Any, ...]:
+        """Every env's ``render()``, in env order (frames for ``render_mode="rgb_array"``)."""
+        return await self._env_call("render", "render")
+
+    async def _env_call(
+        self,
+        kind: str,
+        name: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        values: Sequence[Any] | None = None,
+    ) -> tuple[Any, ...]:
+        await self._pool.wait_for_workers()
+        await self._detach.end_stream()
+        return await self._lockstep.env_call(kind, name, args, kwargs, values)
 
     # DETACH: workers act with their own policy copy.
 
@@ -464,3 +530,30 @@ class Learner:
     async def stop_gradients(self) -> None:
         """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
         await self._rounds.stop()
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"name must be the name of an env method or attribute (a str), got {name!r}"
+        )
+    return name
+
+
+def _check_seed(seed: object, num_envs: int) -> int | tuple[int | None, ...] | None:
+    """``seed`` as :meth:`Learner.reset` takes it, checked against ``num_envs`` envs."""
+
+    def is_int(value: object) -> bool:
+        return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+    if seed is None:
+        return None
+    if is_int(seed):
+        return int(seed)  # type: ignore[call-overload, no-any-return]
+    if isinstance(seed, list | tuple) and len(seed) == num_envs:
+        if all(s is None or is_int(s) for s in seed):
+            return tuple(None if s is None else int(s) for s in seed)
+    raise ConfigError(
+        f"seed must be an int, None, or a list of {num_envs} ints or Nones (one per env), "
+        f"got {seed!r}"
+    )

@@ -42,6 +42,7 @@ from aps.gradients import GradientSampler
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
+    EnvCall,
     ErrorReport,
     GradientRound,
     Hello,
@@ -371,7 +372,7 @@ class Worker:
                 if session.goodbye is None:
                     raise  # closed without a goodbye: the connection dropped
                 return
-            if isinstance(request, StepRequest | ResetRequest | RolloutRequest):
+            if isinstance(request, StepRequest | ResetRequest | RolloutRequest | EnvCall):
                 if await server.answer(session, request):
                     self.replayed += 1
             elif isinstance(request, Weights):
