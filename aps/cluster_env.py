@@ -309,6 +309,10 @@ class ClusterEnv(VectorEnv):
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {chosen!r}")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        if timeouts is not None and not isinstance(timeouts, Timeouts):
+            raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
 
         def start(transport: str) -> ClusterEnv:
             token = secrets.token_hex(16)

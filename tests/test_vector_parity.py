@@ -240,3 +240,47 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+# Errors that point the right way.
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("foo://x", "unknown transport scheme 'foo'; known schemes:"),
+        ("10.0.0.1:7000", "has no scheme; write it as tcp://host:port"),
+        ("tcp:/10.0.0.1:7000", "has no scheme"),
+    ],
+)
+def test_a_url_without_a_known_scheme_says_so_before_tokens(url: str, match: str) -> None:
+    with pytest.raises(aps.ConfigError, match=match):
+        aps.ClusterEnv(url, num_workers=1)
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ("CartPoleXX-v1", "Environment `CartPoleXX` doesn't exist"),
+        ("no_such_module_here:make", "No module named 'no_such_module_here'"),
+    ],
+)
+def test_a_worker_that_cannot_build_its_envs_is_quoted_in_the_error(env: str, words: str) -> None:
+    with pytest.raises(aps.WorkerLost) as caught:
+        aps.ClusterEnv.local(env, num_workers=1, transport="unix")
+    assert words in str(caught.value)
+    assert "could not build its envs" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seed": "x"}, "seed must be an int or None, got 'x'"),
+        ({"seed": 1.5}, "seed must be an int or None, got 1.5"),
+        ({"env_kwargs": 3}, "env_kwargs must be a dict of keyword arguments, or a list"),
+        ({"timeouts": 3}, "timeouts must be an aps.Timeouts or None, got 3"),
+    ],
+)
+def test_local_checks_its_arguments_before_starting(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(aps.ConfigError, match=match):
+        aps.ClusterEnv.local("CartPole-v1", transport="memory", **kwargs)

@@ -255,7 +255,7 @@ class LocalWorkers:
             if code is not None:
                 raise WorkerLost(
                     f"local worker process {index} (pid {process.pid}) exited with status "
-                    f"{code} before the learner closed; its output above says why",
+                    f"{code} before the learner closed; its output (stderr) says why",
                     worker_id=index,
                 )
         for index, task in enumerate(self._tasks):

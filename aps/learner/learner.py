@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -11,9 +12,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from aps import transports
 from aps._typing import Array, Info
 from aps.collect import Chunk, Metrics, Rollout
-from aps.errors import ConfigError, InvalidState
+from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
@@ -88,8 +90,14 @@ class Learner:
         on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
     ) -> None:
+        if isinstance(listen, str) and factory is None:
+            # The scheme first: a URL aps cannot listen on says so, before anything is
+            # said about tokens or workers.
+            factory = transports.get_factory(transports.scheme_of(listen))
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if timeouts is not None and not isinstance(timeouts, Timeouts):
+            raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
         if on_worker_lost not in ("raise", "wait", "drop"):
             raise ConfigError(
                 f"on_worker_lost must be 'raise', 'wait' or 'drop', got {on_worker_lost!r}"
@@ -202,7 +210,21 @@ class Learner:
                 were refused, and what the launcher reports (a Slurm job's state).
             WorkerLost | LaunchError: the launcher's workers died before they all connected.
         """
-        await self._pool.wait_for_workers(timeout)
+        try:
+            await self._pool.wait_for_workers(timeout)
+        except WorkerLost as exc:
+            # A launched worker that ended before it joined was often refused first (an env
+            # id it cannot make, a policy it cannot import): its own words, not "see its
+            # output", which a notebook never shows.
+            pool = self._pool
+            if pool._admissions:  # a handshake the worker ended by leaving ends at once
+                await asyncio.wait(pool._admissions, timeout=pool.timeouts.handshake)
+            refused = pool._refusals  # the pool's record of why it refused workers
+            if not refused:
+                raise
+            raise WorkerLost(
+                f"{exc}; the learner's last refusal: {refused[-1]}", worker_id=exc.worker_id
+            ) from exc
 
     # The batch.
 
@@ -267,7 +289,7 @@ class Learner:
             WorkerLost: a worker disconnected; this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         seeds = _check_seed(seed, self.num_envs)
         await self._detach.end_stream()
         return await self._lockstep.reset(seed=seeds, options=options)
@@ -368,7 +390,7 @@ class Learner:
             ConfigError: a list or tuple whose length is not :attr:`num_envs`, or values that
                 are not plain data.
         """
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         n = self.num_envs
         if isinstance(values, list | tuple):
             if len(values) != n:
@@ -393,7 +415,7 @@ class Learner:
         kwargs: dict[str, Any] | None = None,
         values: Sequence[Any] | None = None,
     ) -> tuple[Any, ...]:
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         await self._detach.end_stream()
         return await self._lockstep.env_call(kind, name, args, kwargs, values)
 
@@ -433,7 +455,7 @@ class Learner:
             ConfigError: the agent is not a policy aps can run.
             WorkerLost: a worker disconnected while receiving its first version.
         """
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         return await self._detach.publish(agent, epsilon=epsilon)
 
     async def rollout(self, num_steps: int) -> Rollout:
@@ -449,7 +471,7 @@ class Learner:
         """
         if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
             raise ConfigError(f"num_steps must be an int >= 1, got {num_steps!r}")
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         return await self._detach.rollout(num_steps)
 
     def chunks(self, num_steps: int, *, max_in_flight: int = 2) -> AsyncGenerator[Chunk, None]:
@@ -495,7 +517,7 @@ class Learner:
             InvalidState: no policy, or another operation is running.
             WorkerLost: a worker disconnected (see :meth:`drop_worker`).
         """
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         if self.policy is None:
             raise InvalidState(
                 "start_round() needs workers that act: create the learner with "

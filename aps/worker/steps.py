@@ -221,7 +221,7 @@ class StepServer:
     def _reset(self, request: ResetRequest) -> ResetResult | ErrorReport:
         seed: int | list[int | None] | None
         if request.seeds is not None:
-            seed = list(request.seeds)
+            seed = list(request.seeds)  # one per env
         else:
             seed = request.seed if request.seed is not None else self._pending_seed
         self._pending_seed = None
