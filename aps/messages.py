@@ -352,9 +352,12 @@ class EnvCall(Message):
 
     ``kind`` is one of :data:`ENV_CALL_KINDS`: ``"call"`` calls ``name(*args, **kwargs)`` on
     each env (an attribute that is not callable is returned as it is), ``"get_attr"`` reads
-    attribute ``name``, ``"set_attr"`` sets it to ``args[0][j]`` on env ``j``, and
-    ``"render"`` renders each env. The answer is an :class:`EnvCallResult` holding one value
-    per env, or an :class:`ErrorReport` when an env raised or a value is not plain data.
+    attribute ``name``, ``"set_attr"`` sets it to ``args[0][k]`` on the ``k``-th env reached,
+    ``"render"`` renders each env, and ``"is_wrapped"`` says whether a wrapper whose class
+    (or a base class) is named ``name`` (``"module.QualName"``) wraps the env. ``indices``
+    (the worker's own env indices, in the order the values are wanted) reaches some envs
+    only; ``None`` reaches all. The answer is an :class:`EnvCallResult` holding one value per
+    env reached, or an :class:`ErrorReport` when an env raised or a value is not plain data.
     """
 
     TAG: ClassVar[str] = "env_call"
@@ -364,9 +367,10 @@ class EnvCall(Message):
     kwargs: Any = None
     seq: int = 0
     acked: int = 0
+    indices: Any = None
 
 
-ENV_CALL_KINDS = frozenset({"call", "get_attr", "set_attr", "render"})
+ENV_CALL_KINDS = frozenset({"call", "get_attr", "set_attr", "render", "is_wrapped"})
 """The kinds of :class:`EnvCall`."""
 
 

@@ -20,7 +20,7 @@ from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rounds import GradientRounds
-from aps.messages import GradientReport
+from aps.messages import ENV_CALL_KINDS, GradientReport
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -374,11 +374,11 @@ class Learner:
             WorkerError: an env raised, or returned a value that is not plain data.
             InvalidState | WorkerLost | Timeout: as :meth:`step`.
         """
-        return await self._env_call("call", _check_name(name), args, kwargs or None)
+        return await self.env_call("call", name, args=args, kwargs=kwargs or None)
 
     async def get_attr(self, name: str) -> tuple[Any, ...]:
         """The value of attribute ``name`` of every env, in env order; see :meth:`call`."""
-        return await self._env_call("get_attr", _check_name(name))
+        return await self.env_call("get_attr", name)
 
     async def set_attr(self, name: str, values: Any) -> None:
         """Set attribute ``name`` of every env to ``values[i]`` (or to ``values`` on all).
@@ -401,23 +401,63 @@ class Learner:
             per_env = tuple(values)
         else:
             per_env = (values,) * n
-        await self._env_call("set_attr", _check_name(name), values=per_env)
+        await self.env_call("set_attr", name, values=per_env)
 
     async def render(self) -> tuple[Any, ...]:
         """Every env's ``render()``, in env order (frames for ``render_mode="rgb_array"``)."""
-        return await self._env_call("render", "render")
+        return await self.env_call("render", "render")
 
-    async def _env_call(
+    async def env_call(
         self,
         kind: str,
         name: str,
+        *,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         values: Sequence[Any] | None = None,
+        indices: Sequence[int] | None = None,
     ) -> tuple[Any, ...]:
+        """The general form of :meth:`call`, :meth:`get_attr`, :meth:`set_attr`, :meth:`render`.
+
+        Args:
+            kind: ``"call"``, ``"get_attr"``, ``"set_attr"``, ``"render"`` or
+                ``"is_wrapped"`` (``name`` is then a wrapper class's ``"module.QualName"``:
+                whether it, or a subclass, wraps each env).
+            name: the method, attribute or class name.
+            args: positional arguments of ``"call"``.
+            kwargs: keyword arguments of ``"call"``.
+            values: for ``"set_attr"``, one value per env reached.
+            indices: the envs to reach, in the order of the values returned (``None``: all).
+                Reaching chosen envs, and ``"is_wrapped"``, need workers that hold their envs
+                in their own process (``vector="sync"``, the default).
+
+        Returns:
+            One value per env reached.
+
+        Raises:
+            ConfigError: a bad kind, name, index or value count, or arguments that are not
+                plain data; nothing was sent.
+            WorkerError: an env raised, or returned a value that is not plain data.
+            InvalidState | WorkerLost | Timeout: as :meth:`step`.
+        """
+        if kind not in ENV_CALL_KINDS:
+            raise ConfigError(f"kind must be one of {sorted(ENV_CALL_KINDS)}, got {kind!r}")
+        _check_name(name)
         await self.wait_for_workers()
+        n = self.num_envs
+        if indices is not None:
+            indices = list(indices)
+            if not all(_is_int(i) and 0 <= int(i) < n for i in indices):
+                raise ConfigError(f"indices must be env indices in [0, {n}), got {indices!r}")
+            indices = [int(i) for i in indices]
+        reached = n if indices is None else len(indices)
+        if kind == "set_attr" and (values is None or len(values) != reached):
+            raise ConfigError(
+                f"set_attr({name!r}) needs one value per env reached ({reached}), got "
+                f"{values!r:.200}"
+            )
         await self._detach.end_stream()
-        return await self._lockstep.env_call(kind, name, args, kwargs, values)
+        return await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
 
     # DETACH: workers act with their own policy copy.
 
@@ -554,6 +594,10 @@ class Learner:
         await self._rounds.stop()
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise ConfigError(
@@ -564,16 +608,12 @@ def _check_name(name: object) -> str:
 
 def _check_seed(seed: object, num_envs: int) -> int | tuple[int | None, ...] | None:
     """``seed`` as :meth:`Learner.reset` takes it, checked against ``num_envs`` envs."""
-
-    def is_int(value: object) -> bool:
-        return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-
     if seed is None:
         return None
-    if is_int(seed):
+    if _is_int(seed):
         return int(seed)  # type: ignore[call-overload, no-any-return]
     if isinstance(seed, list | tuple) and len(seed) == num_envs:
-        if all(s is None or is_int(s) for s in seed):
+        if all(s is None or _is_int(s) for s in seed):
             return tuple(None if s is None else int(s) for s in seed)
     raise ConfigError(
         f"seed must be an int, None, or a list of {num_envs} ints or Nones (one per env), "

@@ -11,8 +11,8 @@ operations. A worker replaced during a step ends its envs' episodes there (``tru
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,10 +108,13 @@ class Lockstep:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         values: Sequence[Any] | None = None,
+        indices: Sequence[int] | None = None,
     ) -> tuple[Any, ...]:
-        """One :class:`~aps.messages.EnvCall` per worker; one value per env, in env order.
+        """One :class:`~aps.messages.EnvCall` per worker; one value per env reached.
 
-        ``values`` (for ``set_attr``) holds one value per env; each worker gets its own.
+        ``indices`` (global env indices, checked by the caller; ``None``: every env) says
+        which envs, in the order of the values returned; ``values`` (for ``set_attr``) holds
+        one value per env reached, in that order.
 
         Raises:
             ConfigError: an argument is not plain data (nothing was sent).
@@ -119,10 +122,19 @@ class Lockstep:
         """
         pool = self._pool
         self._check(kind)
+        chosen = range(sum(pool.counts)) if indices is None else indices
+        # Each worker's own env indices, and where in the result each of its values goes.
+        local: list[list[int]] = [[] for _ in pool.remotes]
+        places: list[list[int]] = [[] for _ in pool.remotes]
+        for place, index in enumerate(chosen):
+            worker = bisect.bisect_right(pool.offsets, index) - 1
+            local[worker].append(index - pool.offsets[worker])
+            places[worker].append(place)
         requests: list[Request] = []
-        for offset, count in zip(pool.offsets, pool.counts, strict=True):
-            part = args if values is None else (tuple(values[offset : offset + count]),)
-            requests.append(EnvCall(kind=kind, name=name, args=part, kwargs=kwargs))
+        for own, where in zip(local, places, strict=True):
+            part = args if values is None else (tuple(values[p] for p in where),)
+            reach = None if indices is None else tuple(own)
+            requests.append(EnvCall(kind=kind, name=name, args=part, kwargs=kwargs, indices=reach))
         for request in requests:
             try:
                 codec.encode(request)  # checked before anything is sent: the batch stays whole
@@ -132,15 +144,17 @@ class Lockstep:
                     "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
                 ) from None
         answers = await pool.exchange(requests, kind, redo=self._redo_call)
-        per_worker = [expect(a, EnvCallResult).values for a in answers]
-        for remote, got in zip(pool.remotes, per_worker, strict=True):
-            if len(got) != remote.info.num_envs:
+        result: list[Any] = [None] * len(chosen)
+        for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
+            got = expect(answer, EnvCallResult).values
+            if len(got) != len(where):
                 raise ProtocolError(
                     f"worker {remote.info.worker_id} answered {kind}({name!r}) with {len(got)} "
-                    f"values for its {remote.info.num_envs} envs; the worker is not a "
-                    "compatible aps worker"
+                    f"values for {len(where)} envs; the worker is not a compatible aps worker"
                 )
-        return tuple(itertools.chain.from_iterable(per_worker))
+            for place, value in zip(where, got, strict=True):
+                result[place] = value
+        return tuple(result)
 
     async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import gymnasium as gym
+
 from aps import codec
 from aps.batching import check_batch
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
@@ -172,10 +174,14 @@ class StepServer:
     def _env_call(self, request: EnvCall) -> EnvCallResult | ErrorReport:
         # The base vector env: a wrapper (the rebuilding async one) does not forward by name.
         envs: Any = self.envs.unwrapped
-        kind, name = request.kind, request.name
+        kind, name, indices = request.kind, request.name, request.indices
         values: Any
         try:
-            if kind == "render":
+            if indices == ():
+                values = ()
+            elif indices is not None or kind == "is_wrapped":
+                values = self._each_env(envs, request)
+            elif kind == "render":
                 values = envs.render()
             elif not hasattr(envs, "call"):
                 raise ConfigError(
@@ -194,6 +200,40 @@ class StepServer:
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
         return EnvCallResult(values=tuple(values or ()), seq=request.seq)
+
+    @staticmethod
+    def _each_env(envs: Any, request: EnvCall) -> list[Any]:
+        """An env call on chosen envs one by one: only a worker that holds its envs can."""
+        kind, name = request.kind, request.name
+        own: list[gym.Env[Any, Any]] | None = getattr(envs, "envs", None)
+        if own is None:
+            raise ConfigError(
+                f"{kind}({name!r}) on chosen envs needs a worker that holds its envs in its own "
+                f"process (vector='sync'), not {type(envs).__name__}"
+            )
+        chosen = range(len(own)) if request.indices is None else request.indices
+        values: list[Any] = []
+        for k, index in enumerate(chosen):
+            env = own[index]
+            if kind == "is_wrapped":
+                values.append(_is_wrapped(env, name))
+            elif kind == "render":
+                values.append(env.render())
+            elif kind == "set_attr":
+                env.set_wrapper_attr(name, request.args[0][k])
+                values.append(None)
+            elif kind == "get_attr":
+                values.append(env.get_wrapper_attr(name))
+            elif kind == "call":
+                function = env.get_wrapper_attr(name)
+                values.append(
+                    function(*request.args, **(request.kwargs or {}))
+                    if callable(function)
+                    else function
+                )
+            else:
+                raise ProtocolError(f"the learner sent an env call of unknown kind {kind!r}")
+        return values
 
     def _step(self, request: StepRequest) -> StepResult | ErrorReport:
         envs = self.envs
@@ -237,3 +277,12 @@ class StepServer:
                 # Seeded resets make the worker's action sampling reproducible too.
                 self.collector.policy.seed(first)
         return ResetResult(obs=obs, info=info, seq=request.seq)
+
+
+def _is_wrapped(env: gym.Env[Any, Any], class_name: str) -> bool:
+    """Whether a wrapper of ``env`` is an instance of the class named ``module.QualName``."""
+    while isinstance(env, gym.Wrapper):
+        if any(f"{c.__module__}.{c.__qualname__}" == class_name for c in type(env).__mro__):
+            return True
+        env = env.env
+    return False
