@@ -12,6 +12,7 @@ import atexit
 import concurrent.futures.thread
 import contextlib
 import logging
+import os
 import queue
 import secrets
 import socket
@@ -19,6 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
+import gymnasium as gym
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
@@ -150,6 +152,38 @@ _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_at_exit)
 
 
+def _split(
+    num_envs: int | None, num_workers: int | None, envs_per_worker: int | None
+) -> tuple[int, int]:
+    """``(num_workers, envs_per_worker)`` from what :meth:`ClusterEnv.local` was given."""
+    for name, value in (
+        ("num_envs", num_envs),
+        ("num_workers", num_workers),
+        ("envs_per_worker", envs_per_worker),
+    ):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    if num_envs is None:
+        return num_workers or 2, envs_per_worker or 1
+    if num_workers is None and envs_per_worker is None:
+        cpus = os.cpu_count() or 1
+        num_workers = max(d for d in range(1, min(num_envs, cpus) + 1) if num_envs % d == 0)
+    if num_workers is None:
+        assert envs_per_worker is not None
+        num_workers = num_envs // envs_per_worker
+    if envs_per_worker is None:
+        envs_per_worker = num_envs // num_workers
+    if num_workers * envs_per_worker != num_envs:
+        raise ConfigError(
+            f"num_envs={num_envs} cannot be split into num_workers={num_workers} x "
+            f"envs_per_worker={envs_per_worker}; give a num_workers that divides num_envs, "
+            "or leave num_workers and envs_per_worker out"
+        )
+    return num_workers, envs_per_worker
+
+
 class ClusterEnv(VectorEnv):
     """A Gymnasium vector env whose envs live on aps workers.
 
@@ -257,10 +291,11 @@ class ClusterEnv(VectorEnv):
     @classmethod
     def local(
         cls,
-        env: EnvSpec,
+        env: EnvSpec | Sequence[Callable[[], gym.Env[Any, Any]]],
         *,
-        num_workers: int = 2,
-        envs_per_worker: int = 1,
+        num_workers: int | None = None,
+        envs_per_worker: int | None = None,
+        num_envs: int | None = None,
         transport: Literal["tcp", "unix", "ws", "memory"] | None = None,
         seed: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
@@ -281,9 +316,14 @@ class ClusterEnv(VectorEnv):
 
         Args:
             env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a callable
-                (module-level for subprocess workers; anything for ``memory``).
-            num_workers: how many workers.
-            envs_per_worker: envs hosted by each worker.
+                (module-level for subprocess workers; anything for ``memory``); or, as
+                ``AsyncVectorEnv`` takes them, a list of env functions, one per env
+                (closures welcome: the local launcher hands each worker process its slice,
+                pickled over the process's stdin, never over the network).
+            num_workers: how many workers (default 2, or from ``num_envs``).
+            envs_per_worker: envs hosted by each worker (default 1, or from ``num_envs``).
+            num_envs: the total, split evenly over the workers: given alone, over the
+                largest number of workers that divides it and is at most the CPU count.
             transport: ``"unix"`` (a Unix socket in a fresh private directory: less CPU
                 per message than loopback TCP), ``"tcp"``, ``"ws"`` or ``"memory"``. The
                 default is ``"unix"``, or ``"tcp"`` where the platform has no Unix sockets or
@@ -307,8 +347,14 @@ class ClusterEnv(VectorEnv):
         chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
         if chosen not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {chosen!r}")
-        if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
-            raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
+        if isinstance(env, list | tuple):
+            if num_envs is not None and num_envs != len(env):
+                raise ConfigError(
+                    f"num_envs={num_envs!r} with {len(env)} env functions; leave num_envs out "
+                    "(a list of env functions makes one env each)"
+                )
+            num_envs = len(env)
+        num_workers, envs_per_worker = _split(num_envs, num_workers, envs_per_worker)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
         if timeouts is not None and not isinstance(timeouts, Timeouts):

@@ -284,3 +284,79 @@ def test_a_worker_that_cannot_build_its_envs_is_quoted_in_the_error(env: str, wo
 def test_local_checks_its_arguments_before_starting(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(aps.ConfigError, match=match):
         aps.ClusterEnv.local("CartPole-v1", transport="memory", **kwargs)
+
+
+# What AsyncVectorEnv accepts: a list of env functions (closures), and num_envs.
+
+
+def make_env(gravity: float) -> Any:
+    """A CleanRL-style factory: the thunk it returns is a closure."""
+
+    def thunk() -> gym.Env[Any, Any]:
+        env = gym.make("CartPole-v1")
+        env.unwrapped.gravity = gravity  # type: ignore[attr-defined]
+        return env
+
+    return thunk
+
+
+@pytest.mark.parametrize("transport", ["memory", "unix"])
+def test_local_takes_a_list_of_env_functions(transport: str) -> None:
+    thunks = [make_env(g) for g in (9.8, 4.0, 1.6, 24.8)]
+    expected = SyncVectorEnv(thunks)
+    actual = aps.ClusterEnv.local(thunks, num_workers=2, transport=transport)
+    try:
+        assert actual.num_envs == 4 and [w.num_envs for w in actual.workers] == [2, 2]
+        # Each env was built by its own function, in order.
+        assert actual.get_attr("gravity") == (9.8, 4.0, 1.6, 24.8)
+        assert_same(actual.reset(seed=0), expected.reset(seed=0), "reset")
+        for t in range(30):
+            actions = np.array([t % 2, 1, 0, (t // 3) % 2])
+            assert_same(actual.step(actions), expected.step(actions), f"step {t}")
+    finally:
+        actual.close()
+        expected.close()
+
+
+def test_num_envs_splits_over_workers() -> None:
+    envs = aps.ClusterEnv.local("CartPole-v1", num_envs=6, num_workers=3, transport="memory")
+    try:
+        assert envs.num_envs == 6 and [w.num_envs for w in envs.workers] == [2, 2, 2]
+    finally:
+        envs.close()
+    envs = aps.ClusterEnv.local("CartPole-v1", num_envs=4, transport="memory")
+    try:
+        cpus = os.cpu_count() or 1
+        workers = max(d for d in (1, 2, 4) if d <= cpus)
+        assert envs.num_envs == 4 and len(envs.workers) == workers
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "kwargs", "match"),
+    [
+        ("CartPole-v1", {"num_envs": 5, "num_workers": 2}, "num_envs=5 cannot be split"),
+        ("CartPole-v1", {"num_envs": 0}, "num_envs must be an int >= 1, got 0"),
+        ([make_env(1.0)] * 3, {"num_envs": 4}, "num_envs=4 with 3 env functions"),
+        ([make_env(1.0), "CartPole-v1"], {}, "env function 1 is 'CartPole-v1', not a callable"),
+        ([make_env(1.0)] * 2, {"vector": "async"}, "use vector='sync'"),
+        ([make_env(1.0)] * 2, {"env_kwargs": {"a": 1}}, "the functions take no arguments"),
+    ],
+)
+def test_env_function_and_num_envs_mistakes_are_named(
+    env: Any, kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(aps.ConfigError, match=match):
+        aps.ClusterEnv.local(env, transport="memory", **kwargs)
+
+
+def test_env_functions_that_cannot_be_pickled_are_named() -> None:
+    lock = __import__("threading").Lock()
+
+    def thunk() -> gym.Env[Any, Any]:
+        assert lock is not None  # captures a lock, which no pickler can carry
+        return gym.make("CartPole-v1")
+
+    with pytest.raises(aps.ConfigError, match=r"env functions 0\.\.0 .* pickling them failed"):
+        aps.ClusterEnv.local([thunk, thunk], num_workers=2, transport="unix")
