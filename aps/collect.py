@@ -16,10 +16,24 @@ from aps import codec
 from aps._typing import Array
 from aps.messages import Weights
 
-__all__ = ["Chunk", "Metrics", "PolicyVersions", "Rollout", "WorkerMetrics", "sample_states"]
+__all__ = [
+    "STALL_LAG",
+    "Chunk",
+    "Metrics",
+    "PolicyVersions",
+    "Rollout",
+    "WorkerMetrics",
+    "sample_states",
+]
 
 DIVERGENCE_HISTORY = 1000
 """How many recent divergence values each worker's metrics keep."""
+
+STALL_LAG = 64
+"""Versions behind at which a worker whose every sync decision declined on a measured
+divergence counts as stalled: four times the default ``APS(max_lag=16)``, so a bounded APS
+never reaches it, while a threshold above what the learner's updates can move a stale
+policy by (PPO clipped against it) is reported long before the run ends."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +171,11 @@ class WorkerMetrics:
         chunks: chunks received from it.
         dropped_chunks: chunks that arrived after their stream was closed and were discarded.
         resumes: times the worker resumed its session after its connection dropped.
+        stalled: the worker is at least :data:`STALL_LAG` versions behind, and every sync
+            decision since it last got weights measured its divergence and declined: the
+            pattern of a threshold it can never cross (see :mod:`aps.sync`). Cleared when it
+            is synced.
+        stalls: times it was found stalled.
     """
 
     worker_id: int
@@ -172,6 +191,8 @@ class WorkerMetrics:
     chunks: int = 0
     dropped_chunks: int = 0
     resumes: int = 0
+    stalled: bool = False
+    stalls: int = 0
 
     @property
     def lag_mean(self) -> float:
@@ -191,6 +212,8 @@ class WorkerMetrics:
             chunks=self.chunks,
             dropped_chunks=self.dropped_chunks,
             resumes=self.resumes,
+            stalled=self.stalled,
+            stalls=self.stalls,
         )
         copy.divergences.extend(self.divergences)
         return copy
@@ -230,6 +253,11 @@ class Metrics:
         """Largest policy lag of any transition."""
         return max((w.lag_max for w in self.workers), default=0)
 
+    @property
+    def stalled(self) -> tuple[int, ...]:
+        """Ids of the workers stalled now (see :attr:`WorkerMetrics.stalled`)."""
+        return tuple(w.worker_id for w in self.workers if w.stalled)
+
     def as_dict(self) -> dict[str, Any]:
         """Totals and per-worker figures as plain numbers, for logs and JSON."""
         return {
@@ -239,6 +267,7 @@ class Metrics:
             "transitions": self.transitions,
             "lag_mean": self.lag_mean,
             "lag_max": self.lag_max,
+            "stalled": list(self.stalled),
             "workers": [
                 {
                     "worker_id": w.worker_id,
@@ -251,6 +280,8 @@ class Metrics:
                     "chunks": w.chunks,
                     "divergence_last": w.divergences[-1] if w.divergences else None,
                     "divergence_max": max(w.divergences, default=None),
+                    "stalled": w.stalled,
+                    "stalls": w.stalls,
                 }
                 for w in self.workers
             ],

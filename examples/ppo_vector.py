@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--workers", type=int, default=2, help="number of worker processes")
     add("--envs-per-worker", type=int, default=2, help="environments per worker")
     add("--transport", default="tcp", choices=["tcp", "ws", "memory"], help="the transport")
+    add(
+        "--backend",
+        default="aps",
+        choices=["aps", "gym-sync"],
+        help="aps: ClusterEnv.local; gym-sync: the same envs in Gymnasium's in-process "
+        "SyncVectorEnv (the reference benchmarks/ppo_end_to_end.py compares with)",
+    )
     add("--total-timesteps", type=int, default=100_000, help="total env steps")
     add("--learning-rate", type=float, default=2.5e-4, help="the learning rate")
     add("--num-steps", type=int, default=128, help="steps per env per rollout")
@@ -124,14 +131,21 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.torch_threads)
 
     # env setup
-    # was: envs = gym.make_vec(args.env_id, args.num_envs, vector_kwargs={"autoreset_mode": SAME})
-    envs = aps.ClusterEnv.local(  # aps: the only line that differs from CleanRL
-        args.env_id,
-        num_workers=args.workers,
-        envs_per_worker=args.envs_per_worker,
-        transport=args.transport,
-        autoreset_mode="SameStep",
-    )
+    if args.backend == "gym-sync":  # CleanRL's own line, for comparison
+        envs = gym.make_vec(
+            args.env_id,
+            args.num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        )
+    else:
+        envs = aps.ClusterEnv.local(  # aps: the only line that differs from CleanRL
+            args.env_id,
+            num_workers=args.workers,
+            envs_per_worker=args.envs_per_worker,
+            transport=args.transport,
+            autoreset_mode="SameStep",
+        )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     assert isinstance(envs.single_action_space, gym.spaces.Discrete), "discrete actions only"
 

@@ -189,6 +189,40 @@ async def test_fixed_interval_in_versions(learner_factory: Any) -> None:
     assert seen == [1, 1, 3, 3, 5]
 
 
+@pytest.mark.parametrize(
+    ("strategy", "stalls"),
+    [
+        (sync.APS(kl_threshold=1e9, max_lag=None), True),  # a threshold it never crosses
+        (sync.APS(kl_threshold=1e9, max_lag=20), False),  # bounded staleness
+        (sync.FixedInterval(versions=1000), False),  # stale by design, nothing measured
+    ],
+    ids=["aps-unbounded", "aps-max-lag", "fixed-interval"],
+)
+async def test_a_worker_the_strategy_never_syncs_is_reported_stalled(
+    learner_factory: Any, caplog: pytest.LogCaptureFixture, strategy: Any, stalls: bool
+) -> None:
+    from aps.collect import STALL_LAG
+
+    learner = await learner_factory(strategy=strategy)
+    agent = Agent(Spaces("CartPole-v1"))
+    for version in range(1, STALL_LAG + 3):
+        perturb(agent, 0.01)
+        await learner.publish(agent)
+        await learner.rollout(1)
+        if version == STALL_LAG:  # lag STALL_LAG - 1 at this rollout's decision: not yet
+            assert learner.metrics.stalled == ()
+    metrics = learner.metrics
+    assert metrics.stalled == ((0, 1) if stalls else ())
+    assert [w.stalls for w in metrics.workers] == [int(stalls)] * 2
+    warnings = [r for r in caplog.records if "max_lag=16" in r.getMessage()]
+    assert len(warnings) == int(stalls)  # one warning per learner, whatever the workers
+    if stalls:
+        # Synced at last (here by a strategy swap), a worker is no longer stalled.
+        learner.sync = sync.AlwaysSync()
+        await learner.rollout(1)
+        assert learner.metrics.stalled == () and metrics.as_dict()["stalled"] == [0, 1]
+
+
 async def test_published_versions_stay_bounded(learner_factory: Any) -> None:
     learner = await learner_factory(strategy=sync.APS(kl_threshold=1e9))
     agent = Agent(Spaces("CartPole-v1"))

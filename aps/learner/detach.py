@@ -8,7 +8,7 @@ strategy asks for it), and checks and accounts for every chunk: its shapes, the 
 acted with, and the policy lag of its transitions.
 
 Per worker slot it keeps what the sync decision needs (steps and seconds since the last sync,
-a sample of the states the worker acted on); as the pool's :class:`~aps.learner.pool.SlotHooks`
+the states the worker acted on last); as the pool's :class:`~aps.learner.pool.SlotHooks`
 it rehydrates a worker that resumed without the newest weights, and asks a replacement for the
 chunks its predecessor owed a stream.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from aps.collect import Chunk, PolicyVersions, Rollout, sample_states
+from aps.collect import STALL_LAG, Chunk, PolicyVersions, Rollout, sample_states
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
 from aps.learner.pool import Remote, WorkerPool, expect
 from aps.messages import (
@@ -56,9 +56,10 @@ class _SlotSync:
     steps_since_sync: int = 0
     synced_at: float = 0.0
     last_chunk_version: int = 0
-    states: np.ndarray[Any, Any] | None = None  # a sample of the states it acted on last
+    acted_on: np.ndarray[Any, Any] | None = None  # the observations of its latest chunk
     preparing: bool = False  # its reset is outstanding: chunk requests wait (counted in lost)
     lost: int = 0  # chunks its predecessor owed the stream, to ask of it
+    declined_all: bool = True  # every decision since its last sync measured and declined
 
 
 class Detach:
@@ -78,6 +79,7 @@ class Detach:
         self._slots: dict[Remote, _SlotSync] = {}
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
+        self._warned_stall = False
 
     def _slot(self, remote: Remote) -> _SlotSync:
         slot = self._slots.get(remote)
@@ -112,7 +114,8 @@ class Detach:
         slot = self._slot(remote)
         slot.lost += sum(isinstance(r, RolloutRequest) for r in void)
         slot.steps_since_sync = slot.last_chunk_version = 0
-        slot.states = None
+        slot.acted_on = None
+        slot.declined_all = True
 
     async def rejoined(self, remote: Remote) -> None:
         """Send a resumed worker the newest version if it no longer holds it."""
@@ -153,9 +156,13 @@ class Detach:
 
         def divergence() -> float:
             if not measured:
-                states = slot.states
+                acted_on = slot.acted_on
                 # No chunk yet: nothing to measure on, so treat the worker as far away.
-                value = math.inf if states is None else versions.divergence(held, states)
+                value = (
+                    math.inf
+                    if acted_on is None
+                    else versions.divergence(held, sample_states(acted_on, versions.max_states))
+                )
                 measured.append(value)
                 remote.metrics.divergences.append(value)
             return measured[0]
@@ -171,6 +178,27 @@ class Detach:
         if self.sync.should_sync(context):
             await self._send_weights(remote)
             self._prune()
+            return
+        slot.declined_all &= bool(measured)
+        lag = versions.current - held
+        if slot.declined_all and lag >= STALL_LAG and not remote.metrics.stalled:
+            self._stalled(remote, held, versions.current, measured[0])
+
+    def _stalled(self, remote: Remote, held: int, current: int, divergence: float) -> None:
+        metrics = remote.metrics
+        metrics.stalled = True
+        metrics.stalls += 1
+        if not self._warned_stall:
+            self._warned_stall = True  # once per learner: the metrics count every stall
+            log.warning(
+                "worker %d still acts with version %d while the learner is at %d: every sync "
+                "decision since its last weights measured its divergence (last %.3g) and "
+                "declined. A threshold above what an update can move a stale policy by (PPO "
+                "clips against it) is never crossed, and learning stalls; bound staleness "
+                "with APS(kl_threshold, max_lag=16) or lower the threshold (metrics.stalled "
+                "lists stalled workers)",
+                *(remote.info.worker_id, held, current, divergence),
+            )
 
     async def _send_weights(self, remote: Remote) -> None:
         versions = self.versions
@@ -185,9 +213,11 @@ class Detach:
         metrics.version = version
         metrics.syncs += 1
         metrics.weight_bytes += versions.nbytes(version)
+        metrics.stalled = False
         slot = self._slot(remote)
         slot.steps_since_sync = 0
         slot.synced_at = time.monotonic()
+        slot.declined_all = True
 
     def _prune(self) -> None:
         if self.versions is not None:
@@ -229,7 +259,8 @@ class Detach:
                     f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
                     "worker is not a compatible aps worker"
                 )
-        if np.any((message.episode_env < 0) | (message.episode_env >= info.num_envs)):
+        episode_env = message.episode_env
+        if episodes[0] and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
             raise ProtocolError(
                 f"worker {info.worker_id} sent episodes of envs outside its "
                 f"{info.num_envs}; the worker is not a compatible aps worker"
@@ -243,7 +274,8 @@ class Detach:
                 f"{message.truncated_index.shape} for {cuts} truncated steps, expected "
                 f"{last_obs} and {(cuts, 2)}; the worker is not a compatible aps worker"
             )
-        if not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
+        # With no truncated step, the shapes above already say the indices are right.
+        if cuts and not np.array_equal(message.truncated_index, np.argwhere(message.truncated)):
             raise ProtocolError(
                 f"worker {info.worker_id} sent truncated observations at (step, env) indices "
                 "that are not its truncated steps; the worker is not a compatible aps worker"
@@ -266,7 +298,8 @@ class Detach:
         metrics.lag_sum += lag * transitions
         metrics.lag_max = max(metrics.lag_max, lag)
         slot.steps_since_sync += transitions
-        slot.states = sample_states(message.obs, versions.max_states)
+        slot.acted_on = message.obs  # sampled only if a divergence is measured on it
+        offset = info.env_offset
         return Chunk(
             worker_id=info.worker_id,
             env_offset=info.env_offset,
@@ -282,9 +315,13 @@ class Detach:
             next_obs=message.next_obs,
             episode_return=message.episode_return,
             episode_length=message.episode_length,
-            episode_env=message.episode_env + info.env_offset,
+            episode_env=episode_env + offset if offset and episodes[0] else episode_env,
             truncated_obs=message.truncated_obs,
-            truncated_index=message.truncated_index + np.array([0, info.env_offset]),
+            truncated_index=(
+                message.truncated_index + np.array([0, offset])
+                if offset and cuts
+                else message.truncated_index
+            ),
         )
 
     async def rollout(self, num_steps: int) -> Rollout:

@@ -134,7 +134,6 @@ class Learner:
         self.num_workers = num_workers
         self.autoreset_mode = mode
         self.policy = policy
-        self.sync = sync
         self.launcher = launcher
         self.on_worker_lost: OnWorkerLost = on_worker_lost
         self.reconnect_timeout = float(reconnect_timeout)
@@ -465,6 +464,19 @@ class Learner:
     def version(self) -> int:
         """The newest published policy version (0 before the first :meth:`publish`)."""
         return self._detach.version
+
+    @property
+    def sync(self) -> SyncStrategy:
+        """The sync strategy; assigning one applies from the next decision on."""
+        return self._detach.sync
+
+    @sync.setter
+    def sync(self, strategy: SyncStrategy) -> None:
+        if not isinstance(strategy, SyncStrategy):
+            raise ConfigError(
+                f"sync must have a should_sync(ctx) method (see aps.sync), got {strategy!r}"
+            )
+        self._detach.sync = strategy
 
     @property
     def metrics(self) -> Metrics:
