@@ -213,6 +213,7 @@ class ClusterEnv(VectorEnv):
         reconnect_timeout: how long ``"wait"`` waits, in seconds.
         on_listening: called with the bound URL (port 0 resolved) before the constructor
             waits for the workers, e.g. to print the command that starts them elsewhere.
+        policy_kwargs: keyword arguments for the ``policy`` factory; see :class:`aps.Learner`.
 
     Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
     vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
@@ -248,6 +249,7 @@ class ClusterEnv(VectorEnv):
         on_worker_lost: Literal["raise", "wait"] = "raise",
         reconnect_timeout: float = 60.0,
         on_listening: Callable[[str], object] | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
@@ -265,6 +267,7 @@ class ClusterEnv(VectorEnv):
             launcher=launcher,
             on_worker_lost=on_worker_lost,
             reconnect_timeout=reconnect_timeout,
+            policy_kwargs=policy_kwargs,
         )
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
@@ -307,6 +310,7 @@ class ClusterEnv(VectorEnv):
         on_worker_lost: Literal["raise", "wait"] = "raise",
         reconnect_timeout: float = 60.0,
         vector: str = "sync",
+        policy_kwargs: dict[str, Any] | None = None,
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -343,6 +347,7 @@ class ClusterEnv(VectorEnv):
             vector: how each worker runs its envs: ``"sync"`` (one after another),
                 ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
                 (EnvPool's envs); see :mod:`aps.vector`.
+            policy_kwargs: see the class.
         """
         chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
         if chosen not in _LOCAL_URLS:
@@ -385,6 +390,7 @@ class ClusterEnv(VectorEnv):
                 launcher=launcher,
                 on_worker_lost=on_worker_lost,
                 reconnect_timeout=reconnect_timeout,
+                policy_kwargs=policy_kwargs,
                 _seed=seed,
             )
 

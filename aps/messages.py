@@ -137,6 +137,8 @@ class Welcome(Message):
     """The id the worker resumes this session with after its connection drops."""
     resumed: bool = False
     """The learner took the worker back into its old session (envs and state kept)."""
+    policy_kwargs: Any = None
+    """Keyword arguments for the policy factory (plain data; ``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -360,3 +360,38 @@ def test_env_functions_that_cannot_be_pickled_are_named() -> None:
 
     with pytest.raises(aps.ConfigError, match=r"env functions 0\.\.0 .* pickling them failed"):
         aps.ClusterEnv.local([thunk, thunk], num_workers=2, transport="unix")
+
+
+# Policy factories take keyword arguments that travel as data.
+
+SIZED = f"{Path(__file__).resolve().parent / 'agents_sized.py'}:SizedAgent"
+
+
+@pytest.mark.parametrize("transport", ["memory", "unix"])
+def test_policy_kwargs_reach_the_workers_factory(transport: str) -> None:
+    pytest.importorskip("torch")
+    from tests.agents_sized import SizedAgent
+
+    envs = aps.ClusterEnv.local(
+        "CartPole-v1",
+        num_workers=2,
+        transport=transport,
+        policy=SIZED,
+        policy_kwargs={"hidden_size": 8},
+    )
+    try:
+        agent = SizedAgent(envs, hidden_size=8)
+        envs.reset(seed=0)
+        envs.publish(agent)
+        # Weights of 8 hidden units load only into workers that built 8 (the default is 64).
+        rollout = envs.rollout(4)
+        assert rollout.reward.shape == (4, 2)
+    finally:
+        envs.close()
+
+
+def test_policy_kwargs_that_are_not_data_are_refused() -> None:
+    with pytest.raises(aps.ConfigError, match="policy_kwargs must be plain data"):
+        aps.Learner("memory://", num_workers=1, policy=SIZED, policy_kwargs={"f": object()})
+    with pytest.raises(aps.ConfigError, match="policy_kwargs without a policy"):
+        aps.Learner("memory://", num_workers=1, policy_kwargs={"hidden_size": 8})

@@ -12,15 +12,15 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from aps import transports
+from aps import codec, transports
 from aps._typing import Array, Info
 from aps.collect import Chunk, Metrics, Rollout
-from aps.errors import ConfigError, InvalidState, WorkerLost
+from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rounds import GradientRounds
-from aps.messages import ENV_CALL_KINDS, GradientReport
+from aps.messages import ENV_CALL_KINDS, GradientReport, Welcome
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -62,6 +62,9 @@ class Learner:
             workers are kept as spares for this. ``"drop"``: chunk streams and gradient
             rounds go on with the other workers; lockstep calls raise.
         reconnect_timeout: seconds ``"wait"`` waits for a resume or a replacement.
+        policy_kwargs: keyword arguments for the ``policy`` factory (``hidden_size=256``), so
+            one factory builds every network size. Plain data: workers receive them in their
+            welcome, never code.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -89,6 +92,7 @@ class Learner:
         launcher: Launcher | None = None,
         on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
+        policy_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(listen, str) and factory is None:
             # The scheme first: a URL aps cannot listen on says so, before anything is
@@ -126,6 +130,7 @@ class Learner:
                 f"policy must be an import path 'package.module:factory' or "
                 f"'path/to/file.py:factory', got {policy!r}"
             )
+        _check_policy_kwargs(policy_kwargs, policy)
         sync = AlwaysSync() if sync is None else sync
         if not isinstance(sync, SyncStrategy):
             raise ConfigError(
@@ -150,6 +155,8 @@ class Learner:
             on_worker_lost=on_worker_lost,
             reconnect_timeout=self.reconnect_timeout,
         )
+        self._pool.policy_kwargs = policy_kwargs
+        self.policy_kwargs = policy_kwargs
         self._lockstep = Lockstep(self._pool)
         self._detach = Detach(self._pool, policy, sync)
         self._rounds = GradientRounds(self._pool)
@@ -604,6 +611,24 @@ class Learner:
     async def stop_gradients(self) -> None:
         """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
         await self._rounds.stop()
+
+
+def _check_policy_kwargs(policy_kwargs: object, policy: str | None) -> None:
+    if policy_kwargs is None:
+        return
+    if policy is None:
+        raise ConfigError("policy_kwargs without a policy: give policy='module:factory' too")
+    if not isinstance(policy_kwargs, dict) or not all(isinstance(k, str) for k in policy_kwargs):
+        raise ConfigError(f"policy_kwargs must be a dict with str keys, got {policy_kwargs!r}")
+    try:
+        codec.encode(
+            Welcome(worker_id=0, autoreset_mode="", policy=policy, policy_kwargs=policy_kwargs)
+        )
+    except WireError as exc:
+        raise ConfigError(
+            f"policy_kwargs must be plain data (numbers, strings, tuples, dicts with str keys), "
+            f"which workers receive in their welcome: {exc}"
+        ) from None
 
 
 def _is_int(value: object) -> bool:

@@ -236,6 +236,8 @@ class WorkerPool:
         self._insecure = insecure
         self._factory = factory
         self._policy = policy
+        self.policy_kwargs: dict[str, Any] | None = None
+        """The policy factory's keyword arguments, sent in every welcome (set by the learner)."""
         self.launcher = launcher
         self.on_worker_lost: OnWorkerLost = on_worker_lost
         self.reconnect_timeout = reconnect_timeout
@@ -463,6 +465,7 @@ class WorkerPool:
                 policy=self._policy,
                 session_id=session_id,
                 resumed=resumed,
+                policy_kwargs=self.policy_kwargs,
             )
         )
         # Building envs runs user code and may take long: the step deadline bounds it.

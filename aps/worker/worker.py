@@ -341,7 +341,11 @@ class Worker:
                 env=self._env,
                 env_kwargs=self._env_kwargs,
             )
-            collector = None if answer.policy is None else Collector(envs, answer.policy, mode)
+            collector = (
+                None
+                if answer.policy is None
+                else Collector(envs, answer.policy, mode, dict(answer.policy_kwargs or {}))
+            )
         except Exception as exc:
             await session.send(ErrorReport.of(exc))
             what = "envs" if envs is None else f"policy {answer.policy!r}"
