@@ -395,3 +395,22 @@ def test_policy_kwargs_that_are_not_data_are_refused() -> None:
         aps.Learner("memory://", num_workers=1, policy=SIZED, policy_kwargs={"f": object()})
     with pytest.raises(aps.ConfigError, match="policy_kwargs without a policy"):
         aps.Learner("memory://", num_workers=1, policy_kwargs={"hidden_size": 8})
+
+
+def slow_make_env(gravity: float, delay: float) -> Any:
+    def thunk() -> gym.Env[Any, Any]:
+        __import__("time").sleep(delay)  # this worker is ready after the others
+        return make_env(gravity)()
+
+    return thunk
+
+
+def test_env_order_follows_the_launch_order_not_the_arrival_order() -> None:
+    thunks = [slow_make_env(9.8, 1.0), make_env(4.0), make_env(1.6)]
+    envs = aps.ClusterEnv.local(thunks, num_workers=3, transport="unix")
+    try:
+        assert [w.label for w in envs.workers] == ["0", "1", "2"]
+        assert [w.env_offset for w in envs.workers] == [0, 1, 2]
+        assert envs.get_attr("gravity") == (9.8, 4.0, 1.6)
+    finally:
+        envs.close()
