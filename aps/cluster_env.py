@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures.thread
+import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
 import contextlib
 import logging
 import os
@@ -146,8 +146,8 @@ def _close_at_exit() -> None:
             log.debug("closing %r at exit failed: %r", env, exc)
 
 
-# Imported before the hook is registered: its own exit hook must run after ours.
-assert concurrent.futures.thread.ThreadPoolExecutor is not None
+# concurrent.futures.thread is imported above, before this registration, because threading
+# runs its exit hooks last in, first out: the thread pools stop after our hook has run.
 _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_at_exit)
 
