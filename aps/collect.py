@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from aps import codec
 from aps._typing import Array
+from aps.errors import ConfigError
 from aps.messages import Weights
 
 __all__ = [
@@ -22,9 +23,13 @@ __all__ = [
     "Metrics",
     "PolicyVersions",
     "Rollout",
+    "WeightPrecision",
     "WorkerMetrics",
     "sample_states",
 ]
+
+WeightPrecision = Literal["exact", "float16"]
+"""How published weights travel: as the module holds them, or with floats rounded to float16."""
 
 DIVERGENCE_HISTORY = 1000
 """How many recent divergence values each worker's metrics keep."""
@@ -301,6 +306,10 @@ class PolicyVersions:
     So a publish copies the weights once (into memory reused from earlier frames where
     possible), and the frame sent to every worker is the version itself.
 
+    With ``precision="float16"`` a version's float arrays are rounded to float16 when it is
+    published: that is what travels and what workers act with, and divergences are measured
+    against it too, so APS compares the policies the workers really hold.
+
     torch is imported on the first :meth:`publish`, never before.
     """
 
@@ -310,7 +319,11 @@ class PolicyVersions:
         action_space: Any,
         *,
         max_states: int = 1024,
+        precision: WeightPrecision = "exact",
     ) -> None:
+        if precision not in ("exact", "float16"):
+            raise ConfigError(f"weight precision must be 'exact' or 'float16', got {precision!r}")
+        self.precision: WeightPrecision = precision
         self._spaces = (observation_space, action_space)
         self.max_states = max_states
         self.current = 0
@@ -337,7 +350,7 @@ class PolicyVersions:
             ConfigError: the agent is not a policy aps can run (or ``epsilon`` was given for
                 a policy that does not explore with it).
         """
-        from aps.policy import Policy
+        from aps.policy import Policy, compact_weights
 
         if isinstance(agent, Policy):
             policy = agent
@@ -352,9 +365,10 @@ class PolicyVersions:
             self._live.epsilon = epsilon
             self.epsilon = epsilon
         version = self.current + 1
-        frame = codec.encode(
-            Weights(version=version, arrays=policy.get_weights(copy=False), epsilon=self.epsilon)
-        )
+        arrays = policy.get_weights(copy=False)
+        if self.precision == "float16":
+            arrays = compact_weights(arrays)
+        frame = codec.encode(Weights(version=version, arrays=arrays, epsilon=self.epsilon))
         weights = codec.decode(frame, max_frame_size=len(frame))
         assert isinstance(weights, Weights)
         self.current = version
@@ -383,10 +397,10 @@ class PolicyVersions:
             return 0.0
         if self._live_version != self.current:
             # Loaded only when measured: strategies that never measure never pay for it.
-            self._live.set_weights(self._weights[self.current])
+            self._live.set_weights(self._weights[self.current], widen=True)
             self._live_version = self.current
         if self._probe_version != version:
-            self._probe.set_weights(self._weights[version])
+            self._probe.set_weights(self._weights[version], widen=True)
             self._probe.set_behaviour_params(self._behaviour[version])
             self._probe_version = version
         return float(self._probe.kl(self._live, obs, max_states=self.max_states))

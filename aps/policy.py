@@ -66,6 +66,7 @@ __all__ = [
     "PolicySpec",
     "VectorEnvSpaces",
     "build_module",
+    "compact_weights",
     "limit_threads",
     "load_policy_factory",
     "weights_nbytes",
@@ -117,6 +118,33 @@ def weights_nbytes(weights: Mapping[str, np.ndarray]) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Loading the factory and building the module.
+
+
+def compact_weights(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``weights`` with every float array wider than ``float16`` rounded to ``float16``.
+
+    Half the bytes of a float32 policy on the wire; :meth:`Policy.set_weights` with
+    ``widen=True`` loads the result into the full-precision module. Other arrays (integer
+    buffers, float16 ones) are passed through as they are.
+    """
+    return {
+        name: array.astype(np.float16) if array.dtype.kind == "f" and array.itemsize > 2 else array
+        for name, array in weights.items()
+    }
+
+
+def _widened(
+    weights: Mapping[str, np.ndarray], state: Mapping[str, torch.Tensor]
+) -> Mapping[str, np.ndarray]:
+    out = dict(weights)
+    for name, array in weights.items():
+        tensor = state.get(name)
+        if not isinstance(array, np.ndarray) or tensor is None or array.dtype != np.float16:
+            continue  # set_weights reports whatever is wrong with it
+        expected = numpy_dtype(tensor.dtype)
+        if expected is not None and expected.kind == "f" and expected.itemsize > 2:
+            out[name] = array.astype(expected)
+    return out
 
 
 def load_policy_factory(spec: PolicySpec) -> Callable[..., nn.Module]:
@@ -699,7 +727,9 @@ class Policy:
             weights[name] = tensor.cpu().numpy()
         return weights
 
-    def set_weights(self, weights: Mapping[str, np.ndarray], *, share: bool = False) -> None:
+    def set_weights(
+        self, weights: Mapping[str, np.ndarray], *, share: bool = False, widen: bool = False
+    ) -> None:
         """Load arrays from :meth:`get_weights` (of any module built by the same factory).
 
         The round trip is exact: same names, shapes, dtypes and bits. Everything is checked
@@ -713,12 +743,17 @@ class Policy:
                 arrays and never changes them, as a worker owns the frame a version came
                 in: loading a large policy then copies nothing. The module must not change
                 its tensors in place afterwards (acting does not).
+            widen: ``float16`` arrays are widened to the module's float dtype where it is
+                wider (weights that travelled compact, see :func:`compact_weights`); every
+                other dtype must still match exactly.
 
         Raises:
             ConfigError: missing or unexpected names, a value that is not an array, or a
-                shape or dtype that differs from the module's (no casting); the message lists
-                them.
+                shape or dtype that differs from the module's (no casting beyond ``widen``);
+                the message lists them.
         """
+        if widen:
+            weights = _widened(weights, self._module.state_dict())
         state = self._module.state_dict()
         problems: list[str] = []
         missing = [name for name in state if name not in weights]

@@ -223,6 +223,46 @@ async def test_a_worker_the_strategy_never_syncs_is_reported_stalled(
         assert learner.metrics.stalled == () and metrics.as_dict()["stalled"] == [0, 1]
 
 
+@pytest.mark.parametrize("precision", ["exact", "float16"])
+async def test_weight_precision_sets_what_travels_and_what_workers_act_with(
+    precision: str,
+) -> None:
+    from aps.policy import compact_weights
+
+    agent = Agent(Spaces("CartPole-v1"))
+    perturb(agent, 0.3)
+    exact = {k: v.numpy().copy() for k, v in agent.state_dict().items()}
+    async with aps.Learner(
+        "memory://", num_workers=1, policy=POLICY, timeouts=FAST, weight_precision=precision
+    ) as learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", num_envs=2, timeouts=FAST)
+        task = asyncio.create_task(worker.run())
+        await learner.reset(seed=0)
+        await learner.publish(agent)
+        await learner.rollout(2)
+        assert worker._server is not None and worker._server.collector is not None
+        held = worker._server.collector.policy.get_weights()
+        sent = learner.metrics.weight_bytes
+    await task
+    nbytes = sum(a.nbytes for a in exact.values())
+    if precision == "exact":
+        assert sent == nbytes
+        for name, array in exact.items():
+            np.testing.assert_array_equal(held[name], array)
+    else:
+        assert sent == nbytes // 2  # every array of the agent is float32
+        rounded = compact_weights(exact)
+        for name, array in exact.items():
+            assert held[name].dtype == array.dtype  # widened back to the module's dtype
+            np.testing.assert_array_equal(held[name], rounded[name].astype(array.dtype))
+        assert any(not np.array_equal(held[n], exact[n]) for n in exact)  # really rounded
+
+
+async def test_a_weight_precision_it_does_not_know_is_refused() -> None:
+    with pytest.raises(aps.ConfigError, match="weight_precision must be 'exact' or 'float16'"):
+        aps.Learner("memory://", num_workers=1, weight_precision="int8")  # type: ignore[arg-type]
+
+
 async def test_published_versions_stay_bounded(learner_factory: Any) -> None:
     learner = await learner_factory(strategy=sync.APS(kl_threshold=1e9))
     agent = Agent(Spaces("CartPole-v1"))

@@ -23,6 +23,7 @@ from aps.policy import (
     Policy,
     VectorEnvSpaces,
     build_module,
+    compact_weights,
     limit_threads,
     load_policy_factory,
     weights_nbytes,
@@ -618,6 +619,24 @@ def test_float64_modules_act_and_round_trip() -> None:
     assert weights["network.0.weight"].dtype == np.float64
     policy.act(observations(3))
     policy.set_weights(weights)
+
+
+def test_compact_weights_load_widened_and_only_when_asked() -> None:
+    policy = categorical()
+    exact = policy.get_weights()
+    compact = compact_weights({**exact, "steps": np.arange(3, dtype=np.int64)})
+    assert compact["steps"].dtype == np.int64  # not a float: as it was
+    del compact["steps"]
+    assert all(array.dtype == np.float16 for array in compact.values())
+    with pytest.raises(ConfigError, match="has dtype float16, the module's is float32"):
+        policy.set_weights(compact)  # no casting unless asked
+    policy.set_weights(compact, widen=True)
+    for name, array in policy.get_weights().items():
+        assert array.dtype == np.float32
+        np.testing.assert_array_equal(array, compact[name].astype(np.float32))
+    wider = {**exact, "critic.0.bias": exact["critic.0.bias"].astype(np.float64)}
+    with pytest.raises(ConfigError, match="has dtype float64"):  # widen is float16 only
+        policy.set_weights(wider, widen=True)
 
 
 def test_set_weights_refuses_before_changing_anything() -> None:

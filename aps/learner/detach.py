@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from aps.collect import STALL_LAG, Chunk, PolicyVersions, Rollout, sample_states
+from aps.collect import (
+    STALL_LAG,
+    Chunk,
+    PolicyVersions,
+    Rollout,
+    WeightPrecision,
+    sample_states,
+)
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
 from aps.learner.pool import Remote, WorkerPool, expect
 from aps.messages import (
@@ -69,12 +76,20 @@ class Detach:
         pool: the workers.
         policy: the policy import path the workers act with (``None``: no DETACH).
         sync: the sync strategy.
+        precision: how weights travel (see :class:`~aps.collect.PolicyVersions`).
     """
 
-    def __init__(self, pool: WorkerPool, policy: str | None, sync: SyncStrategy) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        policy: str | None,
+        sync: SyncStrategy,
+        precision: WeightPrecision = "exact",
+    ) -> None:
         self._pool = pool
         self._policy = policy
         self.sync = sync
+        self._precision: WeightPrecision = precision
         self.versions: PolicyVersions | None = None
         self._slots: dict[Remote, _SlotSync] = {}
         self._stream: AsyncGenerator[Chunk, None] | None = None
@@ -99,7 +114,7 @@ class Detach:
                 "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
             )
         if self.versions is None:
-            self.versions = PolicyVersions(*self._pool.require_workers())
+            self.versions = PolicyVersions(*self._pool.require_workers(), precision=self._precision)
         return self.versions
 
     @property

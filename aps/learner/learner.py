@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 
 from aps import codec, transports
 from aps._typing import Array, Info
-from aps.collect import Chunk, Metrics, Rollout
+from aps.collect import Chunk, Metrics, Rollout, WeightPrecision
 from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
@@ -62,6 +62,11 @@ class Learner:
             workers are kept as spares for this. ``"drop"``: chunk streams and gradient
             rounds go on with the other workers; lockstep calls raise.
         reconnect_timeout: seconds ``"wait"`` waits for a resume or a replacement.
+        weight_precision: how published weights travel: ``"exact"`` (default), or
+            ``"float16"``, which rounds float weights to float16 (half a float32 policy's
+            bytes). Workers then act with the rounded weights, and APS measures divergence
+            against them; behaviour log-probabilities stay the workers' own, so PPO's
+            correction stays exact.
         policy_kwargs: keyword arguments for the ``policy`` factory (``hidden_size=256``), so
             one factory builds every network size. Plain data: workers receive them in their
             welcome, never code.
@@ -92,6 +97,7 @@ class Learner:
         launcher: Launcher | None = None,
         on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
+        weight_precision: WeightPrecision = "exact",
         policy_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(listen, str) and factory is None:
@@ -158,7 +164,11 @@ class Learner:
         self._pool.policy_kwargs = policy_kwargs
         self.policy_kwargs = policy_kwargs
         self._lockstep = Lockstep(self._pool)
-        self._detach = Detach(self._pool, policy, sync)
+        if weight_precision not in ("exact", "float16"):
+            raise ConfigError(
+                f"weight_precision must be 'exact' or 'float16', got {weight_precision!r}"
+            )
+        self._detach = Detach(self._pool, policy, sync, weight_precision)
         self._rounds = GradientRounds(self._pool)
         self._pool.hooks += [self._detach, self._rounds]
 

@@ -67,7 +67,8 @@ class Collector:
             raise ProtocolError(f"weights must map names to arrays, got {type(weights.arrays)}")
         # The arrays are views of the frame they came in, which nothing else holds: the
         # policy takes that memory as its own rather than copying a large version.
-        self._policy.set_weights(weights.arrays, share=True)
+        # float16 arrays (a learner with weight_precision="float16") widen to the module's.
+        self._policy.set_weights(weights.arrays, share=True, widen=True)
         if weights.epsilon is not None:
             self._policy.epsilon = weights.epsilon
         self.version = weights.version
