@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
-from aps.collect import Metrics, Rollout
+from aps.collect import Metrics, Rollout, WeightPrecision
 from aps.errors import ConfigError, ConnectError, InvalidState
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
@@ -214,6 +214,8 @@ class ClusterEnv(VectorEnv):
         on_listening: called with the bound URL (port 0 resolved) before the constructor
             waits for the workers, e.g. to print the command that starts them elsewhere.
         policy_kwargs: keyword arguments for the ``policy`` factory; see :class:`aps.Learner`.
+        weight_precision: how published weights travel (``"exact"`` or ``"float16"``); see
+            :class:`aps.Learner`.
 
     Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
     vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
@@ -250,6 +252,7 @@ class ClusterEnv(VectorEnv):
         reconnect_timeout: float = 60.0,
         on_listening: Callable[[str], object] | None = None,
         policy_kwargs: dict[str, Any] | None = None,
+        weight_precision: WeightPrecision = "exact",
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
@@ -268,6 +271,7 @@ class ClusterEnv(VectorEnv):
             on_worker_lost=on_worker_lost,
             reconnect_timeout=reconnect_timeout,
             policy_kwargs=policy_kwargs,
+            weight_precision=weight_precision,
         )
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
@@ -311,6 +315,7 @@ class ClusterEnv(VectorEnv):
         reconnect_timeout: float = 60.0,
         vector: str = "sync",
         policy_kwargs: dict[str, Any] | None = None,
+        weight_precision: WeightPrecision = "exact",
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -348,6 +353,7 @@ class ClusterEnv(VectorEnv):
                 ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
                 (EnvPool's envs); see :mod:`aps.vector`.
             policy_kwargs: see the class.
+            weight_precision: see the class.
         """
         chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
         if chosen not in _LOCAL_URLS:
@@ -391,6 +397,7 @@ class ClusterEnv(VectorEnv):
                 on_worker_lost=on_worker_lost,
                 reconnect_timeout=reconnect_timeout,
                 policy_kwargs=policy_kwargs,
+                weight_precision=weight_precision,
                 _seed=seed,
             )
 
