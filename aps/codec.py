@@ -1147,10 +1147,11 @@ def decode_handshake(frame: Frame, *, max_frame_size: int = HANDSHAKE_FRAME_SIZE
     """Decode one frame from a peer that has not proved the token yet.
 
     The bounded form of :func:`decode`: the frame must be handshake-sized, and msgpack is
-    decoded with no arrays, no extension types (numpy arrays, spaces), maps of at most 16
-    entries and strings no longer than the frame, so what an unauthenticated peer can make
-    this side build is bounded by a few times ``max_frame_size``. Only the tags in
-    :data:`HANDSHAKE_TAGS` are accepted.
+    decoded with no extension types (numpy arrays, spaces), arrays of at most 256 items and
+    maps of at most 64 entries (a Welcome's ``policy_kwargs`` are plain data), strings no
+    longer than the frame, and msgpack's own nesting limit, so what an unauthenticated peer
+    can make this side build is bounded by a small multiple of ``max_frame_size``. Only the
+    tags in :data:`HANDSHAKE_TAGS` are accepted.
 
     Raises:
         FrameTooLarge: the frame is larger than ``max_frame_size``.
@@ -1176,8 +1177,8 @@ def decode_handshake(frame: Frame, *, max_frame_size: int = HANDSHAKE_FRAME_SIZE
             max_str_len=size,
             max_bin_len=size,
             max_ext_len=0,
-            max_array_len=0,
-            max_map_len=16,
+            max_array_len=256,
+            max_map_len=64,
         )
     except WireError:
         raise
