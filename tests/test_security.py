@@ -300,7 +300,7 @@ async def test_idle_connections_do_not_keep_an_honest_worker_out(
 ) -> None:
     """Three times MAX_HANDSHAKES idle connections, held open within the handshake deadline,
     and an honest worker still joins; the refusals are summed up in the log, not listed."""
-    caplog.set_level(logging.WARNING, logger="aps.learner.pool")
+    caplog.set_level(logging.WARNING, logger="aps.learner.admission")
     timeouts = aps.Timeouts(connect=30, handshake=30, step=30)
     async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
         host, port = learner.url.removeprefix("tcp://").rsplit(":", 1)
@@ -319,7 +319,7 @@ async def test_idle_connections_do_not_keep_an_honest_worker_out(
             for writer in idle:
                 writer.close()
         refusals = [r for r in caplog.records if "refused" in r.getMessage()]
-        assert len(refusals) <= 2 * aps.learner.pool.REFUSAL_LOG_BURST + 2, len(refusals)
+        assert len(refusals) <= 2 * aps.learner.admission.REFUSAL_LOG_BURST + 2, len(refusals)
     await asyncio.wait_for(task, 30)
 
 

@@ -20,9 +20,11 @@ The package, one room each:
 
 - :mod:`~aps.learner.learner`: :class:`Learner`, the public face; it only checks arguments
   and hands each call to the pool or a mode.
+- :mod:`~aps.learner.admission`: the gate, everything before a peer has proved the token
+  (handshake slots, the challenge, refusals that honest workers survive).
 - :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers as
-  connections (admission, handshake, resume, spares, replacement, ``on_worker_lost``) and the
-  numbered request/answer service every mode uses.
+  connections (joining, resume, spares, replacement, ``on_worker_lost``) and the numbered
+  request/answer service every mode uses.
 - :mod:`~aps.learner.lockstep`: reset, step, and the partial batches of send/recv.
 - :mod:`~aps.learner.detach`: published versions, sync decisions, rollouts and chunk streams.
 - :mod:`~aps.learner.rounds`: gradient rounds for :mod:`aps.pg`.
@@ -31,7 +33,8 @@ Modes depend on the pool, never on each other; when a worker resumes or is repla
 asks each mode (its :class:`~aps.learner.pool.SlotHooks`) what the worker needs first.
 """
 
+from aps.learner.admission import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_HOST
 from aps.learner.learner import Learner
-from aps.learner.pool import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_HOST, WorkerInfo
+from aps.learner.pool import WorkerInfo
 
 __all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_HOST", "Learner", "WorkerInfo"]

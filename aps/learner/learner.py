@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -234,9 +233,8 @@ class Learner:
             # id it cannot make, a policy it cannot import): its own words, not "see its
             # output", which a notebook never shows.
             pool = self._pool
-            if pool._admissions:  # a handshake the worker ended by leaving ends at once
-                await asyncio.wait(pool._admissions, timeout=pool.timeouts.handshake)
-            refused = pool._refusals  # the pool's record of why it refused workers
+            await pool.settle_admissions()  # a handshake the worker ended by leaving ends now
+            refused = pool.refusals
             if not refused:
                 raise
             raise WorkerLost(

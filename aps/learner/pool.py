@@ -1,7 +1,8 @@
-"""The worker pool: admission, sessions, recovery, and one request/answer service for the modes.
+"""The worker pool: sessions, recovery, and one request/answer service for the modes.
 
-:class:`WorkerPool` owns everything about the workers as connections: it listens, admits
-workers (handshake, token proof, spaces that agree), keeps spares, lets a worker whose
+:class:`WorkerPool` owns everything about the workers as connections: it listens (its
+:class:`~aps.learner.admission.Gate` runs every handshake until the peer has proved the
+token), takes in the workers that did (spaces that agree, spares), lets a worker whose
 connection dropped resume its session and a spare take over a lost worker's env slots, and
 applies ``on_worker_lost``. Each admitted worker's env slots are a :class:`Remote`.
 
@@ -18,17 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
-import ipaddress
 import logging
-import os
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
-from urllib.parse import urlsplit
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -37,37 +33,29 @@ from aps import transports
 from aps.collect import WorkerMetrics
 from aps.errors import (
     ApsError,
-    AuthError,
     ConfigError,
     EndOfStream,
     InvalidState,
     ProtocolError,
     Timeout,
-    TransportClosed,
     TransportError,
-    VersionMismatch,
     WorkerError,
     WorkerLost,
 )
+from aps.learner.admission import Gate, is_loopback, reject
 from aps.messages import (
-    PROTOCOL_VERSION,
-    Challenge,
     ErrorReport,
     Hello,
     Message,
     Ready,
-    Reject,
     Request,
     StepRequest,
     Welcome,
 )
-from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.session import Session, Timeouts
-from aps.transports.base import Listener, Transport, TransportFactory
+from aps.transports.base import Listener, TransportFactory
 
 __all__ = [
-    "MAX_HANDSHAKES",
-    "MAX_HANDSHAKES_PER_HOST",
     "OnWorkerLost",
     "Remote",
     "SlotHooks",
@@ -75,27 +63,6 @@ __all__ = [
     "WorkerPool",
     "expect",
 ]
-
-MAX_HANDSHAKES = 64
-"""The most handshakes a learner runs at once.
-
-A new connection beyond it takes the place of the oldest one that has not said hello yet (an
-honest worker says it one round trip after it connects, so a flood of idle connections
-cannot keep one out); when every handshake in progress is past its hello, the new
-connection is told ``Reject(retry_after=...)`` and the worker dials again later."""
-
-MAX_HANDSHAKES_PER_HOST = 16
-"""The most handshakes from one address that have not said hello; a new one from that
-address takes the place of its oldest."""
-
-BUSY_RETRY_AFTER = 1.0
-"""Seconds a worker turned away while the learner is busy waits before dialing again."""
-
-REFUSAL_LOG_INTERVAL = 10.0
-"""Seconds of the window in which at most :data:`REFUSAL_LOG_BURST` refusals are logged one
-by one; the rest are summed up in one line."""
-
-REFUSAL_LOG_BURST = 5
 
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
@@ -216,78 +183,6 @@ class _Spare:
     session_id: bytes
 
 
-@dataclass(slots=True, eq=False)
-class _Pending:
-    """A handshake in progress."""
-
-    task: asyncio.Task[None]
-    peer: str
-    host: str
-    greeted: bool = False  # the peer said hello: it is past the cheap stage of a flood
-
-
-class _RefusalLog:
-    """Logs refusals as warnings up to a burst per window, then one summary line.
-
-    A flood of bad connections must not become a flood of warnings; the refusals past the
-    burst are logged at debug level.
-    """
-
-    def __init__(self) -> None:
-        self._window = -REFUSAL_LOG_INTERVAL  # start of the current window (monotonic)
-        self._logged = 0
-        self._unlogged = 0
-        self._latest = ""
-        self.total = 0
-        """Refusals and evictions since the learner started."""
-
-    def note(self, text: str) -> None:
-        self.total += 1
-        now = time.monotonic()
-        if now - self._window >= REFUSAL_LOG_INTERVAL:
-            self.flush()
-            self._window, self._logged = now, 0
-        if self._logged < REFUSAL_LOG_BURST:
-            self._logged += 1
-            log.warning("refused a worker at %s", text)
-        else:
-            # Still one record per refusal, for whoever listens at debug level.
-            log.debug("refused a worker at %s", text)
-            self._unlogged += 1
-            self._latest = text
-
-    def flush(self) -> None:
-        """Log the summary of the refusals not logged one by one, if any."""
-        if self._unlogged:
-            log.warning(
-                "refused %d more connections within %.0f s without logging each (the last: %s)",
-                *(self._unlogged, REFUSAL_LOG_INTERVAL, self._latest),
-            )
-            self._unlogged = 0
-
-
-def _host_of(peer: str) -> str:
-    """The address part of a transport's peer description (``tcp://1.2.3.4:5`` -> ``1.2.3.4``)."""
-    try:
-        return urlsplit(peer).hostname or peer
-    except ValueError:
-        return peer
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url`` can only be reached from this host."""
-    parts = urlsplit(url)
-    if parts.scheme in ("memory", "unix"):  # this process; this host, by file permission
-        return True
-    host = parts.hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class WorkerPool:
     """The learner's workers: admission, sessions, recovery and numbered requests.
 
@@ -332,10 +227,7 @@ class WorkerPool:
 
         self._launched = False
         self._listener: Listener | None = None
-        self._accept_task: asyncio.Task[None] | None = None
-        self._admissions: set[asyncio.Task[None]] = set()
-        self._pending: dict[asyncio.Task[None], _Pending] = {}
-        self._refusal_log = _RefusalLog()
+        self._gate: Gate | None = None
         self._closing = asyncio.Event()
         self._admitting = 0
         self._next_id = 0
@@ -350,7 +242,6 @@ class WorkerPool:
         self.restarts = 0
         """Workers that replaced lost ones."""
         self._all_ready = asyncio.Event()
-        self._refusals: list[str] = []
         self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
         self.counts: list[int] = []
         """Envs per worker, in env order."""
@@ -384,7 +275,8 @@ class WorkerPool:
             self._listener = await factory.listen(self._listen)
         else:
             self._listener = self._listen
-        self._accept_task = asyncio.create_task(self._accept_loop(), name="aps accept loop")
+        self._gate = Gate(self._listener, token=self._token, timeouts=self.timeouts, join=self.join)
+        self._gate.start()
         log.info("learner listening on %s for %d workers", self.url, self.num_workers)
         if self.launcher is not None and not self._launched:
             self._launched = True
@@ -410,7 +302,17 @@ class WorkerPool:
 
         A count for monitoring and tests; the log sums floods up instead of listing them.
         """
-        return self._refusal_log.total
+        return 0 if self._gate is None else self._gate.refused
+
+    @property
+    def refusals(self) -> list[str]:
+        """The latest refusals (``"PEER: TYPE: reason"``), newest last, a few at most."""
+        return [] if self._gate is None else self._gate.refusals
+
+    async def settle_admissions(self) -> None:
+        """Wait (up to the handshake deadline) for the handshakes in progress to end."""
+        if self._gate is not None:
+            await self._gate.settle(self.timeouts.handshake)
 
     def begin_close(self) -> None:
         """Stop waiting for lost workers: a close must not wait ``reconnect_timeout``."""
@@ -422,14 +324,8 @@ class WorkerPool:
             return
         self.closed = True
         self.begin_close()
-        self._refusal_log.flush()
-        if self._accept_task is not None:
-            self._accept_task.cancel()
-        for task in list(self._admissions):
-            task.cancel()
-        tasks = [t for t in (self._accept_task, *self._admissions) if t is not None]
-        if tasks:
-            await asyncio.wait(tasks)
+        if self._gate is not None:
+            await self._gate.aclose()
         if self._listener is not None:
             await self._listener.aclose()
         sessions = [r.session for r in self.remotes] + [s.session for s in self._spares]
@@ -442,154 +338,16 @@ class WorkerPool:
 
     # Admission.
 
-    async def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                transport = await self._listener.accept()
-            except TransportClosed:
-                return
-            except TransportError as exc:
-                log.warning("accept failed: %s", exc)
-                await asyncio.sleep(0.05)
-                continue
-            try:
-                self._admit_later(transport)
-            except Exception:
-                # Nothing about one connection may stop the learner from accepting the next.
-                log.exception("admitting a connection from %s failed", transport.peer)
-                detached = asyncio.create_task(transport.aclose(), name="aps close")
-                self._admissions.add(detached)
-                detached.add_done_callback(self._admissions.discard)
+    async def join(self, session: Session, hello: Hello, proof: bytes) -> None:
+        """Take a worker that proved the token: resume its session, or admit it or a spare.
 
-    def _admit_later(self, transport: Transport) -> None:
-        """Start admitting ``transport`` in a task of its own (or turn it away)."""
-        session = Session(
-            transport,
-            Role.LEARNER,
-            heartbeat_interval=self.timeouts.heartbeat_interval,
-        )
-        host = _host_of(session.peer)
-        if self._make_room(host):
-            task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
-            self._pending[task] = _Pending(task, session.peer, host)
-            task.add_done_callback(self._forget_pending)
-        elif len(self._admissions) < 2 * MAX_HANDSHAKES:
-            task = asyncio.create_task(self._turn_away(session), name="aps turn away")
-        else:
-            # Even the answers to busy refusals are backed up: drop the connection.
-            self._refusal_log.note(f"{session.peer}: Busy: the learner is overloaded; dropped")
-            task = asyncio.create_task(session.aclose(), name="aps drop")
-        self._admissions.add(task)
-        task.add_done_callback(self._admissions.discard)
+        ``proof`` is this learner's, for the worker to check (see :mod:`aps.learner.admission`).
 
-    def _forget_pending(self, task: asyncio.Task[None]) -> None:
-        self._pending.pop(task, None)
-
-    def _make_room(self, host: str) -> bool:
-        """Whether a new handshake from ``host`` may start, evicting an idle one if needed.
-
-        The evicted handshake is the oldest that has not said hello, from the same host when
-        that host holds :data:`MAX_HANDSHAKES_PER_HOST` of them. ``False``: every
-        handshake in progress is past its hello, and the new connection must wait.
+        Raises:
+            ApsError: the worker is refused (it was told why).
         """
-        idle = [p for p in self._pending.values() if not p.greeted]
-        from_host = [p for p in idle if p.host == host]
-        if len(from_host) >= MAX_HANDSHAKES_PER_HOST:
-            victim: _Pending | None = from_host[0]
-        elif len(self._pending) >= MAX_HANDSHAKES:
-            victim = idle[0] if idle else None
-            if victim is None:
-                return False
-        else:
-            return True
-        assert victim is not None
-        del self._pending[victim.task]
-        victim.task.cancel()
-        self._refusal_log.note(
-            f"{victim.peer}: Timeout: dropped before its hello, to make room for a newer "
-            f"connection ({MAX_HANDSHAKES} handshakes at most, {MAX_HANDSHAKES_PER_HOST} per "
-            "address)"
-        )
-        return True
-
-    async def _turn_away(self, session: Session) -> None:
-        """Tell a connection the learner is busy, and when to dial again."""
-        self._refusal_log.note(
-            f"{session.peer}: Busy: {MAX_HANDSHAKES} handshakes in progress; told to dial again"
-        )
-        reason = f"the learner is busy with {MAX_HANDSHAKES} handshakes; dial again"
-        with contextlib.suppress(ApsError):
-            async with asyncio.timeout(1.0):
-                await session.send(Reject(kind="Busy", reason=reason, retry_after=BUSY_RETRY_AFTER))
-        await session.aclose()
-
-    async def _admit(self, session: Session) -> None:
-        admitted = False
-        reason = ""
-        try:
-            await self._handshake(session)
-            admitted = True
-        except ApsError as exc:
-            reason = self._refuse(session, exc)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # A bug must not leave a silent task behind: refuse the worker and say why.
-            log.exception("admitting %s failed unexpectedly", session.peer)
-            reason = self._refuse(session, exc)
-        finally:
-            if not admitted:
-                # The goodbye tells the peer why (unless a Reject or a goodbye already did).
-                await session.aclose(reason)
-
-    def _refuse(self, session: Session, exc: BaseException) -> str:
-        """Log and remember why ``session`` was refused; return the reason for its goodbye."""
-        reason = f"{type(exc).__name__}: {exc}"
-        text = f"{session.peer}: {reason}"
-        self._refusals.append(text)
-        del self._refusals[:-20]  # keep the last few for error messages, never grow
-        self._refusal_log.note(text)
-        return reason[:200]
-
-    async def _reject(self, session: Session, error: ApsError, proof: bytes = b"") -> None:
-        """Send the worker a Reject for ``error``, then raise ``error``.
-
-        ``proof`` is this learner's, once the worker's proof was checked.
-        """
-        with contextlib.suppress(TransportError, InvalidState):
-            await session.send(Reject(kind=type(error).__name__, reason=str(error), proof=proof))
-        raise error
-
-    async def _handshake(self, session: Session) -> None:
-        timeouts = self.timeouts
-        nonce = os.urandom(NONCE_SIZE)
-        try:
-            async with asyncio.timeout(timeouts.handshake):
-                await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
-                hello = await session.receive(timeout=None, operation="the worker's hello")
-                pending = self._pending.get(asyncio.current_task())  # type: ignore[arg-type]
-                if pending is not None:
-                    pending.greeted = True
-        except TimeoutError as exc:
-            if isinstance(exc, Timeout):
-                raise
-            raise Timeout(
-                f"no hello from {session.peer} within {timeouts.handshake} s; dropped it",
-                operation="handshake",
-                seconds=timeouts.handshake,
-            ) from None
-        assert isinstance(hello, Hello)  # the protocol table allows nothing else
-        try:
-            check_hello(hello, nonce=nonce, token=self._token)
-        except (VersionMismatch, AuthError) as exc:
-            await self._reject(session, exc)
-        # The worker proved the token: from here on its frames may be large (its spaces), and
-        # every answer carries this learner's proof, which the worker checks before acting.
-        session.authenticated()
-        proof = b"" if self._token is None else learner_proof(self._token, nonce, hello.nonce)
         if not isinstance(hello.num_envs, int) or hello.num_envs < 1:
-            await self._reject(
+            await reject(
                 session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"), proof
             )
         resumed = self._by_session.get(hello.resume) if hello.resume else None
@@ -604,7 +362,7 @@ class WorkerPool:
                 if self.on_worker_lost != "wait"
                 else f"{len(self._spares)} spares already wait to replace lost workers"
             )
-            await self._reject(
+            await reject(
                 session,
                 ConfigError(f"this learner already has its {self.num_workers} workers; {why}"),
                 proof,
@@ -671,7 +429,7 @@ class WorkerPool:
             and hello.version <= remote.metrics.version
             and info.worker_id not in self.dropped
         ):
-            await self._reject(
+            await reject(
                 session,
                 ProtocolError(
                     f"cannot resume worker {info.worker_id}'s session: it says it answered "
@@ -745,7 +503,7 @@ class WorkerPool:
 
     async def _check_spaces(self, session: Session, ready: Ready, hello: Hello) -> None:
         if ready.num_envs != hello.num_envs:
-            await self._reject(
+            await reject(
                 session,
                 ProtocolError(f"hello said {hello.num_envs} envs, ready said {ready.num_envs}"),
             )
@@ -757,7 +515,7 @@ class WorkerPool:
             ("action", ready.action_space, action_space),
         ):
             if theirs != ours:
-                await self._reject(
+                await reject(
                     session,
                     ConfigError(
                         f"worker {hello.env_id!r} has {name} space {theirs}, but the workers "
@@ -830,7 +588,7 @@ class WorkerPool:
             else:
                 await self._wait_watching(self.launcher, seconds)
         except TimeoutError:
-            refused = "; ".join(self._refusals[-3:]) or "none"
+            refused = "; ".join(self.refusals[-3:]) or "none"
             message = (
                 f"{len(self.remotes)} of {self.num_workers} workers arrived at {self.url} "
                 f"within {seconds} s (recent refusals: {refused})"

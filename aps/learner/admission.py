@@ -1,0 +1,349 @@
+"""Admission: the learner's gate, everything that happens before a peer has proved the token.
+
+:class:`Gate` accepts connections and runs each handshake in a task of its own: it sends a
+challenge, waits (briefly) for the hello, checks the peer's proof of the token, and hands a
+peer that proved it to the pool (``join``) together with this learner's own proof, which the
+worker checks before it believes anything (see ``docs/security.md``).
+
+Nothing an unauthenticated peer does may cost the learner much or keep honest workers out:
+at most :data:`MAX_HANDSHAKES` handshakes run at once and :data:`MAX_HANDSHAKES_PER_HOST`
+idle ones per address, an idle one makes room for a newer connection, a learner that is busy
+says when to dial again, and refusals are logged in bursts, not one line each (a flood of bad
+connections must not become a flood of log lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from aps.errors import (
+    ApsError,
+    AuthError,
+    InvalidState,
+    Timeout,
+    TransportClosed,
+    TransportError,
+    VersionMismatch,
+)
+from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Reject
+from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
+from aps.session import Session, Timeouts
+from aps.transports.base import Listener, Transport
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_HANDSHAKES",
+    "MAX_HANDSHAKES_PER_HOST",
+    "Gate",
+    "Join",
+    "is_loopback",
+    "reject",
+]
+
+MAX_HANDSHAKES = 64
+"""The most handshakes a learner runs at once.
+
+A new connection beyond it takes the place of the oldest one that has not said hello yet (an
+honest worker says it one round trip after it connects, so a flood of idle connections
+cannot keep one out); when every handshake in progress is past its hello, the new
+connection is told ``Reject(retry_after=...)`` and the worker dials again later."""
+
+MAX_HANDSHAKES_PER_HOST = 16
+"""The most handshakes from one address that have not said hello; a new one from that
+address takes the place of its oldest."""
+
+BUSY_RETRY_AFTER = 1.0
+"""Seconds a worker turned away while the learner is busy waits before dialing again."""
+
+REFUSAL_LOG_INTERVAL = 10.0
+"""Seconds of the window in which at most :data:`REFUSAL_LOG_BURST` refusals are logged one
+by one; the rest are summed up in one line."""
+
+REFUSAL_LOG_BURST = 5
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A handshake in progress."""
+
+    task: asyncio.Task[None]
+    peer: str
+    host: str
+    greeted: bool = False  # the peer said hello: it is past the cheap stage of a flood
+
+
+class _RefusalLog:
+    """Logs refusals as warnings up to a burst per window, then one summary line.
+
+    A flood of bad connections must not become a flood of warnings; the refusals past the
+    burst are logged at debug level.
+    """
+
+    def __init__(self) -> None:
+        self._window = -REFUSAL_LOG_INTERVAL  # start of the current window (monotonic)
+        self._logged = 0
+        self._unlogged = 0
+        self._latest = ""
+        self.total = 0
+        """Refusals and evictions since the learner started."""
+
+    def note(self, text: str) -> None:
+        self.total += 1
+        now = time.monotonic()
+        if now - self._window >= REFUSAL_LOG_INTERVAL:
+            self.flush()
+            self._window, self._logged = now, 0
+        if self._logged < REFUSAL_LOG_BURST:
+            self._logged += 1
+            log.warning("refused a worker at %s", text)
+        else:
+            # Still one record per refusal, for whoever listens at debug level.
+            log.debug("refused a worker at %s", text)
+            self._unlogged += 1
+            self._latest = text
+
+    def flush(self) -> None:
+        """Log the summary of the refusals not logged one by one, if any."""
+        if self._unlogged:
+            log.warning(
+                "refused %d more connections within %.0f s without logging each (the last: %s)",
+                *(self._unlogged, REFUSAL_LOG_INTERVAL, self._latest),
+            )
+            self._unlogged = 0
+
+
+def _host_of(peer: str) -> str:
+    """The address part of a transport's peer description (``tcp://1.2.3.4:5`` -> ``1.2.3.4``)."""
+    try:
+        return urlsplit(peer).hostname or peer
+    except ValueError:
+        return peer
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` can only be reached from this host."""
+    parts = urlsplit(url)
+    if parts.scheme in ("memory", "unix"):  # this process; this host, by file permission
+        return True
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def reject(session: Session, error: ApsError, proof: bytes = b"") -> None:
+    """Send the peer a Reject for ``error``, then raise ``error``.
+
+    ``proof`` is the learner's, once the worker's proof was checked.
+    """
+    with contextlib.suppress(TransportError, InvalidState):
+        await session.send(Reject(kind=type(error).__name__, reason=str(error), proof=proof))
+    raise error
+
+
+Join = Callable[[Session, Hello, bytes], Awaitable[None]]
+"""What takes a peer that proved the token: ``join(session, hello, learner_proof)``."""
+
+
+class Gate:
+    """Accepts connections on ``listener`` and admits those that prove the token.
+
+    Args:
+        listener: where connections arrive.
+        token: the shared secret (``None``: no proof asked, on loopback).
+        timeouts: ``handshake`` bounds the wait for a hello; ``heartbeat_interval`` is the
+            sessions'.
+        join: takes each peer that proved the token; an :class:`ApsError` it raises refuses
+            the peer (logged, remembered, and the peer told why).
+    """
+
+    def __init__(
+        self, listener: Listener, *, token: bytes | None, timeouts: Timeouts, join: Join
+    ) -> None:
+        self._listener = listener
+        self._token = token
+        self.timeouts = timeouts
+        self._join = join
+        self._accept_task: asyncio.Task[None] | None = None
+        self._admissions: set[asyncio.Task[None]] = set()
+        self._pending: dict[asyncio.Task[None], _Pending] = {}
+        self._refusal_log = _RefusalLog()
+        self.refusals: list[str] = []
+        """The latest refusals (``"PEER: TYPE: reason"``), newest last, a few at most."""
+
+    def start(self) -> None:
+        """Start accepting connections."""
+        if self._accept_task is None:
+            self._accept_task = asyncio.create_task(self._accept_loop(), name="aps accept loop")
+
+    @property
+    def refused(self) -> int:
+        """Connections refused or turned away since the gate opened."""
+        return self._refusal_log.total
+
+    async def settle(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the handshakes in progress to end (admitted or refused)."""
+        if self._admissions:
+            await asyncio.wait(self._admissions, timeout=seconds)
+
+    async def aclose(self) -> None:
+        """Stop accepting and cancel every handshake in progress (the listener stays open)."""
+        self._refusal_log.flush()
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+        for task in list(self._admissions):
+            task.cancel()
+        tasks = [t for t in (self._accept_task, *self._admissions) if t is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _accept_loop(self) -> None:
+        while True:
+            try:
+                transport = await self._listener.accept()
+            except TransportClosed:
+                return
+            except TransportError as exc:
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                self._admit_later(transport)
+            except Exception:
+                # Nothing about one connection may stop the learner from accepting the next.
+                log.exception("admitting a connection from %s failed", transport.peer)
+                detached = asyncio.create_task(transport.aclose(), name="aps close")
+                self._admissions.add(detached)
+                detached.add_done_callback(self._admissions.discard)
+
+    def _admit_later(self, transport: Transport) -> None:
+        """Start admitting ``transport`` in a task of its own (or turn it away)."""
+        session = Session(
+            transport,
+            Role.LEARNER,
+            heartbeat_interval=self.timeouts.heartbeat_interval,
+        )
+        host = _host_of(session.peer)
+        if self._make_room(host):
+            task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
+            self._pending[task] = _Pending(task, session.peer, host)
+            task.add_done_callback(self._forget_pending)
+        elif len(self._admissions) < 2 * MAX_HANDSHAKES:
+            task = asyncio.create_task(self._turn_away(session), name="aps turn away")
+        else:
+            # Even the answers to busy refusals are backed up: drop the connection.
+            self._refusal_log.note(f"{session.peer}: Busy: the learner is overloaded; dropped")
+            task = asyncio.create_task(session.aclose(), name="aps drop")
+        self._admissions.add(task)
+        task.add_done_callback(self._admissions.discard)
+
+    def _forget_pending(self, task: asyncio.Task[None]) -> None:
+        self._pending.pop(task, None)
+
+    def _make_room(self, host: str) -> bool:
+        """Whether a new handshake from ``host`` may start, evicting an idle one if needed.
+
+        The evicted handshake is the oldest that has not said hello, from the same host when
+        that host holds :data:`MAX_HANDSHAKES_PER_HOST` of them. ``False``: every
+        handshake in progress is past its hello, and the new connection must wait.
+        """
+        idle = [p for p in self._pending.values() if not p.greeted]
+        from_host = [p for p in idle if p.host == host]
+        if len(from_host) >= MAX_HANDSHAKES_PER_HOST:
+            victim: _Pending | None = from_host[0]
+        elif len(self._pending) >= MAX_HANDSHAKES:
+            victim = idle[0] if idle else None
+            if victim is None:
+                return False
+        else:
+            return True
+        assert victim is not None
+        del self._pending[victim.task]
+        victim.task.cancel()
+        self._refusal_log.note(
+            f"{victim.peer}: Timeout: dropped before its hello, to make room for a newer "
+            f"connection ({MAX_HANDSHAKES} handshakes at most, {MAX_HANDSHAKES_PER_HOST} per "
+            "address)"
+        )
+        return True
+
+    async def _turn_away(self, session: Session) -> None:
+        """Tell a connection the learner is busy, and when to dial again."""
+        self._refusal_log.note(
+            f"{session.peer}: Busy: {MAX_HANDSHAKES} handshakes in progress; told to dial again"
+        )
+        reason = f"the learner is busy with {MAX_HANDSHAKES} handshakes; dial again"
+        with contextlib.suppress(ApsError):
+            async with asyncio.timeout(1.0):
+                await session.send(Reject(kind="Busy", reason=reason, retry_after=BUSY_RETRY_AFTER))
+        await session.aclose()
+
+    async def _admit(self, session: Session) -> None:
+        admitted = False
+        reason = ""
+        try:
+            await self._authenticate(session)
+            admitted = True
+        except ApsError as exc:
+            reason = self._refuse(session, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug must not leave a silent task behind: refuse the worker and say why.
+            log.exception("admitting %s failed unexpectedly", session.peer)
+            reason = self._refuse(session, exc)
+        finally:
+            if not admitted:
+                # The goodbye tells the peer why (unless a Reject or a goodbye already did).
+                await session.aclose(reason)
+
+    def _refuse(self, session: Session, exc: BaseException) -> str:
+        """Log and remember why ``session`` was refused; return the reason for its goodbye."""
+        reason = f"{type(exc).__name__}: {exc}"
+        text = f"{session.peer}: {reason}"
+        self.refusals.append(text)
+        del self.refusals[:-20]  # keep the last few for error messages, never grow
+        self._refusal_log.note(text)
+        return reason[:200]
+
+    async def _authenticate(self, session: Session) -> None:
+        """Challenge the peer; once it proved the token, hand it to ``join`` with our proof."""
+        timeouts = self.timeouts
+        nonce = os.urandom(NONCE_SIZE)
+        try:
+            async with asyncio.timeout(timeouts.handshake):
+                await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
+                hello = await session.receive(timeout=None, operation="the worker's hello")
+                pending = self._pending.get(asyncio.current_task())  # type: ignore[arg-type]
+                if pending is not None:
+                    pending.greeted = True
+        except TimeoutError as exc:
+            if isinstance(exc, Timeout):
+                raise
+            raise Timeout(
+                f"no hello from {session.peer} within {timeouts.handshake} s; dropped it",
+                operation="handshake",
+                seconds=timeouts.handshake,
+            ) from None
+        assert isinstance(hello, Hello)  # the protocol table allows nothing else
+        try:
+            check_hello(hello, nonce=nonce, token=self._token)
+        except (VersionMismatch, AuthError) as exc:
+            await reject(session, exc)
+        # The worker proved the token: from here on its frames may be large (its spaces), and
+        # every answer carries this learner's proof, which the worker checks before acting.
+        session.authenticated()
+        proof = b"" if self._token is None else learner_proof(self._token, nonce, hello.nonce)
+        await self._join(session, hello, proof)
