@@ -1,5 +1,9 @@
 """PPO where the workers act with their own copy of the policy (DETACH), CleanRL style.
 
+Discrete action spaces get CleanRL's categorical agent; float ``Box`` action spaces (Pendulum,
+MuJoCo) get its Gaussian agent, whose log standard deviation is a learned parameter that does
+not depend on the state, as in CleanRL's ``ppo_continuous_action.py``.
+
 Each iteration the learner publishes its agent as a new policy version, every worker acts
 ``num_steps`` steps on its envs with the version it holds, and the learner trains on the
 batch. The sync strategy decides, per worker and before each rollout, whether the newest
@@ -21,6 +25,18 @@ learner's critic.
     python examples/ppo_cluster.py --sync always --track-tb
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
+    python examples/ppo_cluster.py --hidden-size 1024  # 2.1M parameters, 8.45 MB a version
+    python examples/ppo_cluster.py --env-id Pendulum-v1 --total-timesteps 200000 --gamma 0.9 \\
+        --num-steps 256 --update-epochs 10 --ent-coef 0 --norm-reward
+    python examples/ppo_cluster.py --env-id HalfCheetah-v5 --total-timesteps 1000000 \\
+        --num-steps 256 --update-epochs 10 --ent-coef 0 --learning-rate 3e-4 --norm-obs \\
+        --norm-reward  # pip install "gymnasium[mujoco]"
+    # workers started elsewhere (aps worker tcp://HOST:7000 --env CartPole-v1 --num-envs 8):
+    APS_TOKEN=... python examples/ppo_cluster.py --listen tcp://0.0.0.0:7000
+
+The workers build the agent from this file by import path; the size travels inside that
+path (``ppo_cluster.py:sized.h1024x2``, see :data:`sized`), so every worker builds the
+learner's architecture whatever the command line.
 """
 
 from __future__ import annotations
@@ -30,7 +46,9 @@ import collections
 import dataclasses
 import json
 import math
+import os
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -38,11 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
+from torch.distributions.normal import Normal
 
 import aps
 
@@ -67,6 +87,15 @@ class Args:
     workers: int = arg(2, "number of worker processes")
     envs_per_worker: int = arg(8, "environments per worker")
     transport: str = arg("tcp", "tcp, unix, ws or memory")
+    listen: str | None = arg(
+        None, "listen here for --workers workers started elsewhere (token: $APS_TOKEN)"
+    )
+    norm_obs: bool = arg(False, "normalize observations in each env (running mean and std)")
+    norm_reward: bool = arg(False, "scale rewards by the running std of the discounted return")
+
+    # Policy size (the weights that travel scale with hidden_size squared times num_layers).
+    hidden_size: int = arg(64, "units in each hidden layer of the actor and of the critic")
+    num_layers: int = arg(2, "hidden layers of the actor and of the critic")
 
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")
@@ -110,6 +139,10 @@ def parse_args(argv: list[str] | None = None) -> Args:
     args = Args(**vars(parser.parse_args(argv)))
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
+    for name in ("hidden_size", "num_layers"):
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be an int >= 1, got {getattr(args, name)}")
     return args
 
 
@@ -127,26 +160,28 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-class Agent(nn.Module):
-    """CleanRL's discrete PPO agent; the workers build it from this file by import path."""
+def mlp(
+    in_size: int, hidden_size: int, num_layers: int, out_size: int, std: float
+) -> nn.Sequential:
+    """``num_layers`` Tanh layers of ``hidden_size`` units, then a linear output layer."""
+    layers: list[nn.Module] = []
+    for i in range(num_layers):
+        layers += [
+            layer_init(nn.Linear(in_size if i == 0 else hidden_size, hidden_size)),
+            nn.Tanh(),
+        ]
+    layers.append(layer_init(nn.Linear(hidden_size, out_size), std=std))
+    return nn.Sequential(*layers)
 
-    def __init__(self, envs: Any) -> None:
+
+class Agent(nn.Module):
+    """CleanRL's discrete PPO agent (64-64 Tanh by default); the workers build it by import path."""
+
+    def __init__(self, envs: Any, hidden_size: int = 64, num_layers: int = 2) -> None:
         super().__init__()
         obs_size = int(np.array(envs.single_observation_space.shape).prod())
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_size, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_size, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, envs.single_action_space.n), std=0.01),
-        )
+        self.critic = mlp(obs_size, hidden_size, num_layers, 1, std=1.0)
+        self.actor = mlp(obs_size, hidden_size, num_layers, envs.single_action_space.n, std=0.01)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x)
@@ -159,6 +194,105 @@ class Agent(nn.Module):
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+class GaussianAgent(nn.Module):
+    """CleanRL's continuous PPO agent: a Gaussian actor with a learned, state-independent
+    log standard deviation (``actor_logstd``), and a critic."""
+
+    def __init__(self, envs: Any, hidden_size: int = 64, num_layers: int = 2) -> None:
+        super().__init__()
+        obs_size = int(np.array(envs.single_observation_space.shape).prod())
+        action_size = int(np.prod(envs.single_action_space.shape))
+        self.critic = mlp(obs_size, hidden_size, num_layers, 1, std=1.0)
+        self.actor_mean = mlp(obs_size, hidden_size, num_layers, action_size, std=0.01)
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_size))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        action_mean = self.actor_mean(x)
+        probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+def make_agent(envs: Any, hidden_size: int = 64, num_layers: int = 2) -> nn.Module:
+    """The agent for the envs' action space: Gaussian for a float Box, else categorical."""
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        return GaussianAgent(envs, hidden_size=hidden_size, num_layers=num_layers)
+    return Agent(envs, hidden_size=hidden_size, num_layers=num_layers)
+
+
+def make_env(env_id: str, norm_obs: bool = False) -> gym.Env[Any, Any]:
+    """The env a worker hosts: CleanRL's continuous-control wrappers that keep rewards raw.
+
+    Observations are normalized (and clipped to [-10, 10]) here, on the worker, when
+    ``norm_obs``; the learner then trains on exactly what the workers' policies saw. Rewards
+    are never changed here, so the returns the workers report are the env's own; the learner
+    scales them for training (``--norm-reward``).
+    """
+    env = gym.make(env_id)
+    if norm_obs:
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+        )
+    return env
+
+
+class RewardScaler:
+    """Gymnasium's NormalizeReward on the learner: rewards divided by the running standard
+    deviation of each env's discounted return, then clipped to [-10, 10]."""
+
+    def __init__(self, num_envs: int, gamma: float) -> None:
+        self.gamma, self.discounted = gamma, np.zeros(num_envs)
+        self.count, self.mean, self.var = 1e-4, 0.0, 1.0
+
+    def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        """Scale ``rewards [T, E]``; ``dones [T, E]`` end each env's discounted return."""
+        returns = np.empty_like(rewards, dtype=np.float64)
+        for t in range(rewards.shape[0]):
+            self.discounted = self.discounted * self.gamma + rewards[t]
+            returns[t] = self.discounted
+            self.discounted = self.discounted * (1.0 - dones[t])
+        # Welford's parallel update with the batch's moments (gymnasium's RunningMeanStd).
+        batch_mean, batch_var, batch_count = returns.mean(), returns.var(), returns.size
+        delta, total = batch_mean - self.mean, self.count + batch_count
+        self.mean += delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count
+        self.var = (m2 + delta**2 * self.count * batch_count / total) / total
+        self.count = total
+        scaled = rewards / math.sqrt(self.var + 1e-8)
+        return np.clip(scaled, -10.0, 10.0).astype(np.float32)
+
+
+class AgentsBySize:
+    """Agent factories named by size: ``sized.h256x3`` is ``make_agent(envs, hidden_size=256,
+    num_layers=3)``.
+
+    A worker builds its agent from an import path alone, so the path carries the size:
+    ``f"{__file__}:sized.h256x3"`` (:func:`policy_path`).
+    """
+
+    def __getattr__(self, name: str) -> Callable[[Any], nn.Module]:
+        match = re.fullmatch(r"h([1-9][0-9]*)x([1-9][0-9]*)", name)
+        if match is None:
+            raise AttributeError(f"{name!r} is no agent size; write h<hidden_size>x<num_layers>")
+        hidden_size, num_layers = int(match[1]), int(match[2])
+        return lambda envs: make_agent(envs, hidden_size=hidden_size, num_layers=num_layers)
+
+
+sized = AgentsBySize()
+
+
+def policy_path(args: Args) -> str:
+    """The import path the workers build the learner's agent from, size included."""
+    return f"{Path(__file__).resolve()}:sized.h{args.hidden_size}x{args.num_layers}"
 
 
 class Progress:
@@ -207,6 +341,14 @@ def make_writer(args: Any, run_name: str) -> Any:
     return writer
 
 
+def lag_percentile(counts: np.ndarray, q: float) -> int:
+    """The ``q``-th percentile (lower) of the lags whose transition counts are ``counts``."""
+    total = int(counts.sum())
+    if total == 0:
+        return 0
+    return int(np.searchsorted(np.cumsum(counts), math.ceil(q / 100.0 * total)))
+
+
 def summary_line(result: dict[str, Any]) -> str:
     final = result["final_return"]
     ret = "n/a" if final is None else f"{final:.1f}"
@@ -222,10 +364,6 @@ def train(
     args: Args, on_iteration: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     """Run the experiment; return the final figures (and write them to ``args.json``)."""
-    num_envs = args.workers * args.envs_per_worker
-    batch_size = num_envs * args.num_steps
-    minibatch_size = max(batch_size // args.num_minibatches, 1)
-    num_iterations = max(args.total_timesteps // batch_size, 1)
     run_name = f"{args.env_id}__{args.exp_name}__{args.sync}__{args.seed}__{int(time.time())}"
     writer = make_writer(args, run_name)
 
@@ -237,23 +375,42 @@ def train(
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.torch_threads)
 
-    envs = aps.ClusterEnv.local(
-        args.env_id,
-        num_workers=args.workers,
-        envs_per_worker=args.envs_per_worker,
-        transport=args.transport,  # type: ignore[arg-type]
-        autoreset_mode="SameStep",
-        policy=f"{Path(__file__).resolve()}:Agent",
-        sync=make_sync(args),
-    )
+    if args.listen is not None:
+        # Workers started elsewhere dial this address (aps worker URL --env ... --num-envs N).
+        envs: Any = aps.ClusterEnv(
+            args.listen,
+            num_workers=args.workers,
+            token=os.environ.get("APS_TOKEN"),
+            autoreset_mode="SameStep",
+            policy=policy_path(args),
+            sync=make_sync(args),
+        )
+    else:
+        envs = aps.ClusterEnv.local(
+            f"{Path(__file__).resolve()}:make_env",
+            env_kwargs={"env_id": args.env_id, "norm_obs": args.norm_obs},
+            num_workers=args.workers,
+            envs_per_worker=args.envs_per_worker,
+            transport=args.transport,  # type: ignore[arg-type]
+            autoreset_mode="SameStep",
+            policy=policy_path(args),
+            sync=make_sync(args),
+        )
+    num_envs = envs.num_envs  # workers started elsewhere choose their own number of envs
+    batch_size = num_envs * args.num_steps
+    minibatch_size = max(batch_size // args.num_minibatches, 1)
+    num_iterations = max(args.total_timesteps // batch_size, 1)
+    scale_rewards = RewardScaler(num_envs, args.gamma) if args.norm_reward else None
     progress = Progress(num_iterations * batch_size, args.progress)
     try:
-        agent = Agent(envs)
+        agent = make_agent(envs, hidden_size=args.hidden_size, num_layers=args.num_layers)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         bytes_per_version = sum(t.numel() * t.element_size() for t in agent.state_dict().values())
         returns: collections.deque[float] = collections.deque(maxlen=args.final_episodes)
         episodes = 0
         global_step = 0
+        lag_counts = np.zeros(1, dtype=np.int64)  # transitions per policy lag, for percentiles
+        curve: list[dict[str, Any]] = []  # one row per iteration: the learning curve
         start_time = time.perf_counter()
         envs.reset(seed=args.seed)
 
@@ -263,9 +420,15 @@ def train(
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # aps: publish the weights as a new version; the strategy decides who gets it.
+            rollout_start = time.perf_counter()
             envs.publish(agent)
             b = envs.rollout(args.num_steps)
+            rollout_seconds = time.perf_counter() - rollout_start
             global_step += b.reward.size
+            lags = np.bincount(b.lag.reshape(-1))
+            if lags.size > lag_counts.size:
+                lag_counts = np.pad(lag_counts, (0, lags.size - lag_counts.size))
+            lag_counts[: lags.size] += lags
             for ret, length in zip(b.episode_return, b.episode_length, strict=True):
                 returns.append(float(ret))
                 episodes += 1
@@ -276,8 +439,10 @@ def train(
             obs = torch.as_tensor(b.obs, dtype=torch.float32)
             actions = torch.as_tensor(b.actions)
             logprobs = torch.as_tensor(b.logprob)  # behaviour log-probs: the policy that acted
-            rewards = torch.as_tensor(b.reward, dtype=torch.float32)
-            dones = torch.as_tensor(b.terminated | b.truncated, dtype=torch.float32)
+            done_flags = b.terminated | b.truncated
+            reward = b.reward if scale_rewards is None else scale_rewards(b.reward, done_flags)
+            rewards = torch.as_tensor(reward, dtype=torch.float32)
+            dones = torch.as_tensor(done_flags, dtype=torch.float32)
 
             # Advantages: GAE, bootstrapped from next_obs with the learner's critic. dones[t]
             # means step t ended an episode (SameStep: obs[t + 1] is already the next one).
@@ -300,7 +465,7 @@ def train(
             # Flatten the batch.
             b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
             b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape(-1)
+            b_actions = actions.reshape((-1, *envs.single_action_space.shape))
             b_advantages = advantages.reshape(-1)
             b_returns = returns_t.reshape(-1)
             b_values = values.reshape(-1)
@@ -401,18 +566,20 @@ def train(
             progress.update(
                 b.reward.size, ret=f"{mean_return:.1f}", syncs=metrics.syncs, sps=f"{sps:,.0f}"
             )
+            row = {
+                "iteration": iteration,
+                "num_iterations": num_iterations,
+                "global_step": global_step,
+                "seconds": time.perf_counter() - start_time,
+                "rollout_seconds": rollout_seconds,  # publish and rollout: syncs happen here
+                "mean_return": mean_return,
+                "syncs": metrics.syncs,
+                "weight_bytes": metrics.weight_bytes,
+                "sps": sps,
+            }
+            curve.append(row)
             if on_iteration is not None:
-                on_iteration(
-                    {
-                        "iteration": iteration,
-                        "num_iterations": num_iterations,
-                        "global_step": global_step,
-                        "mean_return": mean_return,
-                        "syncs": metrics.syncs,
-                        "weight_bytes": metrics.weight_bytes,
-                        "sps": sps,
-                    }
-                )
+                on_iteration(row)
         elapsed = time.perf_counter() - start_time
         metrics = envs.metrics
     finally:
@@ -445,8 +612,13 @@ def train(
         # published version to each worker: exactly this many bytes.
         "always_sync_weight_bytes": metrics.version * args.workers * bytes_per_version,
         "lag_mean": metrics.lag_mean,
+        "lag_p95": lag_percentile(lag_counts, 95.0),
         "lag_max": metrics.lag_max,
+        "hidden_size": args.hidden_size,
+        "num_layers": args.num_layers,
+        "decoupled": args.decoupled,
         "metrics": metrics.as_dict(),
+        "curve": curve,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
