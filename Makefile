@@ -3,22 +3,22 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench results clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[websocket,fast,ray]' --group test --group lint --group examples
+	$(PY) -m pip install --quiet -e '.[websocket,fast,ray]' --group test --group lint --group examples --group experiments
 	touch $@
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check aps tests examples benchmarks
-	$(PY) -m ruff format --check aps tests examples benchmarks
+	$(PY) -m ruff check aps tests examples benchmarks experiments
+	$(PY) -m ruff format --check aps tests examples benchmarks experiments
 	$(PY) -m mypy aps
 
 test: lint
@@ -26,6 +26,10 @@ test: lint
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/throughput.py
+
+# The APS reproduction suite (docs/results/aps.md): one night on 2 cores; resumable.
+results: $(VENV)/.installed
+	$(PY) -m experiments.aps
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -100,7 +100,9 @@ class Args:
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")
     kl_threshold: float = arg(0.05, "APS: sync a worker when its KL to the learner exceeds this")
-    max_lag: int | None = arg(None, "APS: also sync a worker this many versions behind")
+    max_lag: int | None = arg(
+        None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
+    )
     fixed_versions: int = arg(4, "fixed: sync a worker once it is this many versions behind")
     recompute_values: bool = arg(True, "GAE with the learner's critic (else the workers' values)")
     decoupled: bool = arg(True, "clip against the learner's policy, reweight by behaviour")
@@ -151,7 +153,9 @@ def make_sync(args: Any) -> Any:
         return aps.sync.AlwaysSync()
     if args.sync == "fixed":
         return aps.sync.FixedInterval(versions=args.fixed_versions)
-    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag)
+    if args.max_lag is None:
+        return aps.sync.APS(kl_threshold=args.kl_threshold)  # the default staleness bound
+    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag or None)
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -593,7 +597,7 @@ def train(
         "env_id": args.env_id,
         "sync": args.sync,
         "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
-        "max_lag": args.max_lag if args.sync == "aps" else None,
+        "max_lag": make_sync(args).max_lag if args.sync == "aps" else None,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,
