@@ -13,7 +13,8 @@ version travels:
 - ``--sync fixed --fixed-versions k``: a worker is synced once it is k versions behind;
 - ``--sync aps --kl-threshold t``: Adaptive Policy Synchronization. The learner measures
   KL(worker's version || newest version) on the states that worker just acted on and syncs
-  it when the KL exceeds t (``--max-lag`` bounds the staleness as well).
+  it when the KL exceeds t, or once it is ``--max-lag`` versions behind (APS's default
+  bound unless given; ``--max-lag 0`` removes it, as in the paper).
 
 PPO stays correct with stale workers because the probability ratio uses the behaviour
 log-probabilities the workers report (the policy that really acted). Advantages use the
