@@ -29,8 +29,8 @@ shaped link.
 
 Needs Linux, root, ``ip`` and ``tc``; otherwise it says why and exits 0 (skipped).
 
-    sudo python benchmarks/cluster.py                          # 1gbit, 100mbit, 20mbit
-    sudo python benchmarks/cluster.py --rates 20mbit --total-timesteps 20480
+    sudo .venv/bin/python benchmarks/cluster.py                # 1gbit, 100mbit, 20mbit
+    sudo .venv/bin/python benchmarks/cluster.py --rates 20mbit --total-timesteps 20480
 """
 
 from __future__ import annotations

@@ -31,9 +31,11 @@ INTRO = (
     "loopback TCP acting with their own policy copy, the learner in the main process. "
     "*decoupled* is the examples' default PPO objective (clip against the learner's policy, "
     "importance weights against the behaviour policy); *paper* is `--no-decoupled`, PPO "
-    "clipped against the stale behaviour policy as in the paper's prototype. Wall-clock "
-    "figures come from a shared 2-core machine and include every process's contention; on "
-    "loopback, weight bytes cost little time (see `benchmarks/cluster.py` for shaped links)."
+    "clipped against the stale behaviour policy as in the paper's prototype. The final "
+    "return is the mean of a run's last 50 episodes. Env-steps/s and wall time come from a "
+    "2-core machine shared with other jobs, so they carry that contention and compare "
+    "strategies only loosely; on loopback, weight bytes cost little time (see "
+    "`benchmarks/cluster.py` for shaped links)."
 )
 
 

@@ -148,8 +148,14 @@ class Summary:
 
     @property
     def indistinguishable(self) -> bool:
+        """The 95% interval of the return difference from always-sync contains 0."""
         low, high = self.vs_always[1], self.vs_always[2]
         return bool(low <= 0.0 <= high)
+
+    @property
+    def not_worse(self) -> bool:
+        """The 95% interval of the return difference from always-sync reaches 0 or above."""
+        return bool(self.vs_always[2] >= 0.0)
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[Summary]:
@@ -197,14 +203,20 @@ def summarize(runs: list[dict[str, Any]]) -> list[Summary]:
     return summaries
 
 
-def cheapest_match(summaries: list[Summary], task: str, objective: str) -> Summary | None:
-    """The strategy with the fewest weight bytes that always-sync cannot be told apart from."""
+def cheapest_match(
+    summaries: list[Summary], task: str, objective: str, *, test: str = "indistinguishable"
+) -> Summary | None:
+    """The strategy with the fewest weight bytes that passes ``test`` against always-sync.
+
+    ``test`` is ``"indistinguishable"`` (the interval of the difference contains 0) or
+    ``"not_worse"`` (it reaches 0 or above: indistinguishable or better).
+    """
     matches = [
         s
         for s in summaries
         if s.task == task
         and s.objective == objective
         and s.strategy != "always"
-        and s.indistinguishable
+        and getattr(s, test)
     ]
     return min(matches, key=lambda s: s.weight_bytes[0], default=None)
