@@ -23,6 +23,7 @@ from experiments.aps.run import run_all
 
 DEFAULT_OUT = grid.ROOT / "experiments" / "aps" / "results"
 DEFAULT_DOCS = grid.ROOT / "docs" / "results"
+DEFAULT_NOTES = grid.ROOT / "experiments" / "aps" / "notes.md"
 
 INTRO = (
     "The claim under test (the ClusterEnv paper): Adaptive Policy Synchronization keeps the "
@@ -55,6 +56,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--docs", type=Path, default=DEFAULT_DOCS, help="page and figures")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     parser.add_argument("--report-only", action="store_true", help="run nothing; rebuild")
+    parser.add_argument(
+        "--notes",
+        type=Path,
+        default=None,
+        help="a markdown file of observations put on the page under 'Reading' (default: "
+        "experiments/aps/notes.md when the page goes to docs/results)",
+    )
     return parser.parse_args(argv)
 
 
@@ -108,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         csv_dir = str(out.relative_to(grid.ROOT))
     except ValueError:
         csv_dir = str(out)
+    notes = options.notes
+    if notes is None and docs == DEFAULT_DOCS.resolve() and DEFAULT_NOTES.exists():
+        notes = DEFAULT_NOTES
     page.write(
         docs / "aps.md",
         summaries,
@@ -116,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         figures=figures,
         csv_dir=csv_dir,
         intro=INTRO,
+        notes=notes.read_text() if notes is not None else None,
     )
     print(f"wrote {docs / 'aps.md'} and its figures; CSVs in {out}")
     for line in page.headline(summaries):

@@ -75,6 +75,7 @@ def write(
     figures: dict[str, str],
     csv_dir: str,
     intro: str,
+    notes: str | None = None,
 ) -> None:
     """Write the page: what was run, the headline, the tables, the figures."""
     seeds = sorted({int(r["seed"]) for r in runs})
@@ -133,6 +134,8 @@ def write(
     for task, objective in panels(summaries):
         lines += [f"### {task}" + (f", {objective} objective" if objective else ""), ""]
         lines += [*table(summaries, task, objective), ""]
+    if notes:
+        lines += ["## Reading", "", notes.strip(), ""]
     lines += ["## Figures", ""]
     for title, file in figures.items():
         lines += [f"**{title}**", "", f"![{title}]({file})", ""]
