@@ -4,22 +4,22 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test lint docs bench results clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool]' --group test --group lint --group examples --group docs
+	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool]' --group test --group lint --group examples --group docs --group experiments
 	touch $@
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check aps tests examples benchmarks
-	$(PY) -m ruff format --check aps tests examples benchmarks
+	$(PY) -m ruff check aps tests examples benchmarks experiments
+	$(PY) -m ruff format --check aps tests examples benchmarks experiments
 	$(PY) -m mypy aps
 
 # The documentation site, strict: a broken link or an unresolved API reference fails.
@@ -31,6 +31,10 @@ test: lint docs
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/throughput.py
+
+# The APS reproduction suite (docs/results/aps.md): one night on 2 cores; resumable.
+results: $(VENV)/.installed
+	$(PY) -m experiments.aps
 
 clean:
 	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache .hypothesis

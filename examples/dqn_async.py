@@ -10,6 +10,10 @@ greedy actions moved far enough from what a worker holds.
 
     python examples/dqn_async.py --sync aps --kl-threshold 0.05
     python examples/dqn_async.py --sync always --track-tb
+    python examples/dqn_async.py --hidden-size 1024 --num-layers 2  # 1.06M parameters
+
+The workers build the Q-network from this file by import path; the layer widths travel
+inside that path (``dqn_async.py:sized.h120_84``, see :data:`sized`).
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import itertools
 import json
 import math
 import random
+import re
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +44,6 @@ import torch.optim as optim
 import aps
 import aps.launch
 
-POLICY = f"{Path(__file__).resolve()}:QNetwork"  # the workers import the agent from here
 URLS = {"tcp": "tcp://127.0.0.1:0", "ws": "ws://127.0.0.1:0", "memory": "memory://"}
 
 
@@ -64,10 +70,16 @@ class Args:
     num_steps: int = arg(16, "steps per env in each chunk a worker sends")
     max_in_flight: int = arg(2, "chunk requests outstanding per worker")
 
+    # Q-network size (the weights that travel scale with hidden_size squared times num_layers).
+    hidden_size: int | None = arg(None, "units per hidden layer (default: CleanRL's 120, 84)")
+    num_layers: int | None = arg(None, "hidden layers of --hidden-size units (default: 2)")
+
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")
     kl_threshold: float = arg(0.05, "APS: sync a worker when its KL to the learner exceeds this")
-    max_lag: int | None = arg(None, "APS: also sync a worker this many versions behind")
+    max_lag: int | None = arg(
+        None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
+    )
     fixed_versions: int = arg(64, "fixed: sync a worker once it is this many versions behind")
 
     # DQN.
@@ -103,7 +115,21 @@ def parse_args(argv: list[str] | None = None) -> Args:
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
     if args.transport not in URLS:
         parser.error(f"--transport must be one of {', '.join(URLS)}, got {args.transport!r}")
+    for name in ("hidden_size", "num_layers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be an int >= 1, got {value}")
+    if args.num_layers is not None and args.hidden_size is None:
+        parser.error("--num-layers needs --hidden-size (the default layers are 120 and 84 units)")
     return args
+
+
+def hidden_sizes(args: Args) -> tuple[int, ...]:
+    """The widths of the hidden layers: CleanRL's (120, 84) unless --hidden-size is given."""
+    if args.hidden_size is None:
+        return (120, 84)
+    return (args.hidden_size,) * (2 if args.num_layers is None else args.num_layers)
 
 
 def make_sync(args: Args) -> Any:
@@ -111,24 +137,49 @@ def make_sync(args: Args) -> Any:
         return aps.sync.AlwaysSync()
     if args.sync == "fixed":
         return aps.sync.FixedInterval(versions=args.fixed_versions)
-    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag)
+    if args.max_lag is None:
+        return aps.sync.APS(kl_threshold=args.kl_threshold)  # the default staleness bound
+    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag or None)
 
 
 class QNetwork(nn.Module):
-    """CleanRL's DQN network; the workers build it from this file by import path."""
+    """CleanRL's DQN network (ReLU layers of 120 and 84 units by default)."""
 
-    def __init__(self, envs: Any) -> None:
+    def __init__(self, envs: Any, hidden_sizes: tuple[int, ...] = (120, 84)) -> None:
         super().__init__()
-        self.network = nn.Sequential(
-            nn.Linear(int(np.array(envs.single_observation_space.shape).prod()), 120),
-            nn.ReLU(),
-            nn.Linear(120, 84),
-            nn.ReLU(),
-            nn.Linear(84, envs.single_action_space.n),
-        )
+        sizes = [int(np.array(envs.single_observation_space.shape).prod()), *hidden_sizes]
+        layers: list[nn.Module] = []
+        for n_in, n_out in itertools.pairwise(sizes):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        layers.append(nn.Linear(sizes[-1], envs.single_action_space.n))
+        self.network = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x)
+
+
+class QNetworksBySize:
+    """Q-network factories named by layer widths: ``sized.h256_256`` is
+    ``QNetwork(envs, hidden_sizes=(256, 256))``.
+
+    A worker builds its agent from an import path alone, so the path carries the widths
+    (:func:`policy_path`).
+    """
+
+    def __getattr__(self, name: str) -> Callable[[Any], QNetwork]:
+        if re.fullmatch(r"h[1-9][0-9]*(_[1-9][0-9]*)*", name) is None:
+            raise AttributeError(f"{name!r} is no Q-network size; write h<width>_<width>...")
+        sizes = tuple(int(width) for width in name[1:].split("_"))
+        return lambda envs: QNetwork(envs, hidden_sizes=sizes)
+
+
+sized = QNetworksBySize()
+
+
+def policy_path(args: Args) -> str:
+    """The import path the workers build the learner's Q-network from, widths included."""
+    widths = "_".join(map(str, hidden_sizes(args)))
+    return f"{Path(__file__).resolve()}:sized.h{widths}"
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
@@ -211,6 +262,17 @@ def make_writer(args: Args, run_name: str) -> Any:
     return writer
 
 
+def lag_percentile(counts: collections.Counter[int], q: float) -> int:
+    """The ``q``-th percentile (lower) of the lags counted in ``counts`` (transitions per lag)."""
+    total = sum(counts.values())
+    seen = 0
+    for lag in sorted(counts):
+        seen += counts[lag]
+        if seen >= math.ceil(q / 100.0 * total):
+            return lag
+    return 0
+
+
 def summary_line(result: dict[str, Any]) -> str:
     final = result["final_return"]
     ret = "n/a" if final is None else f"{final:.1f}"
@@ -241,7 +303,7 @@ async def train(args: Args) -> dict[str, Any]:
         URLS[args.transport],
         num_workers=args.workers,
         token=token,
-        policy=POLICY,
+        policy=policy_path(args),
         sync=make_sync(args),
         autoreset_mode="SameStep",
     )
@@ -250,7 +312,7 @@ async def train(args: Args) -> dict[str, Any]:
         num_workers=args.workers,
         envs_per_worker=args.envs_per_worker,
         token=token,
-        policy=POLICY,
+        policy=policy_path(args),
     )
     progress = Progress(args.total_timesteps, args.progress)
     try:
@@ -258,9 +320,9 @@ async def train(args: Args) -> dict[str, Any]:
         await workers.start(learner.url)
         await learner.reset(seed=args.seed)  # waits for the workers
 
-        q_network = QNetwork(learner)
+        q_network = QNetwork(learner, hidden_sizes=hidden_sizes(args))
         optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
-        target_network = QNetwork(learner)
+        target_network = QNetwork(learner, hidden_sizes=hidden_sizes(args))
         target_network.load_state_dict(q_network.state_dict())
         rb = ReplayBuffer(
             args.buffer_size,
@@ -276,10 +338,13 @@ async def train(args: Args) -> dict[str, Any]:
 
         returns: collections.deque[float] = collections.deque(maxlen=args.final_episodes)
         episodes = updates = global_step = 0
+        lags: collections.Counter[int] = collections.Counter()  # transitions per policy lag
+        curve: list[dict[str, Any]] = []  # one row per chunk: the learning curve
         start_time = time.perf_counter()
         async for chunk in learner.chunks(args.num_steps, max_in_flight=args.max_in_flight):
             steps = chunk.reward.size
             global_step += steps
+            lags[chunk.lag] += steps
             for ret, length in zip(chunk.episode_return, chunk.episode_length, strict=True):
                 returns.append(float(ret))
                 episodes += 1
@@ -345,6 +410,15 @@ async def train(args: Args) -> dict[str, Any]:
                     writer.add_scalar("losses/td_loss", loss.item(), global_step)
                     writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
             progress.update(steps, ret=f"{mean_return:.1f}", syncs=metrics.syncs, sps=f"{sps:,.0f}")
+            curve.append(
+                {
+                    "global_step": global_step,
+                    "seconds": time.perf_counter() - start_time,
+                    "mean_return": mean_return,
+                    "syncs": metrics.syncs,
+                    "weight_bytes": metrics.weight_bytes,
+                }
+            )
             if global_step >= args.total_timesteps:
                 break
         elapsed = time.perf_counter() - start_time
@@ -361,7 +435,7 @@ async def train(args: Args) -> dict[str, Any]:
         "env_id": args.env_id,
         "sync": args.sync,
         "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
-        "max_lag": args.max_lag if args.sync == "aps" else None,
+        "max_lag": make_sync(args).max_lag if args.sync == "aps" else None,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,
@@ -378,8 +452,11 @@ async def train(args: Args) -> dict[str, Any]:
         "syncs": metrics.syncs,
         "weight_bytes": metrics.weight_bytes,
         "lag_mean": metrics.lag_mean,
+        "lag_p95": lag_percentile(lags, 95.0),
         "lag_max": metrics.lag_max,
+        "hidden_sizes": list(hidden_sizes(args)),
         "metrics": metrics.as_dict(),
+        "curve": curve,
     }
     return result
 

@@ -1,5 +1,9 @@
 """PPO where the workers act with their own copy of the policy (DETACH), CleanRL style.
 
+Discrete action spaces get CleanRL's categorical agent; float ``Box`` action spaces (Pendulum,
+MuJoCo) get its Gaussian agent, whose log standard deviation is a learned parameter that does
+not depend on the state, as in CleanRL's ``ppo_continuous_action.py``.
+
 Each iteration the learner publishes its agent as a new policy version, every worker acts
 ``num_steps`` steps on its envs with the version it holds, and the learner trains on the
 batch. The sync strategy decides, per worker and before each rollout, whether the newest
@@ -9,7 +13,8 @@ version travels:
 - ``--sync fixed --fixed-versions k``: a worker is synced once it is k versions behind;
 - ``--sync aps --kl-threshold t``: Adaptive Policy Synchronization. The learner measures
   KL(worker's version || newest version) on the states that worker just acted on and syncs
-  it when the KL exceeds t (``--max-lag`` bounds the staleness as well).
+  it when the KL exceeds t, or once it is ``--max-lag`` versions behind (APS's default
+  bound unless given; ``--max-lag 0`` removes it, as in the paper).
 
 PPO stays correct with stale workers because the probability ratio uses the behaviour
 log-probabilities the workers report (the policy that really acted). Advantages use the
@@ -21,10 +26,23 @@ learner's critic.
     python examples/ppo_cluster.py --sync always --track-tb
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
+    python examples/ppo_cluster.py --hidden-size 1024  # 2.1M parameters, 8.45 MB a version
+    python examples/ppo_cluster.py --env-id Pendulum-v1 --total-timesteps 200000 --gamma 0.9 \\
+        --num-steps 256 --update-epochs 10 --ent-coef 0 --norm-reward
+    python examples/ppo_cluster.py --env-id HalfCheetah-v5 --total-timesteps 1000000 \\
+        --num-steps 256 --update-epochs 10 --ent-coef 0 --learning-rate 3e-4 --norm-obs \\
+        --norm-reward  # pip install "gymnasium[mujoco]"
+    # workers started elsewhere: prints the aps worker command to run on each machine
+    python examples/ppo_cluster.py --listen tcp://0.0.0.0:7000 --external-workers
 
-Across machines: ``--listen tcp://0.0.0.0:7000 --external-workers`` starts no workers; it
-writes a token file and prints the ``aps worker`` command to run on each worker machine (from
-a checkout of this repository, which holds the policy, ``examples/ppo_cluster.py:Agent``).
+The workers build the agent from this file by import path; the size travels inside that
+path (``ppo_cluster.py:sized.h1024x2``, see :data:`sized`), so every worker builds the
+learner's architecture whatever the command line.
+
+Across machines, ``--listen URL`` starts no workers and waits for ``--workers`` of them, with
+the token in ``$APS_TOKEN`` (or a fresh one written to ``aps-token``); ``--external-workers``
+also prints the ``aps worker`` command to run on each worker machine, from a checkout of this
+repository (which holds the policy: the command pins it with ``--policy``).
 """
 
 from __future__ import annotations
@@ -34,7 +52,9 @@ import collections
 import dataclasses
 import json
 import math
+import os
 import random
+import re
 import secrets
 import sys
 import time
@@ -43,11 +63,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
+from torch.distributions.normal import Normal
 
 import aps
 
@@ -72,13 +94,23 @@ class Args:
     workers: int = arg(2, "number of worker processes")
     envs_per_worker: int = arg(8, "environments per worker")
     transport: str = arg("tcp", "tcp, unix, ws or memory")
-    listen: str | None = arg(None, "listen on this URL (e.g. tcp://0.0.0.0:7000), with a token")
-    external_workers: bool = arg(False, "start no workers: print the aps worker command instead")
+    listen: str | None = arg(
+        None, "listen here for --workers workers started elsewhere (token: $APS_TOKEN)"
+    )
+    external_workers: bool = arg(False, "start no workers: print the aps worker command")
+    norm_obs: bool = arg(False, "normalize observations in each env (running mean and std)")
+    norm_reward: bool = arg(False, "scale rewards by the running std of the discounted return")
+
+    # Policy size (the weights that travel scale with hidden_size squared times num_layers).
+    hidden_size: int = arg(64, "units in each hidden layer of the actor and of the critic")
+    num_layers: int = arg(2, "hidden layers of the actor and of the critic")
 
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")
     kl_threshold: float = arg(0.05, "APS: sync a worker when its KL to the learner exceeds this")
-    max_lag: int | None = arg(None, "APS: also sync a worker this many versions behind")
+    max_lag: int | None = arg(
+        None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
+    )
     fixed_versions: int = arg(4, "fixed: sync a worker once it is this many versions behind")
     recompute_values: bool = arg(True, "GAE with the learner's critic (else the workers' values)")
     decoupled: bool = arg(True, "clip against the learner's policy, reweight by behaviour")
@@ -117,56 +149,11 @@ def parse_args(argv: list[str] | None = None) -> Args:
     args = Args(**vars(parser.parse_args(argv)))
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
+    for name in ("hidden_size", "num_layers"):
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be an int >= 1, got {getattr(args, name)}")
     return args
-
-
-def make_envs(args: Args) -> aps.ClusterEnv:
-    """Local workers (the default), or a learner on ``--listen`` that workers dial."""
-    policy = f"{Path(__file__).resolve()}:Agent"
-    if args.listen is None and not args.external_workers:
-        return aps.ClusterEnv.local(
-            args.env_id,
-            num_workers=args.workers,
-            envs_per_worker=args.envs_per_worker,
-            transport=args.transport,  # type: ignore[arg-type]
-            autoreset_mode="SameStep",
-            policy=policy,
-            sync=make_sync(args),
-        )
-    # aps: a token guards a learner that other machines can reach; workers read it from a file.
-    token = secrets.token_hex(16)
-    token_file = Path("aps-token")
-    token_file.touch(mode=0o600)
-    token_file.write_text(token)
-    launcher = None
-    if args.external_workers:
-        # Workers on other machines import the policy from their own checkout.
-        policy = "examples/ppo_cluster.py:Agent"
-    else:
-        launcher = aps.launch.local(
-            args.env_id, num_workers=args.workers, envs_per_worker=args.envs_per_worker
-        )
-
-    def announce(url: str) -> None:
-        if args.external_workers:
-            print(
-                f"waiting for {args.workers} workers; on each worker machine, with the file "
-                f"{token_file} copied, run from a checkout of this repository:\n"
-                f"  aps worker {aps.launch.dialable_url(url)} --env {args.env_id} "
-                f"--num-envs {args.envs_per_worker} --token-file {token_file} --policy {policy}",
-                flush=True,
-            )
-
-    return aps.ClusterEnv(
-        args.listen or "tcp://0.0.0.0:0",
-        num_workers=args.workers,
-        token=token,
-        autoreset_mode="SameStep",
-        policy=policy,
-        sync=make_sync(args),
-        launcher=launcher,
-        on_listening=announce,
-    )
 
 
 def make_sync(args: Any) -> Any:
@@ -174,7 +161,9 @@ def make_sync(args: Any) -> Any:
         return aps.sync.AlwaysSync()
     if args.sync == "fixed":
         return aps.sync.FixedInterval(versions=args.fixed_versions)
-    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag)
+    if args.max_lag is None:
+        return aps.sync.APS(kl_threshold=args.kl_threshold)  # the default staleness bound
+    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag or None)
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -183,26 +172,28 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-class Agent(nn.Module):
-    """CleanRL's discrete PPO agent; the workers build it from this file by import path."""
+def mlp(
+    in_size: int, hidden_size: int, num_layers: int, out_size: int, std: float
+) -> nn.Sequential:
+    """``num_layers`` Tanh layers of ``hidden_size`` units, then a linear output layer."""
+    layers: list[nn.Module] = []
+    for i in range(num_layers):
+        layers += [
+            layer_init(nn.Linear(in_size if i == 0 else hidden_size, hidden_size)),
+            nn.Tanh(),
+        ]
+    layers.append(layer_init(nn.Linear(hidden_size, out_size), std=std))
+    return nn.Sequential(*layers)
 
-    def __init__(self, envs: Any) -> None:
+
+class Agent(nn.Module):
+    """CleanRL's discrete PPO agent (64-64 Tanh by default); the workers build it by import path."""
+
+    def __init__(self, envs: Any, hidden_size: int = 64, num_layers: int = 2) -> None:
         super().__init__()
         obs_size = int(np.array(envs.single_observation_space.shape).prod())
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_size, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_size, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, envs.single_action_space.n), std=0.01),
-        )
+        self.critic = mlp(obs_size, hidden_size, num_layers, 1, std=1.0)
+        self.actor = mlp(obs_size, hidden_size, num_layers, envs.single_action_space.n, std=0.01)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x)
@@ -215,6 +206,156 @@ class Agent(nn.Module):
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+class GaussianAgent(nn.Module):
+    """CleanRL's continuous PPO agent: a Gaussian actor with a learned, state-independent
+    log standard deviation (``actor_logstd``), and a critic."""
+
+    def __init__(self, envs: Any, hidden_size: int = 64, num_layers: int = 2) -> None:
+        super().__init__()
+        obs_size = int(np.array(envs.single_observation_space.shape).prod())
+        action_size = int(np.prod(envs.single_action_space.shape))
+        self.critic = mlp(obs_size, hidden_size, num_layers, 1, std=1.0)
+        self.actor_mean = mlp(obs_size, hidden_size, num_layers, action_size, std=0.01)
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_size))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        action_mean = self.actor_mean(x)
+        probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+def make_agent(envs: Any, hidden_size: int = 64, num_layers: int = 2) -> nn.Module:
+    """The agent for the envs' action space: Gaussian for a float Box, else categorical."""
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        return GaussianAgent(envs, hidden_size=hidden_size, num_layers=num_layers)
+    return Agent(envs, hidden_size=hidden_size, num_layers=num_layers)
+
+
+def make_env(env_id: str, norm_obs: bool = False) -> gym.Env[Any, Any]:
+    """The env a worker hosts: CleanRL's continuous-control wrappers that keep rewards raw.
+
+    Observations are normalized (and clipped to [-10, 10]) here, on the worker, when
+    ``norm_obs``; the learner then trains on exactly what the workers' policies saw. Rewards
+    are never changed here, so the returns the workers report are the env's own; the learner
+    scales them for training (``--norm-reward``).
+    """
+    env = gym.make(env_id)
+    if norm_obs:
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+        )
+    return env
+
+
+class RewardScaler:
+    """Gymnasium's NormalizeReward on the learner: rewards divided by the running standard
+    deviation of each env's discounted return, then clipped to [-10, 10]."""
+
+    def __init__(self, num_envs: int, gamma: float) -> None:
+        self.gamma, self.discounted = gamma, np.zeros(num_envs)
+        self.count, self.mean, self.var = 1e-4, 0.0, 1.0
+
+    def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        """Scale ``rewards [T, E]``; ``dones [T, E]`` end each env's discounted return."""
+        returns = np.empty_like(rewards, dtype=np.float64)
+        for t in range(rewards.shape[0]):
+            self.discounted = self.discounted * self.gamma + rewards[t]
+            returns[t] = self.discounted
+            self.discounted = self.discounted * (1.0 - dones[t])
+        # Welford's parallel update with the batch's moments (gymnasium's RunningMeanStd).
+        batch_mean, batch_var, batch_count = returns.mean(), returns.var(), returns.size
+        delta, total = batch_mean - self.mean, self.count + batch_count
+        self.mean += delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count
+        self.var = (m2 + delta**2 * self.count * batch_count / total) / total
+        self.count = total
+        scaled = rewards / math.sqrt(self.var + 1e-8)
+        return np.clip(scaled, -10.0, 10.0).astype(np.float32)
+
+
+class AgentsBySize:
+    """Agent factories named by size: ``sized.h256x3`` is ``make_agent(envs, hidden_size=256,
+    num_layers=3)``.
+
+    A worker builds its agent from an import path alone, so the path carries the size:
+    ``f"{__file__}:sized.h256x3"`` (:func:`policy_path`).
+    """
+
+    def __getattr__(self, name: str) -> Callable[[Any], nn.Module]:
+        match = re.fullmatch(r"h([1-9][0-9]*)x([1-9][0-9]*)", name)
+        if match is None:
+            raise AttributeError(f"{name!r} is no agent size; write h<hidden_size>x<num_layers>")
+        hidden_size, num_layers = int(match[1]), int(match[2])
+        return lambda envs: make_agent(envs, hidden_size=hidden_size, num_layers=num_layers)
+
+
+sized = AgentsBySize()
+
+
+def policy_path(args: Args) -> str:
+    """The import path the workers build the learner's agent from, size included."""
+    return f"{Path(__file__).resolve()}:sized.h{args.hidden_size}x{args.num_layers}"
+
+
+def make_envs(args: Args) -> Any:
+    """Local workers (the default), or a learner on ``--listen`` that workers dial."""
+    if args.listen is None and not args.external_workers:
+        return aps.ClusterEnv.local(
+            f"{Path(__file__).resolve()}:make_env",
+            env_kwargs={"env_id": args.env_id, "norm_obs": args.norm_obs},
+            num_workers=args.workers,
+            envs_per_worker=args.envs_per_worker,
+            transport=args.transport,  # type: ignore[arg-type]
+            autoreset_mode="SameStep",
+            policy=policy_path(args),
+            sync=make_sync(args),
+        )
+    # aps: a token guards a learner other machines can reach; workers read it from a file.
+    token = os.environ.get("APS_TOKEN")
+    token_file = Path("aps-token")
+    if token is None:
+        token = secrets.token_hex(16)
+        token_file.touch(mode=0o600)
+        token_file.write_text(token)
+    policy = policy_path(args)
+    if args.external_workers:
+        # Workers on other machines import the policy from their own checkout.
+        policy = f"examples/ppo_cluster.py:sized.h{args.hidden_size}x{args.num_layers}"
+
+    def announce(url: str) -> None:
+        if not args.external_workers:
+            return
+        env = f"--env {args.env_id}"
+        if args.norm_obs:
+            kwargs = json.dumps({"env_id": args.env_id, "norm_obs": True})
+            env = f"--env examples/ppo_cluster.py:make_env --env-kwargs '{kwargs}'"
+        print(
+            f"waiting for {args.workers} workers; on each worker machine, with the file "
+            f"{token_file} copied, run from a checkout of this repository:\n"
+            f"  aps worker {aps.launch.dialable_url(url)} {env} "
+            f"--num-envs {args.envs_per_worker} --token-file {token_file} --policy {policy}",
+            flush=True,
+        )
+
+    return aps.ClusterEnv(
+        args.listen or "tcp://0.0.0.0:0",
+        num_workers=args.workers,
+        token=token,
+        autoreset_mode="SameStep",
+        policy=policy,
+        sync=make_sync(args),
+        on_listening=announce,
+    )
 
 
 class Progress:
@@ -263,6 +404,14 @@ def make_writer(args: Any, run_name: str) -> Any:
     return writer
 
 
+def lag_percentile(counts: np.ndarray, q: float) -> int:
+    """The ``q``-th percentile (lower) of the lags whose transition counts are ``counts``."""
+    total = int(counts.sum())
+    if total == 0:
+        return 0
+    return int(np.searchsorted(np.cumsum(counts), math.ceil(q / 100.0 * total)))
+
+
 def summary_line(result: dict[str, Any]) -> str:
     final = result["final_return"]
     ret = "n/a" if final is None else f"{final:.1f}"
@@ -278,10 +427,6 @@ def train(
     args: Args, on_iteration: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     """Run the experiment; return the final figures (and write them to ``args.json``)."""
-    num_envs = args.workers * args.envs_per_worker
-    batch_size = num_envs * args.num_steps
-    minibatch_size = max(batch_size // args.num_minibatches, 1)
-    num_iterations = max(args.total_timesteps // batch_size, 1)
     run_name = f"{args.env_id}__{args.exp_name}__{args.sync}__{args.seed}__{int(time.time())}"
     writer = make_writer(args, run_name)
 
@@ -294,14 +439,21 @@ def train(
     torch.set_num_threads(args.torch_threads)
 
     envs = make_envs(args)
+    num_envs = envs.num_envs  # workers started elsewhere choose their own number of envs
+    batch_size = num_envs * args.num_steps
+    minibatch_size = max(batch_size // args.num_minibatches, 1)
+    num_iterations = max(args.total_timesteps // batch_size, 1)
+    scale_rewards = RewardScaler(num_envs, args.gamma) if args.norm_reward else None
     progress = Progress(num_iterations * batch_size, args.progress)
     try:
-        agent = Agent(envs)
+        agent = make_agent(envs, hidden_size=args.hidden_size, num_layers=args.num_layers)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         bytes_per_version = sum(t.numel() * t.element_size() for t in agent.state_dict().values())
         returns: collections.deque[float] = collections.deque(maxlen=args.final_episodes)
         episodes = 0
         global_step = 0
+        lag_counts = np.zeros(1, dtype=np.int64)  # transitions per policy lag, for percentiles
+        curve: list[dict[str, Any]] = []  # one row per iteration: the learning curve
         start_time = time.perf_counter()
         envs.reset(seed=args.seed)
 
@@ -311,9 +463,15 @@ def train(
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # aps: publish the weights as a new version; the strategy decides who gets it.
+            rollout_start = time.perf_counter()
             envs.publish(agent)
             b = envs.rollout(args.num_steps)
+            rollout_seconds = time.perf_counter() - rollout_start
             global_step += b.reward.size
+            lags = np.bincount(b.lag.reshape(-1))
+            if lags.size > lag_counts.size:
+                lag_counts = np.pad(lag_counts, (0, lags.size - lag_counts.size))
+            lag_counts[: lags.size] += lags
             for ret, length in zip(b.episode_return, b.episode_length, strict=True):
                 returns.append(float(ret))
                 episodes += 1
@@ -324,8 +482,10 @@ def train(
             obs = torch.as_tensor(b.obs, dtype=torch.float32)
             actions = torch.as_tensor(b.actions)
             logprobs = torch.as_tensor(b.logprob)  # behaviour log-probs: the policy that acted
-            rewards = torch.as_tensor(b.reward, dtype=torch.float32)
-            dones = torch.as_tensor(b.terminated | b.truncated, dtype=torch.float32)
+            done_flags = b.terminated | b.truncated
+            reward = b.reward if scale_rewards is None else scale_rewards(b.reward, done_flags)
+            rewards = torch.as_tensor(reward, dtype=torch.float32)
+            dones = torch.as_tensor(done_flags, dtype=torch.float32)
 
             # Advantages: GAE, bootstrapped from next_obs with the learner's critic. dones[t]
             # means step t ended an episode (SameStep: obs[t + 1] is already the next one).
@@ -348,7 +508,7 @@ def train(
             # Flatten the batch.
             b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
             b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape(-1)
+            b_actions = actions.reshape((-1, *envs.single_action_space.shape))
             b_advantages = advantages.reshape(-1)
             b_returns = returns_t.reshape(-1)
             b_values = values.reshape(-1)
@@ -449,18 +609,20 @@ def train(
             progress.update(
                 b.reward.size, ret=f"{mean_return:.1f}", syncs=metrics.syncs, sps=f"{sps:,.0f}"
             )
+            row = {
+                "iteration": iteration,
+                "num_iterations": num_iterations,
+                "global_step": global_step,
+                "seconds": time.perf_counter() - start_time,
+                "rollout_seconds": rollout_seconds,  # publish and rollout: syncs happen here
+                "mean_return": mean_return,
+                "syncs": metrics.syncs,
+                "weight_bytes": metrics.weight_bytes,
+                "sps": sps,
+            }
+            curve.append(row)
             if on_iteration is not None:
-                on_iteration(
-                    {
-                        "iteration": iteration,
-                        "num_iterations": num_iterations,
-                        "global_step": global_step,
-                        "mean_return": mean_return,
-                        "syncs": metrics.syncs,
-                        "weight_bytes": metrics.weight_bytes,
-                        "sps": sps,
-                    }
-                )
+                on_iteration(row)
         elapsed = time.perf_counter() - start_time
         metrics = envs.metrics
     finally:
@@ -474,7 +636,7 @@ def train(
         "env_id": args.env_id,
         "sync": args.sync,
         "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
-        "max_lag": args.max_lag if args.sync == "aps" else None,
+        "max_lag": make_sync(args).max_lag if args.sync == "aps" else None,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,
@@ -493,8 +655,13 @@ def train(
         # published version to each worker: exactly this many bytes.
         "always_sync_weight_bytes": metrics.version * args.workers * bytes_per_version,
         "lag_mean": metrics.lag_mean,
+        "lag_p95": lag_percentile(lag_counts, 95.0),
         "lag_max": metrics.lag_max,
+        "hidden_size": args.hidden_size,
+        "num_layers": args.num_layers,
+        "decoupled": args.decoupled,
         "metrics": metrics.as_dict(),
+        "curve": curve,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -264,7 +264,8 @@ async def test_a_weight_precision_it_does_not_know_is_refused() -> None:
 
 
 async def test_published_versions_stay_bounded(learner_factory: Any) -> None:
-    learner = await learner_factory(strategy=sync.APS(kl_threshold=1e9))
+    # No staleness bound: the workers keep version 1 while 50 newer ones are published.
+    learner = await learner_factory(strategy=sync.APS(kl_threshold=1e9, max_lag=None))
     agent = Agent(Spaces("CartPole-v1"))
     await learner.publish(agent)
     await learner.rollout(1)
@@ -273,6 +274,7 @@ async def test_published_versions_stay_bounded(learner_factory: Any) -> None:
     versions = learner._detach.versions
     assert versions is not None and len(versions) == 2  # v1 (held) and v51
     await learner.rollout(1)  # workers on a stale version keep producing valid chunks
+    assert all(w.version == 1 for w in learner.metrics.workers)
 
 
 async def test_chunks_stream_with_publishing_inside_the_loop(learner_factory: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -139,3 +140,128 @@ def test_demo(tmp_path: Path) -> None:
 def test_custom_transport(tmp_path: Path) -> None:
     stdout = run("custom_transport.py", cwd=tmp_path)
     assert "passed the factory checks" in stdout
+
+
+def mlp_params(sizes: list[int]) -> int:
+    """Weights and biases of fully connected layers of these widths, input first."""
+    return sum(n_in * n_out + n_out for n_in, n_out in itertools.pairwise(sizes))
+
+
+@pytest.mark.timeout(120)
+def test_ppo_cluster_sized_policy_reaches_the_workers(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--hidden-size",
+        "48",
+        "--num-layers",
+        "3",
+        "--sync",
+        "always",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    # CartPole: 4 observations, 2 actions; an actor and a critic of 3 layers of 48 units.
+    params = mlp_params([4, 48, 48, 48, 2]) + mlp_params([4, 48, 48, 48, 1])
+    assert result["bytes_per_version"] == 4 * params
+    # The workers loaded every version the learner sent: their arrays fit their own agents.
+    assert result["syncs"] == 2 * result["versions"]
+    assert 0 <= result["lag_p95"] <= result["lag_max"]
+    assert [row["global_step"] for row in result["curve"]] == [64, 128, 192, 256]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [["--hidden-size", "0"], ["--num-layers", "0"]])
+def test_ppo_cluster_refuses_an_empty_policy(tmp_path: Path, size: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ppo_cluster.py"), *size],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "must be an int >= 1, got 0" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ppo_cluster_continuous_pendulum(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "1024",  # 256 steps of each env: every env ends a 200-step episode
+        "--num-steps",
+        "32",
+        "--norm-reward",
+        "--sync",
+        "aps",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    # Pendulum: 3 observations, 1 action; a Gaussian actor (mean and log-std) and a critic.
+    params = mlp_params([3, 64, 64, 1]) + 1 + mlp_params([3, 64, 64, 1])
+    assert result["bytes_per_version"] == 4 * params
+    assert result["global_step"] == 1024
+    assert result["final_episodes"] == 4
+    assert result["final_return"] < 0  # its rewards are never positive: they are the env's
+
+
+@pytest.mark.timeout(120)
+def test_ppo_cluster_continuous_mujoco(tmp_path: Path) -> None:
+    pytest.importorskip("mujoco")
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--env-id",
+        "HalfCheetah-v5",
+        "--norm-obs",
+        "--norm-reward",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    params = mlp_params([17, 64, 64, 6]) + 6 + mlp_params([17, 64, 64, 1])
+    assert result["bytes_per_version"] == 4 * params
+    assert result["global_step"] == 256
+
+
+@pytest.mark.timeout(120)
+def test_dqn_async_sized_q_network(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    run(
+        "dqn_async.py",
+        *TINY,
+        "--learning-starts",
+        "64",
+        "--batch-size",
+        "16",
+        "--hidden-size",
+        "40",
+        "--num-layers",
+        "3",
+        "--sync",
+        "always",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["hidden_sizes"] == [40, 40, 40]
+    assert result["bytes_per_version"] == 4 * mlp_params([4, 40, 40, 40, 2])
+    assert result["syncs"] >= 2  # the workers loaded the sized Q-network's weights
+    assert result["curve"][-1]["global_step"] == result["global_step"]

@@ -84,18 +84,22 @@ TABLE: list[tuple[SyncStrategy, SyncContext, bool]] = [
     (FixedInterval(steps=100), ctx(0, 50, steps=0), False),
     (FixedInterval(steps=100), ctx(-1, 0, steps=0), True),
     # APS without max_lag: divergence > threshold, strictly; never measured at lag <= 0.
-    (APS(kl_threshold=0.1), ctx(3, 3), False),
-    (APS(kl_threshold=0.1), ctx(4, 3), False),
-    (APS(kl_threshold=0.1), ctx(2, 3, kl=0.05), False),
-    (APS(kl_threshold=0.1), ctx(2, 3, kl=0.1), False),
-    (APS(kl_threshold=0.1), ctx(2, 3, kl=0.1000001), True),
-    (APS(kl_threshold=0.1), ctx(2, 3, kl=5.0), True),
-    (APS(kl_threshold=0.1), ctx(2, 3, kl=float("inf")), True),
-    (APS(kl_threshold=0.1), ctx(2, 3, kl=float("nan")), False),
-    (APS(kl_threshold=0.1), ctx(0, 1000, kl=0.0), False),
-    (APS(kl_threshold=0.0), ctx(2, 3, kl=0.0), False),
-    (APS(kl_threshold=0.0), ctx(2, 3, kl=1e-12), True),
-    (APS(kl_threshold=0.1), ctx(-1, 0), True),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(3, 3), False),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(4, 3), False),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(2, 3, kl=0.05), False),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(2, 3, kl=0.1), False),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(2, 3, kl=0.1000001), True),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(2, 3, kl=5.0), True),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(2, 3, kl=float("inf")), True),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(2, 3, kl=float("nan")), False),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(0, 1000, kl=0.0), False),
+    (APS(kl_threshold=0.0, max_lag=None), ctx(2, 3, kl=0.0), False),
+    (APS(kl_threshold=0.0, max_lag=None), ctx(2, 3, kl=1e-12), True),
+    (APS(kl_threshold=0.1, max_lag=None), ctx(-1, 0), True),
+    # APS's default max_lag (16) bounds staleness: a worker 16 versions behind is synced.
+    (APS(kl_threshold=0.1), ctx(0, 15, kl=0.0), False),
+    (APS(kl_threshold=0.1), ctx(0, 16), True),
+    (APS(kl_threshold=0.1), ctx(0, 1000), True),
     # APS with max_lag: forced at lag >= max_lag, without measuring.
     (APS(kl_threshold=0.1, max_lag=4), ctx(0, 4), True),
     (APS(kl_threshold=0.1, max_lag=4), ctx(0, 9), True),
@@ -252,7 +256,8 @@ def test_context_validation(kwargs: dict[str, float], match: str) -> None:
         (lambda: APS(kl_threshold=float("inf")), "got inf"),
         (lambda: APS(kl_threshold="0.1"), "got '0.1'"),  # type: ignore[arg-type]
         (lambda: APS(kl_threshold=True), "got True"),
-        (lambda: APS(0.1, max_lag=0), r"APS\(max_lag=\.\.\.\) must be an int >= 1, got 0"),
+        (lambda: APS(0.1, max_lag=0), r"APS\(max_lag=\.\.\.\) must be an int >= 1 .*None.*got 0"),
+        (lambda: APS(0.1, max_lag=2.5), "or None for no staleness bound, got 2.5"),  # type: ignore[arg-type]
         (lambda: AnyOf(), r"AnyOf\(\) needs at least one strategy"),
         (lambda: AllOf(), r"AllOf\(\) needs at least one strategy"),
         (lambda: AnyOf(AlwaysSync(), 0.1), "argument 1 is 0.1 .float., not a sync strategy"),  # type: ignore[arg-type]
@@ -268,11 +273,12 @@ def test_reprs_are_readable() -> None:
     assert repr(AlwaysSync()) == "AlwaysSync()"
     assert repr(Never()) == "Never()"
     assert repr(FixedInterval(versions=4)) == "FixedInterval(versions=4, steps=None)"
-    assert repr(APS(0.05)) == "APS(kl_threshold=0.05, max_lag=None)"
+    assert repr(APS(0.05)) == "APS(kl_threshold=0.05, max_lag=16)"
+    assert repr(APS(0.05, max_lag=None)) == "APS(kl_threshold=0.05, max_lag=None)"
     assert repr(APS(1, max_lag=8)) == "APS(kl_threshold=1.0, max_lag=8)"
     assert (
         repr(AnyOf(FixedInterval(steps=10), APS(0.1)))
-        == "AnyOf(FixedInterval(versions=None, steps=10), APS(kl_threshold=0.1, max_lag=None))"
+        == "AnyOf(FixedInterval(versions=None, steps=10), APS(kl_threshold=0.1, max_lag=16))"
     )
     assert repr(AllOf(Never())) == "AllOf(Never())"
 

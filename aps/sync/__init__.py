@@ -10,7 +10,7 @@ Built-ins:
 - :class:`AlwaysSync`: every new version goes to every worker (baseline).
 - :class:`FixedInterval`: every ``versions`` versions or every ``steps`` env steps (baseline).
 - :class:`APS`: when the worker's policy diverged from the learner's by more than a KL
-  threshold, optionally bounded by ``max_lag``.
+  threshold, or once it is ``max_lag`` versions behind (16 by default; ``None``: no bound).
 - :class:`AnyOf`, :class:`AllOf`: compose strategies, short-circuiting in order.
 - :class:`Never`: keep the first version forever (the zero-traffic reference).
 """

@@ -1,0 +1,1 @@
+"""Reproduction suites for the claims aps makes."""

@@ -1,0 +1,1 @@
+"""The APS reproduction suite: ``python -m experiments.aps`` (see ``__main__``)."""
