@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 import re
 import secrets
@@ -45,6 +46,7 @@ import aps
 import aps.launch
 
 URLS = {"tcp": "tcp://127.0.0.1:0", "ws": "ws://127.0.0.1:0", "memory": "memory://"}
+TOKEN_FILE = Path("aps-token")  # written for workers started elsewhere (--listen)
 
 
 def arg(default: Any, help: str) -> Any:
@@ -67,6 +69,10 @@ class Args:
     workers: int = arg(2, "number of worker processes")
     envs_per_worker: int = arg(4, "environments per worker")
     transport: str = arg("tcp", "tcp, ws or memory")
+    listen: str | None = arg(
+        None, "listen here for --workers workers started elsewhere (token: $APS_TOKEN)"
+    )
+    external_workers: bool = arg(False, "start no workers: print the aps worker command")
     num_steps: int = arg(16, "steps per env in each chunk a worker sends")
     max_in_flight: int = arg(2, "chunk requests outstanding per worker")
 
@@ -284,6 +290,16 @@ def summary_line(result: dict[str, Any]) -> str:
     )
 
 
+def external_token() -> str:
+    """``$APS_TOKEN``, or a fresh token written to :data:`TOKEN_FILE` for the workers."""
+    token = os.environ.get("APS_TOKEN")
+    if token is None:
+        token = secrets.token_hex(16)
+        TOKEN_FILE.touch(mode=0o600)
+        TOKEN_FILE.write_text(token)
+    return token
+
+
 async def train(args: Args) -> dict[str, Any]:
     """Run the experiment; return the final figures."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.sync}__{args.seed}__{int(time.time())}"
@@ -297,27 +313,46 @@ async def train(args: Args) -> dict[str, Any]:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.torch_threads)
 
-    # aps: a learner that listens, and worker processes (tasks for memory://) that dial it.
-    token = secrets.token_hex(16)
+    # aps: a learner that listens, and worker processes (tasks for memory://) that dial it,
+    # or, with --listen / --external-workers, workers started on other machines.
+    external = args.listen is not None or args.external_workers
+    token = external_token() if external else secrets.token_hex(16)
+    policy = policy_path(args)
+    if args.external_workers:
+        # Workers on other machines import the policy from their own checkout.
+        policy = f"examples/dqn_async.py:sized.h{'_'.join(map(str, hidden_sizes(args)))}"
     learner = aps.Learner(
-        URLS[args.transport],
+        (args.listen or "tcp://0.0.0.0:0") if external else URLS[args.transport],
         num_workers=args.workers,
         token=token,
-        policy=policy_path(args),
+        policy=policy,
         sync=make_sync(args),
         autoreset_mode="SameStep",
     )
-    workers = aps.launch.LocalWorkers(
-        args.env_id,
-        num_workers=args.workers,
-        envs_per_worker=args.envs_per_worker,
-        token=token,
-        policy=policy_path(args),
+    workers = (
+        None
+        if external
+        else aps.launch.LocalWorkers(
+            args.env_id,
+            num_workers=args.workers,
+            envs_per_worker=args.envs_per_worker,
+            token=token,
+            policy=policy,
+        )
     )
     progress = Progress(args.total_timesteps, args.progress)
     try:
         await learner.start()
-        await workers.start(learner.url)
+        if args.external_workers:
+            print(
+                f"waiting for {args.workers} workers; on each worker machine, with the file "
+                f"{TOKEN_FILE} copied, run from a checkout of this repository:\n"
+                f"  aps worker {aps.launch.dialable_url(learner.url)} --env {args.env_id} "
+                f"--num-envs {args.envs_per_worker} --token-file {TOKEN_FILE} --policy {policy}",
+                flush=True,
+            )
+        if workers is not None:
+            await workers.start(learner.url)
         await learner.reset(seed=args.seed)  # waits for the workers
 
         q_network = QNetwork(learner, hidden_sizes=hidden_sizes(args))
@@ -426,7 +461,8 @@ async def train(args: Args) -> dict[str, Any]:
     finally:
         progress.close()
         await learner.aclose()
-        await workers.stop()
+        if workers is not None:
+            await workers.stop()
         if writer is not None:
             writer.close()
 

@@ -20,14 +20,15 @@ TINY = ["--total-timesteps", "128", "--num-steps", "16", "--workers", "2", "--en
 
 
 @pytest.mark.timeout(120)
-def test_ppo_cluster_prints_the_worker_command_and_trains_with_external_workers(
-    tmp_path: Path,
+@pytest.mark.parametrize("example", ["ppo_cluster.py", "dqn_async.py"])
+def test_the_example_prints_the_worker_command_and_trains_with_external_workers(
+    tmp_path: Path, example: str
 ) -> None:
     out = tmp_path / "result.json"
     learner = subprocess.Popen(
         [
             sys.executable,
-            str(REPO / "examples" / "ppo_cluster.py"),
+            str(REPO / "examples" / example),
             *TINY,
             "--listen",
             "tcp://127.0.0.1:0",
