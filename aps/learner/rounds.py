@@ -46,6 +46,8 @@ class GradientRounds:
         self._pumps: list[asyncio.Task[None]] = []
         self._inbox: _Inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
         self._round: tuple[GradientRound, bytes] | None = None
+        # The workers the current round was sent to: a replacement joins at the next round.
+        self._members: frozenset[int] = frozenset()
 
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
@@ -58,8 +60,12 @@ class GradientRounds:
         """Nothing to forget: a replacement starts sampling at the current round."""
 
     async def rejoined(self, remote: Remote) -> None:
-        """Send the current round to a worker that resumed or took over."""
-        if self._round is not None:
+        """Send the current round to a worker that resumed its session.
+
+        A replacement (a new worker id) is not part of the round under way, whose aggregation
+        rule counts the workers it started with; it receives the next round.
+        """
+        if self._round is not None and remote.info.worker_id in self._members:
             await self._pool.send(remote, *self._round)
 
     # Rounds.
@@ -86,6 +92,7 @@ class GradientRounds:
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
         frame = codec.encode(message)
         self._round = (message, frame)
+        self._members = frozenset(r.info.worker_id for r in self._remotes)
         for remote in self._remotes:
             await pool.send(remote, message, frame)
         return len(frame) * len(self._remotes)
