@@ -1,0 +1,87 @@
+"""End-to-end checks that a wrong NIGT trainer or worker cannot pass.
+
+Built on :mod:`tests.pg_agents`: every NIGT step must move the one parameter that matters
+(``mu``) by exactly ``lr`` and upwards (ascent on a return that grows with ``mu``), and the
+mean return of each round must be ``length * mu`` at the extrapolated point that round
+broadcast, ``theta_t + ((1 - eta) / eta) (theta_t - theta_{t-1})``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import aps
+from aps import pg
+from aps.gradients import GradientSampler
+from aps.messages import GradientRound
+from aps.policy import Policy
+from tests.conftest import FAST, WorkerTasks
+from tests.pg_agents import MeanAgent, Reveal
+
+AGENT = f"{Path(__file__).with_name('pg_agents.py')}:MeanAgent"
+LENGTH = 3
+ENVS = 64
+
+
+@pytest.mark.timeout(120)
+async def test_nigt_steps_exactly_lr_uphill_and_samples_at_the_extrapolated_point(
+    workers: WorkerTasks,
+) -> None:
+    lr, eta, batch = 0.25, 0.5, 4 * ENVS
+    async with aps.Learner(
+        "memory://", num_workers=2, policy=AGENT, autoreset_mode="SameStep", timeouts=FAST
+    ) as learner:
+        for _ in range(2):
+            workers.start(learner.url, env=Reveal, num_envs=ENVS)
+        await learner.wait_for_workers()
+        agent = MeanAgent()
+        trainer = pg.NIGT(
+            agent, aggregator=pg.Rennala(batch=batch), lr=lr, momentum=eta, horizon=10, gamma=1.0
+        )
+        weights = [np.concatenate([p.detach().numpy().ravel() for p in agent.parameters()])]
+        mus = [agent.mu]
+        returns = []
+        async for stats in trainer.train(learner, 4):
+            assert stats.used >= batch
+            returns.append(stats.mean_return)
+            weights.append(np.concatenate([p.detach().numpy().ravel() for p in agent.parameters()]))
+            mus.append(agent.mu)
+    # The trainer wrote each step into the policy, and each step had length lr exactly (a
+    # global norm, float32 weights) and went uphill.
+    steps = np.diff(np.stack(weights), axis=0)
+    np.testing.assert_allclose(np.linalg.norm(steps, axis=1), lr, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.diff(mus), lr, rtol=0, atol=1e-6)
+    # Round t sampled at the extrapolated point (theta_t itself in round 0), and only there:
+    # a round's mean return is LENGTH * mu_point with a standard error of sqrt(LENGTH / batch)
+    # ~ 0.11; the point and theta_t differ by LENGTH * lr = 0.75 in return.
+    factor = (1 - eta) / eta
+    points = [mus[0]] + [mus[t] + factor * (mus[t] - mus[t - 1]) for t in range(1, 4)]
+    np.testing.assert_allclose(returns, LENGTH * np.asarray(points), rtol=0, atol=0.4)
+
+
+def test_a_round_samples_from_fresh_resets_with_the_broadcast_weights() -> None:
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    envs = SyncVectorEnv(
+        [lambda: Reveal(LENGTH)] * 2, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    agent = MeanAgent(log_std=-12.0)  # actions are mu to within 1e-5
+    policy = Policy(agent, envs.single_observation_space, envs.single_action_space)
+    sampler = GradientSampler(envs, policy)
+    weights = policy.get_weights()
+    sampler.start(GradientRound(round=0, arrays=weights, horizon=10, gamma=1.0))
+    assert sampler.step() is None  # one step into round 0's trajectories at mu = 0
+    weights["actor_mean.bias"] = np.array([100.0], np.float32)
+    sampler.start(GradientRound(round=1, arrays=weights, horizon=10, gamma=1.0))
+    reports = [sampler.step() for _ in range(LENGTH)]
+    # The trajectories of round 1 start at its start and use only its weights: LENGTH steps,
+    # each paying mu = 100.
+    assert reports[:-1] == [None] * (LENGTH - 1)
+    last = reports[-1]
+    assert last is not None and last.round == 1 and last.count == 2
+    np.testing.assert_allclose(last.episode_return, [LENGTH * 100.0] * 2, atol=1e-2)
