@@ -8,7 +8,9 @@ broadcast, ``theta_t + ((1 - eta) / eta) (theta_t - theta_{t-1})``.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ pytest.importorskip("torch")
 import aps
 from aps import pg
 from aps.gradients import GradientSampler
-from aps.messages import GradientRound
+from aps.messages import GradientProgress, GradientReport, GradientRound
 from aps.policy import Policy
 from tests.conftest import FAST, WorkerTasks
 from tests.pg_agents import MeanAgent, Reveal
@@ -85,3 +87,61 @@ def test_a_round_samples_from_fresh_resets_with_the_broadcast_weights() -> None:
     last = reports[-1]
     assert last is not None and last.round == 1 and last.count == 2
     np.testing.assert_allclose(last.episode_return, [LENGTH * 100.0] * 2, atol=1e-2)
+
+
+class LateNetwork:
+    """A learner whose network delivers the previous round's messages again, late.
+
+    Before the first message of each round after the first, the trainer gets the last real
+    report of the previous round once more, and a progress message of that round claiming a
+    huge count: a trainer that ignores round ids aggregates the report, or closes the round on
+    the count.
+    """
+
+    def __init__(self, learner: aps.Learner) -> None:
+        self._learner = learner
+        self._last: tuple[int, GradientReport] | None = None
+        self._late: list[tuple[int, GradientProgress | GradientReport]] = []
+        self.replayed: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._learner, name)
+
+    async def start_round(self, round_id: int, *args: Any, **kwargs: Any) -> int:
+        late = self._last is not None and self._last[1].round == round_id - 1
+        if late and len(self.replayed) < round_id:  # once per round, not on a resample
+            assert self._last is not None
+            worker, report = self._last
+            self._late = [(worker, GradientProgress(round=report.round, count=10**6))]
+            self._late.append((worker, report))
+            self.replayed.append(report.count)
+        return await self._learner.start_round(round_id, *args, **kwargs)
+
+    async def next_report(self) -> tuple[int, GradientProgress | GradientReport]:
+        if self._late:
+            return self._late.pop(0)
+        worker, message = await self._learner.next_report()
+        if isinstance(message, GradientReport) and message.count:
+            self._last = (worker, message)
+        return worker, message
+
+
+@pytest.mark.timeout(120)
+async def test_messages_of_an_earlier_round_are_never_aggregated(workers: WorkerTasks) -> None:
+    batch = 2 * ENVS
+    async with aps.Learner(
+        "memory://", num_workers=2, policy=AGENT, autoreset_mode="SameStep", timeouts=FAST
+    ) as learner:
+        for _ in range(2):
+            workers.start(learner.url, env=Reveal, num_envs=ENVS)
+        await learner.wait_for_workers()
+        late = LateNetwork(learner)
+        trainer = pg.NIGT(MeanAgent(), aggregator=pg.Rennala(batch=batch), lr=0.25, horizon=10)
+        async with asyncio.timeout(60):  # a trainer fooled by the late count may never end
+            stats = [s async for s in trainer.train(late, 3)]  # type: ignore[arg-type]
+    assert len(late.replayed) == 2
+    for replayed, round_stats in zip(late.replayed, stats[1:], strict=True):
+        # The late report is discarded (nothing else is in this setting), and the late count
+        # did not close the round early.
+        assert round_stats.discarded == replayed
+        assert round_stats.used >= batch and round_stats.aggregations == 1

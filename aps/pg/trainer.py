@@ -54,6 +54,9 @@ class RoundStats:
         bytes_received: bytes of the messages received in the round: the workers' progress
             counts and their sums, each as encoded on the wire (framing excluded).
         messages_received: the messages those bytes came in.
+        aggregations: how many times the workers' sums were collected: 1, or more when a
+            worker lost during a collection held gradients the rule had counted (the point
+            is then sampled again).
         mean_return: mean undiscounted return of the trajectories used (NaN if none).
         direction_norm: the norm of the momentum direction after the step.
     """
@@ -67,6 +70,7 @@ class RoundStats:
     bytes_sent: int
     bytes_received: int
     messages_received: int
+    aggregations: int
     mean_return: float
     direction_norm: float
 
@@ -167,7 +171,7 @@ class NIGT:
                 sent = await learner.start_round(
                     state.t, point, horizon=self.horizon, gamma=self.gamma
                 )
-                received = messages = 0
+                received = messages = aggregations = 0
                 returns: list[float] = []
                 # The workers whose sum is awaited, once the rule held over the counts.
                 waiting: set[int] | None = None
@@ -175,6 +179,7 @@ class NIGT:
                     if waiting is None and round_.ready:
                         waiting = set(round_.active)
                         sent += await learner.collect_gradients(state.t)
+                        aggregations += 1
                     if waiting is not None and not waiting:
                         if round_.done:
                             break
@@ -210,6 +215,7 @@ class NIGT:
                     if waiting is not None and message.round == state.t:
                         waiting.discard(worker_id)
                     if message.count == 0:
+                        round_.note(worker_id, message.round, 0)  # its sum holds nothing
                         continue
                     gradient = layout.flatten(message.gradient, fill_missing=True)
                     if round_.add(worker_id, message.round, gradient, message.count):
@@ -227,6 +233,7 @@ class NIGT:
                     bytes_sent=sent,
                     bytes_received=received,
                     messages_received=messages,
+                    aggregations=aggregations,
                     mean_return=float(np.mean(returns)) if returns else math.nan,
                     direction_norm=state.direction_norm,
                 )
