@@ -118,14 +118,28 @@ async def test_rounds_need_same_step_autoreset(workers: WorkerTasks) -> None:
                 pass
 
 
-def test_blocking_run_over_worker_processes() -> None:
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_blocking_run_over_worker_processes(transport: str) -> None:
     envs = aps.ClusterEnv.local(
-        "Pendulum-v1", num_workers=2, envs_per_worker=2, policy=POLICY, autoreset_mode="SameStep"
+        "Pendulum-v1",
+        num_workers=2,
+        envs_per_worker=2,
+        policy=POLICY,
+        autoreset_mode="SameStep",
+        transport=transport,  # type: ignore[arg-type]
     )
     try:
         agent = ContinuousAgent(envs)
+        size = sum(p.numel() for p in agent.parameters())
         stats = pg.NIGT(agent, aggregator=pg.Rennala(batch=4), lr=0.01, horizon=10).run(envs, 2)
         assert len(stats) == 2 and all(s.used >= 4 for s in stats)
+        for s in stats:
+            # One aggregation per round: each worker's float32 sum travels once (at most two
+            # sums' worth of gradient bytes); everything else is counts of a few dozen bytes.
+            assert s.aggregations == 1
+            progress = s.messages_received - 2
+            assert progress >= 1
+            assert s.bytes_received <= 2 * (4 * size + 512) + 64 * progress
     finally:
         envs.close()
 
