@@ -123,6 +123,7 @@ class Round(ABC):
         self._result: FloatVector | None = None
         # Gradients a worker announced (GradientProgress) whose sum has not arrived yet.
         self._noted: dict[int, int] = {}
+        self._collecting = False
 
     def __repr__(self) -> str:
         return (
@@ -292,6 +293,26 @@ class Round(ABC):
         self._noted[worker] = int(count)
         return True
 
+    def begin_collection(self) -> None:
+        """Hold the round open while the workers' sums arrive (call once :attr:`ready`).
+
+        A sum may hold more gradients than its worker announced (it kept sampling until
+        asked), so the rule may hold before every sum is in; the round takes them all and
+        closes at :meth:`end_collection`.
+        """
+        self._collecting = True
+
+    def end_collection(self) -> None:
+        """Close the round if the rule holds, once every awaited sum arrived.
+
+        Also forgets the announced counts: a round that must be sampled again (a worker was
+        removed meanwhile) is announced afresh.
+        """
+        self._collecting = False
+        self._noted.clear()
+        if self.active:
+            self._close_if_done()
+
     def remove(self, worker_id: int) -> None:
         """Take a worker that died out of the round.
 
@@ -378,7 +399,7 @@ class Round(ABC):
         return total
 
     def _close_if_done(self) -> None:
-        if self._result is None and self._is_done():
+        if self._result is None and not self._collecting and self._is_done():
             result = self._estimate()
             result.setflags(write=False)
             self._result = result

@@ -178,9 +178,11 @@ class NIGT:
                 while True:
                     if waiting is None and round_.ready:
                         waiting = set(round_.active)
+                        round_.begin_collection()
                         sent += await learner.collect_gradients(state.t)
                         aggregations += 1
                     if waiting is not None and not waiting:
+                        round_.end_collection()
                         if round_.done:
                             break
                         # A worker lost while collecting took gradients the rule counted:
