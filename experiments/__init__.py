@@ -1,0 +1,1 @@
+"""Experiments that regenerate the figures in docs/results."""
