@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
 import contextlib
 import logging
+import os
 import queue
 import secrets
 import socket
@@ -18,11 +20,12 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
+import gymnasium as gym
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
-from aps.collect import Metrics, Rollout
+from aps.collect import Metrics, Rollout, WeightPrecision
 from aps.errors import ConfigError, ConnectError, InvalidState
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
@@ -49,6 +52,9 @@ _LOCAL_URLS = {
     "ws": "ws://127.0.0.1:0",
     "memory": "memory://",
 }
+
+
+_UNKNOWN = object()
 
 
 class _Pending(Generic[T]):
@@ -97,7 +103,15 @@ class _Portal:
         return self.submit(coroutine).result()
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> _Pending[T]:
-        """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``."""
+        """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``.
+
+        Raises:
+            InvalidState: the portal is closed (its env was closed), or the call comes from
+                the loop thread itself.
+        """
+        if self._loop.is_closed():
+            coroutine.close()  # never awaited on purpose: no "was never awaited" warning
+            raise InvalidState("this ClusterEnv is closed; create a new one to step again")
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
@@ -112,6 +126,62 @@ class _Portal:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+_OPEN: set[ClusterEnv] = set()
+"""Envs not closed yet; closed when the interpreter exits."""
+
+
+def _close_at_exit() -> None:
+    """Close every open env, silently: the script ended without ``close()``.
+
+    Registered with :mod:`threading`'s exit hooks where it has them: those run before the
+    interpreter stops its thread pools (registered earlier, so they run later), which the
+    launchers' ``stop`` still needs; a plain ``atexit`` hook runs after that and fails.
+    """
+    for env in list(_OPEN):
+        try:
+            env.close()
+        except BaseException as exc:  # exiting: nothing to raise to, and nobody to tell but a log
+            log.debug("closing %r at exit failed: %r", env, exc)
+
+
+# concurrent.futures.thread is imported above, before this registration, because threading
+# runs its exit hooks last in, first out: the thread pools stop after our hook has run.
+_register_exit = getattr(threading, "_register_atexit", atexit.register)
+_register_exit(_close_at_exit)
+
+
+def _split(
+    num_envs: int | None, num_workers: int | None, envs_per_worker: int | None
+) -> tuple[int, int]:
+    """``(num_workers, envs_per_worker)`` from what :meth:`ClusterEnv.local` was given."""
+    for name, value in (
+        ("num_envs", num_envs),
+        ("num_workers", num_workers),
+        ("envs_per_worker", envs_per_worker),
+    ):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    if num_envs is None:
+        return num_workers or 2, envs_per_worker or 1
+    if num_workers is None and envs_per_worker is None:
+        cpus = os.cpu_count() or 1
+        num_workers = max(d for d in range(1, min(num_envs, cpus) + 1) if num_envs % d == 0)
+    if num_workers is None:
+        assert envs_per_worker is not None
+        num_workers = num_envs // envs_per_worker
+    if envs_per_worker is None:
+        envs_per_worker = num_envs // num_workers
+    if num_workers * envs_per_worker != num_envs:
+        raise ConfigError(
+            f"num_envs={num_envs} cannot be split into num_workers={num_workers} x "
+            f"envs_per_worker={envs_per_worker}; give a num_workers that divides num_envs, "
+            "or leave num_workers and envs_per_worker out"
+        )
+    return num_workers, envs_per_worker
 
 
 class ClusterEnv(VectorEnv):
@@ -141,6 +211,17 @@ class ClusterEnv(VectorEnv):
             session changes nothing; one that another worker replaces ends its envs'
             episodes (``truncated``, ``info["worker_restarted"]``). See :class:`aps.Learner`.
         reconnect_timeout: how long ``"wait"`` waits, in seconds.
+        on_listening: called with the bound URL (port 0 resolved) before the constructor
+            waits for the workers, e.g. to print the command that starts them elsewhere.
+        policy_kwargs: keyword arguments for the ``policy`` factory; see :class:`aps.Learner`.
+        weight_precision: how published weights travel (``"exact"`` or ``"float16"``); see
+            :class:`aps.Learner`.
+
+    Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
+    vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
+    :meth:`render`): on the workers, with arguments and results that travel as data.
+    At interpreter exit an env that was not closed is closed (its local workers stop), without
+    a word; after :meth:`close`, every method raises :class:`~aps.errors.InvalidState`.
 
     Raises:
         Timeout: the workers did not all arrive in time.
@@ -169,9 +250,13 @@ class ClusterEnv(VectorEnv):
         launcher: Launcher | None = None,
         on_worker_lost: Literal["raise", "wait"] = "raise",
         reconnect_timeout: float = 60.0,
+        on_listening: Callable[[str], object] | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        weight_precision: WeightPrecision = "exact",
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
+        self._render_mode: object = _UNKNOWN
         self._pending_step: _Pending[tuple[Any, Array, Array, Array, Info]] | None = None
         self._learner = Learner(
             listen,
@@ -185,16 +270,22 @@ class ClusterEnv(VectorEnv):
             launcher=launcher,
             on_worker_lost=on_worker_lost,
             reconnect_timeout=reconnect_timeout,
+            policy_kwargs=policy_kwargs,
+            weight_precision=weight_precision,
         )
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
         try:
-            self._portal.call(self._start())
+            self._portal.call(self._learner.start())  # starts the launcher too, once bound
+            if on_listening is not None:
+                on_listening(self._learner.url)
+            # The wait watches the launcher: workers that die before they connect end it.
+            self._portal.call(self._learner.wait_for_workers())
         except BaseException:
             self._portal.call(self._shutdown())
             self._portal.close()
             raise
-        atexit.register(self.close)
+        _OPEN.add(self)
         self.closed = False
         learner = self._learner
         self.num_envs = learner.num_envs
@@ -207,10 +298,11 @@ class ClusterEnv(VectorEnv):
     @classmethod
     def local(
         cls,
-        env: EnvSpec,
+        env: EnvSpec | Sequence[Callable[[], gym.Env[Any, Any]]],
         *,
-        num_workers: int = 2,
-        envs_per_worker: int = 1,
+        num_workers: int | None = None,
+        envs_per_worker: int | None = None,
+        num_envs: int | None = None,
         transport: Literal["tcp", "unix", "ws", "memory"] | None = None,
         seed: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
@@ -222,6 +314,8 @@ class ClusterEnv(VectorEnv):
         on_worker_lost: Literal["raise", "wait"] = "raise",
         reconnect_timeout: float = 60.0,
         vector: str = "sync",
+        policy_kwargs: dict[str, Any] | None = None,
+        weight_precision: WeightPrecision = "exact",
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -231,9 +325,14 @@ class ClusterEnv(VectorEnv):
 
         Args:
             env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a callable
-                (module-level for subprocess workers; anything for ``memory``).
-            num_workers: how many workers.
-            envs_per_worker: envs hosted by each worker.
+                (module-level for subprocess workers; anything for ``memory``); or, as
+                ``AsyncVectorEnv`` takes them, a list of env functions, one per env
+                (closures welcome: the local launcher hands each worker process its slice,
+                pickled over the process's stdin, never over the network).
+            num_workers: how many workers (default 2, or from ``num_envs``).
+            envs_per_worker: envs hosted by each worker (default 1, or from ``num_envs``).
+            num_envs: the total, split evenly over the workers: given alone, over the
+                largest number of workers that divides it and is at most the CPU count.
             transport: ``"unix"`` (a Unix socket in a fresh private directory: less CPU
                 per message than loopback TCP), ``"tcp"``, ``"ws"`` or ``"memory"``. The
                 default is ``"unix"``, or ``"tcp"`` where the platform has no Unix sockets or
@@ -253,12 +352,24 @@ class ClusterEnv(VectorEnv):
             vector: how each worker runs its envs: ``"sync"`` (one after another),
                 ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
                 (EnvPool's envs); see :mod:`aps.vector`.
+            policy_kwargs: see the class.
+            weight_precision: see the class.
         """
         chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
         if chosen not in _LOCAL_URLS:
             raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {chosen!r}")
-        if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
-            raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
+        if isinstance(env, list | tuple):
+            if num_envs is not None and num_envs != len(env):
+                raise ConfigError(
+                    f"num_envs={num_envs!r} with {len(env)} env functions; leave num_envs out "
+                    "(a list of env functions makes one env each)"
+                )
+            num_envs = len(env)
+        num_workers, envs_per_worker = _split(num_envs, num_workers, envs_per_worker)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        if timeouts is not None and not isinstance(timeouts, Timeouts):
+            raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
 
         def start(transport: str) -> ClusterEnv:
             token = secrets.token_hex(16)
@@ -285,6 +396,8 @@ class ClusterEnv(VectorEnv):
                 launcher=launcher,
                 on_worker_lost=on_worker_lost,
                 reconnect_timeout=reconnect_timeout,
+                policy_kwargs=policy_kwargs,
+                weight_precision=weight_precision,
                 _seed=seed,
             )
 
@@ -298,10 +411,6 @@ class ClusterEnv(VectorEnv):
             log.warning("cannot listen on a Unix socket (%s); using tcp://127.0.0.1", exc)
             return start("tcp")
 
-    async def _start(self) -> None:
-        await self._learner.start()  # starts the launcher too, once bound
-        await self._learner.wait_for_workers()  # and watches it meanwhile
-
     async def _shutdown(self) -> None:
         await self._learner.aclose()  # stops the launcher too
 
@@ -310,10 +419,18 @@ class ClusterEnv(VectorEnv):
         """The workers, in env order."""
         return self._learner.workers
 
+    @property
+    def url(self) -> str:
+        """The address the workers dial (port 0 resolved); see also ``on_listening``."""
+        return self._learner.url
+
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, Info]:
-        """Reset every env; see :meth:`aps.Learner.reset`."""
+        """Reset every env; see :meth:`aps.Learner.reset` (an int, or one seed per env)."""
         if seed is None:
             seed, self._default_seed = self._default_seed, None
         return self._portal.call(self._learner.reset(seed=seed, options=options))
@@ -355,11 +472,66 @@ class ClusterEnv(VectorEnv):
         """Workers act ``num_steps`` times with their policies; see :meth:`aps.Learner.rollout`."""
         return self._portal.call(self._learner.rollout(num_steps))
 
-    def call(self, function: Callable[[Learner], Awaitable[T]]) -> T:
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name(*args, **kwargs)`` of every env, on the workers.
+
+        Gymnasium's ``VectorEnv.call``: an attribute that is not callable is returned as it
+        is. Arguments and results travel as data; see :meth:`aps.Learner.call`.
+
+        Returns:
+            One value per env, in env order.
+
+        Raises:
+            ConfigError: ``name`` is not a str (to run a routine against the learner, use
+                :meth:`call_learner`), or an argument is not plain data.
+            WorkerError: an env raised, or returned a value that is not plain data.
+        """
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"call() takes the name of an env method, as Gymnasium's vector envs do, got "
+                f"{name!r}; to run an await-based routine against the learner, use "
+                "call_learner(function)"
+            )
+        return self._portal.call(self._learner.call(name, *args, **kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The value of attribute ``name`` of every env, in env order; see :meth:`call`."""
+        return self._portal.call(self._learner.get_attr(name))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` of every env; see :meth:`aps.Learner.set_attr`."""
+        self._portal.call(self._learner.set_attr(name, values))
+
+    def render(self) -> tuple[Any, ...] | None:
+        """Every env's frame, in env order (envs made with ``render_mode="rgb_array"``).
+
+        ``None`` when the envs do not render (``render_mode`` is ``None``), as Gymnasium's
+        vector envs return.
+        """
+        if self.render_mode is None:
+            return None
+        return self._portal.call(self._learner.render())
+
+    @property
+    def render_mode(self) -> str | None:
+        """The envs' ``render_mode``, asked of the workers once."""
+        if self._render_mode is _UNKNOWN:
+            modes = self.get_attr("render_mode")
+            self._render_mode = modes[0] if modes else None
+        assert self._render_mode is None or isinstance(self._render_mode, str)
+        return self._render_mode
+
+    @render_mode.setter
+    def render_mode(self, mode: str | None) -> None:
+        # Gymnasium's base class assigns it; the workers' envs decide it, so this only
+        # replaces what the property reports.
+        self._render_mode = mode
+
+    def call_learner(self, function: Callable[[Learner], Awaitable[T]]) -> T:
         """Run an await-based routine against this env's learner, blocking until it returns.
 
         For algorithms written for :class:`aps.Learner` (``aps.pg.NIGT``'s blocking ``run``
-        uses it): ``envs.call(lambda learner: learner.rollout(8))``.
+        uses it): ``envs.call_learner(lambda learner: learner.rollout(8))``.
         """
         return self._portal.call(_awaited(function(self._learner)))
 
@@ -370,7 +542,7 @@ class ClusterEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones, and end the private loop."""
-        atexit.unregister(self.close)
+        _OPEN.discard(self)
         pending, self._pending_step = self._pending_step, None
         if pending is not None:
             with contextlib.suppress(Exception):  # closing: a failed last step changes nothing

@@ -18,13 +18,14 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
     L -> W  GradientRound(round, arrays)  W -> L  GradientProgress(round, count), ...
     L -> W  CollectGradients(round)       W -> L  GradientReport(round, gradient, count)
+    L -> W  EnvCall(kind, name, ...)      W -> L  EnvCallResult(values)
     L -> W  StopGradients()               W -> L  GradientsStopped()
     W -> L  ErrorReport(...)              instead of a result, when an env raised
 
-Resets and steps are lockstep: one request, one answer. Rollout requests may be pipelined:
-the learner may have several outstanding, and the worker answers them in order.
+Resets, steps and env calls are lockstep: one request, one answer. Rollout requests may be
+pipelined: the learner may have several outstanding, and the worker answers them in order.
 
-Requests (reset, step, rollout) are numbered per worker session: ``seq`` counts from 0 and
+Requests (reset, step, rollout, env call) are numbered per worker session: ``seq`` counts from 0 and
 every answer (result, chunk or error report) carries the ``seq`` it answers. ``acked`` tells
 the worker how many answers the learner has received, so it may forget them. A worker whose
 connection drops dials again and sends ``Hello(resume=session_id, served=n)``; the learner
@@ -48,11 +49,14 @@ import gymnasium as gym
 from aps._typing import Array
 
 __all__ = [
+    "ENV_CALL_KINDS",
     "MESSAGE_TYPES",
     "Answer",
     "Request",
     "PROTOCOL_VERSION",
     "Challenge",
+    "EnvCall",
+    "EnvCallResult",
     "ErrorReport",
     "Goodbye",
     "GradientReport",
@@ -137,6 +141,8 @@ class Welcome(Message):
     """The id the worker resumes this session with after its connection drops."""
     resumed: bool = False
     """The learner took the worker back into its old session (envs and state kept)."""
+    policy_kwargs: Any = None
+    """Keyword arguments for the policy factory (plain data; ``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,7 +169,9 @@ class ResetRequest(Message):
     """Reset every env of the worker.
 
     With an int ``seed`` the worker's env ``j`` gets ``seed + j``; with ``None`` the worker
-    uses its own seed (from its Hello) on its first reset and no seed afterwards.
+    uses its own seed (from its Hello) on its first reset and no seed afterwards. ``seeds``
+    (a tuple of ints or ``None``, one per env of the worker, with ``seed`` ``None``) seeds
+    each env on its own, as a Gymnasium vector env's ``reset(seed=[...])`` does.
     """
 
     TAG: ClassVar[str] = "reset"
@@ -171,6 +179,7 @@ class ResetRequest(Message):
     options: Any
     seq: int = 0
     acked: int = 0
+    seeds: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -368,6 +377,43 @@ class Goodbye(Message):
     reason: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvCall(Message):
+    """Reach each of the worker's envs by name, as Gymnasium's ``VectorEnv`` methods do.
+
+    ``kind`` is one of :data:`ENV_CALL_KINDS`: ``"call"`` calls ``name(*args, **kwargs)`` on
+    each env (an attribute that is not callable is returned as it is), ``"get_attr"`` reads
+    attribute ``name``, ``"set_attr"`` sets it to ``args[0][k]`` on the ``k``-th env reached,
+    ``"render"`` renders each env, and ``"is_wrapped"`` says whether a wrapper whose class
+    (or a base class) is named ``name`` (``"module.QualName"``) wraps the env. ``indices``
+    (the worker's own env indices, in the order the values are wanted) reaches some envs
+    only; ``None`` reaches all. The answer is an :class:`EnvCallResult` holding one value per
+    env reached, or an :class:`ErrorReport` when an env raised or a value is not plain data.
+    """
+
+    TAG: ClassVar[str] = "env_call"
+    kind: str
+    name: str
+    args: Any = ()
+    kwargs: Any = None
+    seq: int = 0
+    acked: int = 0
+    indices: Any = None
+
+
+ENV_CALL_KINDS = frozenset({"call", "get_attr", "set_attr", "render", "is_wrapped"})
+"""The kinds of :class:`EnvCall`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvCallResult(Message):
+    """What an :class:`EnvCall` returned on each of the worker's envs: a tuple, one per env."""
+
+    TAG: ClassVar[str] = "env_call_result"
+    values: Any
+    seq: int = 0
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TAG: cls
     for cls in (
@@ -392,13 +438,15 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ErrorReport,
         Heartbeat,
         Goodbye,
+        EnvCall,
+        EnvCallResult,
     )
 }
 """Every message type by its wire tag."""
 
 
-Request = ResetRequest | StepRequest | RolloutRequest
+Request = ResetRequest | StepRequest | RolloutRequest | EnvCall
 """The numbered messages a worker answers (see ``seq``)."""
 
-Answer = ResetResult | StepResult | RolloutChunk | ErrorReport
+Answer = ResetResult | StepResult | RolloutChunk | EnvCallResult | ErrorReport
 """What answers a :data:`Request`."""

@@ -378,17 +378,19 @@ class Policy:
         temperature: float = 1.0,
         seed: int | None = None,
         inference: Inference = "auto",
+        factory_kwargs: Mapping[str, Any] | None = None,
     ) -> Policy:
         """Import, build and wrap: ``Policy(build_module(load_policy_factory(spec), ...))``.
 
-        This is what a worker does with the import path it is given. The keyword arguments
-        are those of :class:`Policy`.
+        This is what a worker does with the import path it is given. ``factory_kwargs`` go to
+        the factory (the learner's ``policy_kwargs``); the other keyword arguments are those
+        of :class:`Policy`.
 
         Raises:
             ConfigError: from any of the three steps.
         """
         factory = load_policy_factory(spec)
-        module = build_module(factory, observation_space, action_space)
+        module = build_module(factory, observation_space, action_space, **(factory_kwargs or {}))
         return cls(
             module,
             observation_space,

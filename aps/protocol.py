@@ -21,6 +21,8 @@ from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
     CollectGradients,
+    EnvCall,
+    EnvCallResult,
     ErrorReport,
     Goodbye,
     GradientProgress,
@@ -91,6 +93,7 @@ class State(enum.Enum):
     AWAIT_READY = "await_ready"
     AWAIT_RESET = "await_reset"
     AWAIT_STEP = "await_step"
+    AWAIT_CALL = "await_call"  # an env call (get_attr, set_attr, call, render) sent
     COLLECTING = "collecting"  # rollout requests outstanding (both sides; counted)
     GRADIENTS = "gradients"  # gradient rounds running (both sides)
     STOPPING = "stopping"  # gradient mode asked to end, the worker's last reports may follow
@@ -100,6 +103,7 @@ class State(enum.Enum):
     WELCOMED = "welcomed"
     RESETTING = "resetting"
     STEPPING = "stepping"
+    CALLING = "calling"
     # Both.
     IDLE = "idle"
     CLOSED = "closed"
@@ -124,6 +128,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.AWAIT_RESET, _R, ErrorReport): State.IDLE,
         (State.AWAIT_STEP, _R, StepResult): State.IDLE,
         (State.AWAIT_STEP, _R, ErrorReport): State.IDLE,
+        (State.IDLE, _S, EnvCall): State.AWAIT_CALL,
+        (State.AWAIT_CALL, _R, EnvCallResult): State.IDLE,
+        (State.AWAIT_CALL, _R, ErrorReport): State.IDLE,
         (State.IDLE, _S, Weights): State.IDLE,
         # Weights need no answer: they may follow a reset or step the worker has not answered
         # (a replacement worker is reset while a new version is published).
@@ -160,6 +167,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.RESETTING, _S, ErrorReport): State.IDLE,
         (State.STEPPING, _S, StepResult): State.IDLE,
         (State.STEPPING, _S, ErrorReport): State.IDLE,
+        (State.IDLE, _R, EnvCall): State.CALLING,
+        (State.CALLING, _S, EnvCallResult): State.IDLE,
+        (State.CALLING, _S, ErrorReport): State.IDLE,
         (State.IDLE, _R, Weights): State.IDLE,
         (State.IDLE, _R, RolloutRequest): State.COLLECTING,
         (State.COLLECTING, _R, Weights): State.COLLECTING,

@@ -21,6 +21,10 @@ learner's critic.
     python examples/ppo_cluster.py --sync always --track-tb
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
+
+Across machines: ``--listen tcp://0.0.0.0:7000 --external-workers`` starts no workers; it
+writes a token file and prints the ``aps worker`` command to run on each worker machine (from
+a checkout of this repository, which holds the policy, ``examples/ppo_cluster.py:Agent``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import dataclasses
 import json
 import math
 import random
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -67,6 +72,8 @@ class Args:
     workers: int = arg(2, "number of worker processes")
     envs_per_worker: int = arg(8, "environments per worker")
     transport: str = arg("tcp", "tcp, unix, ws or memory")
+    listen: str | None = arg(None, "listen on this URL (e.g. tcp://0.0.0.0:7000), with a token")
+    external_workers: bool = arg(False, "start no workers: print the aps worker command instead")
 
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")
@@ -111,6 +118,55 @@ def parse_args(argv: list[str] | None = None) -> Args:
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
     return args
+
+
+def make_envs(args: Args) -> aps.ClusterEnv:
+    """Local workers (the default), or a learner on ``--listen`` that workers dial."""
+    policy = f"{Path(__file__).resolve()}:Agent"
+    if args.listen is None and not args.external_workers:
+        return aps.ClusterEnv.local(
+            args.env_id,
+            num_workers=args.workers,
+            envs_per_worker=args.envs_per_worker,
+            transport=args.transport,  # type: ignore[arg-type]
+            autoreset_mode="SameStep",
+            policy=policy,
+            sync=make_sync(args),
+        )
+    # aps: a token guards a learner that other machines can reach; workers read it from a file.
+    token = secrets.token_hex(16)
+    token_file = Path("aps-token")
+    token_file.touch(mode=0o600)
+    token_file.write_text(token)
+    launcher = None
+    if args.external_workers:
+        # Workers on other machines import the policy from their own checkout.
+        policy = "examples/ppo_cluster.py:Agent"
+    else:
+        launcher = aps.launch.local(
+            args.env_id, num_workers=args.workers, envs_per_worker=args.envs_per_worker
+        )
+
+    def announce(url: str) -> None:
+        if args.external_workers:
+            print(
+                f"waiting for {args.workers} workers; on each worker machine, with the file "
+                f"{token_file} copied, run from a checkout of this repository:\n"
+                f"  aps worker {aps.launch.dialable_url(url)} --env {args.env_id} "
+                f"--num-envs {args.envs_per_worker} --token-file {token_file}",
+                flush=True,
+            )
+
+    return aps.ClusterEnv(
+        args.listen or "tcp://0.0.0.0:0",
+        num_workers=args.workers,
+        token=token,
+        autoreset_mode="SameStep",
+        policy=policy,
+        sync=make_sync(args),
+        launcher=launcher,
+        on_listening=announce,
+    )
 
 
 def make_sync(args: Any) -> Any:
@@ -237,15 +293,7 @@ def train(
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.torch_threads)
 
-    envs = aps.ClusterEnv.local(
-        args.env_id,
-        num_workers=args.workers,
-        envs_per_worker=args.envs_per_worker,
-        transport=args.transport,  # type: ignore[arg-type]
-        autoreset_mode="SameStep",
-        policy=f"{Path(__file__).resolve()}:Agent",
-        sync=make_sync(args),
-    )
+    envs = make_envs(args)
     progress = Progress(num_iterations * batch_size, args.progress)
     try:
         agent = Agent(envs)

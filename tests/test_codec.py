@@ -87,6 +87,8 @@ _NUMBERED.update(reset_result=_ANSWER, step_result=_ANSWER, chunk=_ANSWER)
 def frame(body: dict[str, Any]) -> bytes:
     """A hand-made frame, for inputs the encoder would refuse to make."""
     body = {**dict.fromkeys(_NUMBERED.get(str(body.get("t")), ()), 0), **body}
+    if body.get("t") == "reset":
+        body.setdefault("seeds", None)
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -128,13 +130,13 @@ def test_golden_array() -> None:
 def test_golden_scalar_and_object_array() -> None:
     info = {"s": np.float32(1.0), "o": np.array([None, "a"], dtype=object)}
     assert codec.encode(ResetRequest(seed=None, options=info)) == (
-        b"\x85\xa1t\xa5reset\xa4seed\xc0\xa7options\x82"
+        b"\x86\xa1t\xa5reset\xa4seed\xc0\xa7options\x82"
         + b"\xa1s\xc7\x0c\x02"  # "s": ext 8, 12 bytes, code 2 (EXT_SCALAR)
         + b"\x92\xa3<f4\x90\x00\x00"  # ["<f4", []] and padding to 8 bytes
         + b"\x00\x00\x80?"  # 1.0 as little-endian float32
         + b"\xa1o\xc7\x07\x03"  # "o": ext 8, 7 bytes, code 3 (EXT_OBJECT_ARRAY)
         + b"\x92\x91\x02\x92\xc0\xa1a"  # [[2], [nil, "a"]]
-        + b"\xa3seq\x00\xa5acked\x00"
+        + b"\xa3seq\x00\xa5acked\x00\xa5seeds\xc0"
     )
 
 
@@ -551,7 +553,7 @@ def test_fields_are_checked_against_their_annotations_when_encoding() -> None:
 
 def test_encoding_a_non_message_is_refused() -> None:
     with pytest.raises(
-        WireError, match="not an aps message type; known tags: challenge, chunk, error"
+        WireError, match="not an aps message type; known tags: challenge, chunk, env_call, "
     ):
         codec.encode("hello")  # type: ignore[arg-type]
 
@@ -649,7 +651,7 @@ def test_frames_over_the_limit_are_refused_before_parsing() -> None:
         (msgpack.packb([1, 2]), "must hold a msgpack map, got tuple"),
         (
             frame({"t": "nope"}),
-            "unknown message tag 'nope'; known tags: challenge, chunk, error, goodbye",
+            "unknown message tag 'nope'; known tags: challenge, chunk, env_call, env_call_result,",
         ),
         (frame({"x": 1}), "unknown message tag None"),
         (frame({"t": 3}), "unknown message tag 3"),

@@ -117,7 +117,7 @@ async def test_cluster_env_takes_a_launcher() -> None:
         envs = aps.ClusterEnv(num_workers=2, token="t0k", launcher=launcher)
         try:
             envs.reset(seed=0)
-            return envs.num_envs, envs.call(lambda learner: launcher.status())
+            return envs.num_envs, envs.call_learner(lambda learner: launcher.status())
         finally:
             envs.close()
 

@@ -48,7 +48,7 @@ def test_launcher_starts_and_shuts_down_its_own_ray() -> None:
     try:
         assert ray.is_initialized()
         envs.reset(seed=0)
-        assert "PACK CREATED" in envs.call(lambda learner: workers.status()).detail
+        assert "PACK CREATED" in envs.call_learner(lambda learner: workers.status()).detail
     finally:
         envs.close()
     assert not ray.is_initialized()
@@ -85,7 +85,7 @@ def test_ray_workers_step_like_sync_vector_env(ray: Any) -> None:
         for t in range(STEPS):
             actions = rng.integers(0, 2, size=WORKERS * ENVS_PER_WORKER)
             assert_same(envs.step(actions), expected.step(actions), f"step {t}")
-        status = envs.call(lambda learner: workers.status())
+        status = envs.call_learner(lambda learner: workers.status())
         assert status.launcher == "ray" and status.state == "running"
         assert "CREATED" in status.detail
         assert status.workers == ("actor 0 running", "actor 1 running")
@@ -105,7 +105,7 @@ def test_killed_actor_is_reported_by_watch_and_by_the_learner(ray: Any) -> None:
         envs.reset(seed=0)
         ray.kill(workers.actors[1])
         with pytest.raises(aps.WorkerLost) as lost:
-            envs.call(lambda learner: workers.watch())
+            envs.call_learner(lambda learner: workers.watch())
         assert lost.value.worker_id == 1
         assert "Ray worker actor 1" in str(lost.value) and "died" in str(lost.value)
         with pytest.raises(aps.WorkerLost):

@@ -348,7 +348,7 @@ def test_slurm_workers_step_like_sync_vector_env(slurm: Slurm, tmp_path: Path) -
         for t in range(STEPS):
             actions = rng.integers(0, 2, size=WORKERS * ENVS_PER_WORKER)
             assert_same(envs.step(actions), expected.step(actions), f"step {t}")
-        status = envs.call(lambda learner: launcher.status())
+        status = envs.call_learner(lambda learner: launcher.status())
         assert status.launcher == "slurm" and status.state == "RUNNING"
         assert f"job {job_id}" in status.detail and slurm.host in status.detail
     finally:

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aps.policy", "aps._numpy_heads"),
     ("aps.vector", "aps.worker", "aps.learner", "aps.collect", "aps.gradients", "aps.pg.trainer"),
     ("aps.cluster_env", "aps.launch", "aps.cli", "aps.__main__", "aps.testing", "aps"),
+    ("aps.integrations",),
 ]
 
 # Transports move opaque frames: they may use the framing helper, never the message layer.

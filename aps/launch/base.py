@@ -271,6 +271,11 @@ def per_worker(
     if kind is dict:
         if isinstance(values, Mapping):
             return tuple(dict(values) for _ in range(num_workers)) if values else ()
+        if not isinstance(values, list | tuple) or not all(isinstance(v, Mapping) for v in values):
+            raise ConfigError(
+                f"{name} must be a dict of keyword arguments, or a list of one dict per worker, "
+                f"got {values!r}"
+            )
         items = tuple(dict(v) for v in values)
     else:
         if isinstance(values, int | float):

@@ -15,7 +15,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+import gymnasium as gym
+
 from aps.errors import ConfigError, InvalidState, WorkerLost
+from aps.launch._thunks import ENV_SPEC, EnvFns, stdin_command
 from aps.launch.base import LaunchStatus, WorkerSpec
 from aps.session import Timeouts
 from aps.worker import EnvSpec, Worker
@@ -42,9 +46,10 @@ def env_import_path(env: EnvSpec) -> str:
     qualname = getattr(env, "__qualname__", "")
     if not module or not qualname or "<" in qualname or "." in qualname:
         raise ConfigError(
-            f"cannot start {env!r} in a worker process: it is not a module-level function; "
-            "pass a Gymnasium id, a 'module:factory' string, a module-level function, "
-            "or use transport='memory' to run the envs in this process"
+            f"cannot start {env!r:.200} in a worker process: it is not a module-level "
+            "function; pass a Gymnasium id, a 'module:factory' string, a module-level "
+            "function, a list of env functions (one per env, as AsyncVectorEnv takes), or use "
+            "transport='memory' to run the envs in this process"
         )
     if module == "__main__":
         main_file = getattr(sys.modules["__main__"], "__file__", None)
@@ -65,7 +70,10 @@ class LocalWorkers:
     subprocess per worker.
 
     Args:
-        env: what each worker runs.
+        env: what each worker runs, or a list of ``num_workers * envs_per_worker`` env
+            functions (thunks, closures welcome, as ``AsyncVectorEnv`` takes them): worker
+            ``i`` builds its envs with its slice of them, received as they are (``memory://``)
+            or pickled over its stdin (subprocesses; see :mod:`aps.launch._thunks`).
         num_workers: how many workers.
         envs_per_worker: envs hosted by each worker.
         env_kwargs: keyword arguments for the env factory; a list gives each worker its own
@@ -90,7 +98,7 @@ class LocalWorkers:
 
     def __init__(
         self,
-        env: EnvSpec,
+        env: EnvSpec | Sequence[Callable[[], gym.Env[Any, Any]]],
         *,
         num_workers: int,
         envs_per_worker: int,
@@ -109,8 +117,13 @@ class LocalWorkers:
     ) -> None:
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        self._env_fns: list[Callable[[], gym.Env[Any, Any]]] = []
+        spec_env: Any = env
+        if isinstance(env, list | tuple):
+            self._env_fns = _check_env_fns(env, num_workers, envs_per_worker, env_kwargs, vector)
+            spec_env = ENV_SPEC
         self._spec = WorkerSpec.of(
-            env,
+            spec_env,
             num_workers=num_workers,
             envs_per_worker=envs_per_worker,
             env_kwargs=env_kwargs,
@@ -189,7 +202,7 @@ class LocalWorkers:
             def start(index: int = index) -> asyncio.Task[None]:
                 worker = Worker(
                     url,
-                    spec.env,
+                    EnvFns(self._slice(index)) if self._env_fns else spec.env,
                     num_envs=spec.envs_per_worker,
                     seed=spec.seed_of(index),
                     env_kwargs=spec.env_kwargs_of(index),
@@ -205,11 +218,22 @@ class LocalWorkers:
             self._respawn.append(start)
             self._tasks.append(start())
 
+    def _slice(self, index: int) -> list[Callable[[], gym.Env[Any, Any]]]:
+        """Worker ``index``'s env functions."""
+        size = self._spec.envs_per_worker
+        return self._env_fns[index * size : (index + 1) * size]
+
     def _start_processes(self, url: str, spec: WorkerSpec) -> None:
         spec = replace(spec, env=env_import_path(spec.env))
         # -P: the current directory must not shadow the aps this process runs (the workers
         # get this process's import path through PYTHONPATH instead).
         command = [sys.executable, "-P", "-m", "aps", "worker", url]
+        payloads: list[bytes | None] = [None] * spec.num_workers
+        if self._env_fns:
+            command = [*stdin_command(), url]
+            payloads = [
+                _pickled(self._slice(i), i * spec.envs_per_worker) for i in range(spec.num_workers)
+            ]
         if self._use_uvloop is False:
             command.append("--no-uvloop")
         environ = dict(os.environ)
@@ -220,7 +244,7 @@ class LocalWorkers:
         environ["PYTHONPATH"] = os.pathsep.join(paths)
         for index in range(spec.num_workers):
             arguments = command + spec.worker_arguments(index)
-            self._respawn.append(partial(subprocess.Popen, arguments, env=environ))
+            self._respawn.append(partial(_spawn, arguments, environ, payloads[index]))
             self._processes.append(self._respawn[index]())
 
     async def status(self) -> LaunchStatus:
@@ -255,7 +279,7 @@ class LocalWorkers:
             if code is not None:
                 raise WorkerLost(
                     f"local worker process {index} (pid {process.pid}) exited with status "
-                    f"{code} before the learner closed; its output above says why",
+                    f"{code} before the learner closed; its output (stderr) says why",
                     worker_id=index,
                 )
         for index, task in enumerate(self._tasks):
@@ -286,6 +310,67 @@ class LocalWorkers:
             self._processes.clear()
         if self._state == "running":
             self._state = "stopped"
+
+
+def _check_env_fns(
+    env_fns: Sequence[object],
+    num_workers: int,
+    envs_per_worker: int,
+    env_kwargs: object,
+    vector: str,
+) -> list[Callable[[], gym.Env[Any, Any]]]:
+    """Check a list of env functions against the workers that will build them."""
+    for index, fn in enumerate(env_fns):
+        if not callable(fn):
+            raise ConfigError(
+                f"env function {index} is {fn!r:.100}, not a callable; a list of env functions "
+                "holds one function per env, each returning a new env"
+            )
+    total = num_workers * envs_per_worker if isinstance(num_workers, int) else None
+    if isinstance(envs_per_worker, int) and len(env_fns) != total:
+        raise ConfigError(
+            f"{len(env_fns)} env functions for {num_workers} workers x {envs_per_worker} envs "
+            f"= {total} envs; give one function per env (num_envs=len(env_fns) splits them)"
+        )
+    if env_kwargs:
+        raise ConfigError(
+            "env_kwargs with a list of env functions: the functions take no arguments; "
+            "bind the keyword arguments inside each function"
+        )
+    if vector != "sync":
+        raise ConfigError(
+            f"vector={vector!r} with a list of env functions: each worker builds them in its "
+            "own process one by one; use vector='sync' (more workers give more processes)"
+        )
+    return list(env_fns)  # type: ignore[arg-type]
+
+
+def _pickled(fns: list[Callable[[], gym.Env[Any, Any]]], first: int) -> bytes:
+    """``fns`` as the bytes a worker subprocess reads from its stdin (cloudpickle)."""
+    try:
+        return cloudpickle.dumps(fns)  # type: ignore[no-any-return]  # untyped package
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot hand env functions {first}..{first + len(fns) - 1} to a worker process: "
+            f"pickling them failed ({type(exc).__name__}: {exc}); build what they capture "
+            "inside the function, or use transport='memory' to run the envs in this process"
+        ) from exc
+
+
+def _spawn(arguments: list[str], environ: dict[str, str], payload: bytes | None) -> Any:
+    """Start a worker process; one that reads env functions gets them on its stdin."""
+    if payload is None:
+        return subprocess.Popen(arguments, env=environ)
+    process = subprocess.Popen(arguments, env=environ, stdin=subprocess.PIPE)
+    assert process.stdin is not None
+    try:
+        process.stdin.write(payload)
+    except BrokenPipeError:
+        pass  # the child ended before reading: watch() reports its exit status
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
+    return process
 
 
 def terminate(processes: list[subprocess.Popen[bytes]], grace: float) -> None:

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from aps import codec, transports
 from aps._typing import Array, Info
 from aps.collect import Chunk, Metrics, Rollout, WeightPrecision
-from aps.errors import ConfigError, InvalidState
+from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rounds import GradientRounds
-from aps.messages import GradientProgress, GradientReport
+from aps.messages import ENV_CALL_KINDS, GradientProgress, GradientReport, Welcome
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -64,6 +67,9 @@ class Learner:
             bytes). Workers then act with the rounded weights, and APS measures divergence
             against them; behaviour log-probabilities stay the workers' own, so PPO's
             correction stays exact.
+        policy_kwargs: keyword arguments for the ``policy`` factory (``hidden_size=256``), so
+            one factory builds every network size. Plain data: workers receive them in their
+            welcome, never code.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -92,9 +98,16 @@ class Learner:
         on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
         weight_precision: WeightPrecision = "exact",
+        policy_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if isinstance(listen, str) and factory is None:
+            # The scheme first: a URL aps cannot listen on says so, before anything is
+            # said about tokens or workers.
+            factory = transports.get_factory(transports.scheme_of(listen))
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if timeouts is not None and not isinstance(timeouts, Timeouts):
+            raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
         if on_worker_lost not in ("raise", "wait", "drop"):
             raise ConfigError(
                 f"on_worker_lost must be 'raise', 'wait' or 'drop', got {on_worker_lost!r}"
@@ -123,6 +136,7 @@ class Learner:
                 f"policy must be an import path 'package.module:factory' or "
                 f"'path/to/file.py:factory', got {policy!r}"
             )
+        _check_policy_kwargs(policy_kwargs, policy)
         sync = AlwaysSync() if sync is None else sync
         if not isinstance(sync, SyncStrategy):
             raise ConfigError(
@@ -147,6 +161,8 @@ class Learner:
             on_worker_lost=on_worker_lost,
             reconnect_timeout=self.reconnect_timeout,
         )
+        self._pool.policy_kwargs = policy_kwargs
+        self.policy_kwargs = policy_kwargs
         self._lockstep = Lockstep(self._pool)
         if weight_precision not in ("exact", "float16"):
             raise ConfigError(
@@ -210,7 +226,21 @@ class Learner:
                 were refused, and what the launcher reports (a Slurm job's state).
             WorkerLost | LaunchError: the launcher's workers died before they all connected.
         """
-        await self._pool.wait_for_workers(timeout)
+        try:
+            await self._pool.wait_for_workers(timeout)
+        except WorkerLost as exc:
+            # A launched worker that ended before it joined was often refused first (an env
+            # id it cannot make, a policy it cannot import): its own words, not "see its
+            # output", which a notebook never shows.
+            pool = self._pool
+            if pool._admissions:  # a handshake the worker ended by leaving ends at once
+                await asyncio.wait(pool._admissions, timeout=pool.timeouts.handshake)
+            refused = pool._refusals  # the pool's record of why it refused workers
+            if not refused:
+                raise
+            raise WorkerLost(
+                f"{exc}; the learner's last refusal: {refused[-1]}", worker_id=exc.worker_id
+            ) from exc
 
     # The batch.
 
@@ -253,28 +283,32 @@ class Learner:
     # Lockstep: the learner chooses every action.
 
     async def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, Info]:
         """Reset every env; waits for the workers first if needed.
 
         Args:
-            seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do.
-                ``None`` lets each worker use its own seed on its first reset.
+            seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do,
+                or with ``seed[i]`` for a list of one int (or ``None``) per env. ``None``
+                lets each worker use its own seed on its first reset.
             options: passed to every env's ``reset``.
 
         Returns:
             ``(observations, infos)`` batched over all envs.
 
         Raises:
+            ConfigError: ``seed`` is not an int, ``None`` or one int or ``None`` per env.
             WorkerError: an env raised on a worker.
             WorkerLost: a worker disconnected; this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ConfigError(f"seed must be an int or None, got {seed!r}")
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
+        seeds = _check_seed(seed, self.num_envs)
         await self._detach.end_stream()
-        return await self._lockstep.reset(seed=seed, options=options)
+        return await self._lockstep.reset(seed=seeds, options=options)
 
     async def step(self, actions: Any) -> StepReturn:
         """Step every env with its action.
@@ -340,6 +374,107 @@ class Learner:
         """
         return await self._lockstep.recv(min_workers)
 
+    # Each env by name, as Gymnasium's VectorEnv reaches its envs: one request per worker.
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name(*args, **kwargs)`` of every env, on the workers.
+
+        An attribute that is not callable is returned as it is (Gymnasium's ``call``).
+
+        Returns:
+            One value per env, in env order.
+
+        Raises:
+            ConfigError: an argument is not plain data (numbers, strings, numpy arrays,
+                tuples, dicts with str keys); nothing was sent.
+            WorkerError: an env raised, or returned a value that is not plain data.
+            InvalidState | WorkerLost | Timeout: as :meth:`step`.
+        """
+        return await self.env_call("call", name, args=args, kwargs=kwargs or None)
+
+    async def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The value of attribute ``name`` of every env, in env order; see :meth:`call`."""
+        return await self.env_call("get_attr", name)
+
+    async def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` of every env to ``values[i]`` (or to ``values`` on all).
+
+        As Gymnasium's ``set_attr``: a list or tuple holds one value per env; anything else
+        is set on every env. Values travel as data (see :meth:`call`).
+
+        Raises:
+            ConfigError: a list or tuple whose length is not :attr:`num_envs`, or values that
+                are not plain data.
+        """
+        await self.wait_for_workers()
+        n = self.num_envs
+        if isinstance(values, list | tuple):
+            if len(values) != n:
+                raise ConfigError(
+                    f"set_attr({name!r}) got {len(values)} values for {n} envs; pass one value "
+                    "per env, or a single value (not a list or tuple) for all of them"
+                )
+            per_env = tuple(values)
+        else:
+            per_env = (values,) * n
+        await self.env_call("set_attr", name, values=per_env)
+
+    async def render(self) -> tuple[Any, ...]:
+        """Every env's ``render()``, in env order (frames for ``render_mode="rgb_array"``)."""
+        return await self.env_call("render", "render")
+
+    async def env_call(
+        self,
+        kind: str,
+        name: str,
+        *,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        values: Sequence[Any] | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> tuple[Any, ...]:
+        """The general form of :meth:`call`, :meth:`get_attr`, :meth:`set_attr`, :meth:`render`.
+
+        Args:
+            kind: ``"call"``, ``"get_attr"``, ``"set_attr"``, ``"render"`` or
+                ``"is_wrapped"`` (``name`` is then a wrapper class's ``"module.QualName"``:
+                whether it, or a subclass, wraps each env).
+            name: the method, attribute or class name.
+            args: positional arguments of ``"call"``.
+            kwargs: keyword arguments of ``"call"``.
+            values: for ``"set_attr"``, one value per env reached.
+            indices: the envs to reach, in the order of the values returned (``None``: all).
+                Reaching chosen envs, and ``"is_wrapped"``, need workers that hold their envs
+                in their own process (``vector="sync"``, the default).
+
+        Returns:
+            One value per env reached.
+
+        Raises:
+            ConfigError: a bad kind, name, index or value count, or arguments that are not
+                plain data; nothing was sent.
+            WorkerError: an env raised, or returned a value that is not plain data.
+            InvalidState | WorkerLost | Timeout: as :meth:`step`.
+        """
+        if kind not in ENV_CALL_KINDS:
+            raise ConfigError(f"kind must be one of {sorted(ENV_CALL_KINDS)}, got {kind!r}")
+        _check_name(name)
+        await self.wait_for_workers()
+        n = self.num_envs
+        if indices is not None:
+            indices = list(indices)
+            if not all(_is_int(i) and 0 <= int(i) < n for i in indices):
+                raise ConfigError(f"indices must be env indices in [0, {n}), got {indices!r}")
+            indices = [int(i) for i in indices]
+        reached = n if indices is None else len(indices)
+        if kind == "set_attr" and (values is None or len(values) != reached):
+            raise ConfigError(
+                f"set_attr({name!r}) needs one value per env reached ({reached}), got "
+                f"{values!r:.200}"
+            )
+        await self._detach.end_stream()
+        return await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
+
     # DETACH: workers act with their own policy copy.
 
     @property
@@ -389,7 +524,7 @@ class Learner:
             ConfigError: the agent is not a policy aps can run.
             WorkerLost: a worker disconnected while receiving its first version.
         """
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         return await self._detach.publish(agent, epsilon=epsilon)
 
     async def rollout(self, num_steps: int) -> Rollout:
@@ -405,7 +540,7 @@ class Learner:
         """
         if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
             raise ConfigError(f"num_steps must be an int >= 1, got {num_steps!r}")
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         return await self._detach.rollout(num_steps)
 
     def chunks(self, num_steps: int, *, max_in_flight: int = 2) -> AsyncGenerator[Chunk, None]:
@@ -452,7 +587,7 @@ class Learner:
             InvalidState: no policy, or another operation is running.
             WorkerLost: a worker disconnected (see :meth:`drop_worker`).
         """
-        await self._pool.wait_for_workers()
+        await self.wait_for_workers()
         if self.policy is None:
             raise InvalidState(
                 "start_round() needs workers that act: create the learner with "
@@ -508,3 +643,48 @@ class Learner:
     async def stop_gradients(self) -> None:
         """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
         await self._rounds.stop()
+
+
+def _check_policy_kwargs(policy_kwargs: object, policy: str | None) -> None:
+    if policy_kwargs is None:
+        return
+    if policy is None:
+        raise ConfigError("policy_kwargs without a policy: give policy='module:factory' too")
+    if not isinstance(policy_kwargs, dict) or not all(isinstance(k, str) for k in policy_kwargs):
+        raise ConfigError(f"policy_kwargs must be a dict with str keys, got {policy_kwargs!r}")
+    try:
+        codec.encode(
+            Welcome(worker_id=0, autoreset_mode="", policy=policy, policy_kwargs=policy_kwargs)
+        )
+    except WireError as exc:
+        raise ConfigError(
+            f"policy_kwargs must be plain data (numbers, strings, tuples, dicts with str keys), "
+            f"which workers receive in their welcome: {exc}"
+        ) from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"name must be the name of an env method or attribute (a str), got {name!r}"
+        )
+    return name
+
+
+def _check_seed(seed: object, num_envs: int) -> int | tuple[int | None, ...] | None:
+    """``seed`` as :meth:`Learner.reset` takes it, checked against ``num_envs`` envs."""
+    if seed is None:
+        return None
+    if _is_int(seed):
+        return int(seed)  # type: ignore[call-overload, no-any-return]
+    if isinstance(seed, list | tuple) and len(seed) == num_envs:
+        if all(s is None or _is_int(s) for s in seed):
+            return tuple(None if s is None else int(s) for s in seed)
+    raise ConfigError(
+        f"seed must be an int, None, or a list of {num_envs} ints or Nones (one per env), "
+        f"got {seed!r}"
+    )

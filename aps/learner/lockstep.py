@@ -1,6 +1,7 @@
 """Lockstep stepping: the learner chooses every action, and envs step as one batch.
 
-:class:`Lockstep` implements :meth:`Learner.reset`, :meth:`Learner.step` and the partial
+:class:`Lockstep` implements :meth:`Learner.reset`, :meth:`Learner.step`, the env calls by
+name (:meth:`Learner.call`, ``get_attr``, ``set_attr``, ``render``) and the partial
 batches of :meth:`Learner.send` / :meth:`Learner.recv` (EnvPool's asynchronous API) over the
 pool's request/answer service: one message per worker per step, stitched with array
 operations. A worker replaced during a step ends its envs' episodes there (``truncated``,
@@ -10,6 +11,7 @@ operations. A worker replaced during a step ends its envs' episodes there (``tru
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -17,11 +19,14 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from aps import codec
 from aps._typing import Array, Info
 from aps.batching import check_batch, concat, merge_infos, split
-from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
+from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
 from aps.learner.pool import Remote, WorkerPool, expect
 from aps.messages import (
+    EnvCall,
+    EnvCallResult,
     ErrorReport,
     Message,
     Request,
@@ -57,14 +62,23 @@ class Lockstep:
         self._partial: dict[Remote, asyncio.Task[Message]] = {}  # send() -> recv()
         self._answered: asyncio.Future[None] | None = None  # recv() waits; an answer wakes it
 
-    async def reset(self, *, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, Info]:
+    async def reset(
+        self, *, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
+    ) -> tuple[Any, Info]:
         """:meth:`Learner.reset`, once the workers are admitted."""
         pool = self._pool
         self._check("reset")
-        requests = [
-            ResetRequest(seed=None if seed is None else seed + offset, options=options)
-            for offset in pool.offsets
-        ]
+        requests: list[Request]
+        if seed is None or isinstance(seed, int):
+            requests = [
+                ResetRequest(seed=None if seed is None else seed + offset, options=options)
+                for offset in pool.offsets
+            ]
+        else:
+            requests = [
+                ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=options)
+                for offset, count in zip(pool.offsets, pool.counts, strict=True)
+            ]
         answers = await pool.exchange(requests, "reset", redo=self._redo)
         results = [expect(a, ResetResult) for a in answers]
         for remote in pool.remotes:
@@ -86,6 +100,65 @@ class Lockstep:
         requests = self._step_requests(pool.remotes, actions, pool.counts)
         answers = await pool.exchange(requests, "step", redo=self._redo)
         return self._step_results(pool.remotes, answers)
+
+    async def env_call(
+        self,
+        kind: str,
+        name: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        values: Sequence[Any] | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> tuple[Any, ...]:
+        """One :class:`~aps.messages.EnvCall` per worker; one value per env reached.
+
+        ``indices`` (global env indices, checked by the caller; ``None``: every env) says
+        which envs, in the order of the values returned; ``values`` (for ``set_attr``) holds
+        one value per env reached, in that order.
+
+        Raises:
+            ConfigError: an argument is not plain data (nothing was sent).
+            WorkerError: an env raised, or returned a value that is not plain data.
+        """
+        pool = self._pool
+        self._check(kind)
+        chosen = range(sum(pool.counts)) if indices is None else indices
+        # Each worker's own env indices, and where in the result each of its values goes.
+        local: list[list[int]] = [[] for _ in pool.remotes]
+        places: list[list[int]] = [[] for _ in pool.remotes]
+        for place, index in enumerate(chosen):
+            worker = bisect.bisect_right(pool.offsets, index) - 1
+            local[worker].append(index - pool.offsets[worker])
+            places[worker].append(place)
+        requests: list[Request] = []
+        for own, where in zip(local, places, strict=True):
+            part = args if values is None else (tuple(values[p] for p in where),)
+            reach = None if indices is None else tuple(own)
+            requests.append(EnvCall(kind=kind, name=name, args=part, kwargs=kwargs, indices=reach))
+        for request in requests:
+            try:
+                codec.encode(request)  # checked before anything is sent: the batch stays whole
+            except WireError as exc:
+                raise ConfigError(
+                    f"the arguments of {kind}({name!r}) cannot travel to the workers: {exc}; "
+                    "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
+                ) from None
+        answers = await pool.exchange(requests, kind, redo=self._redo_call)
+        result: list[Any] = [None] * len(chosen)
+        for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
+            got = expect(answer, EnvCallResult).values
+            if len(got) != len(where):
+                raise ProtocolError(
+                    f"worker {remote.info.worker_id} answered {kind}({name!r}) with {len(got)} "
+                    f"values for {len(where)} envs; the worker is not a compatible aps worker"
+                )
+            for place, value in zip(where, got, strict=True):
+                result[place] = value
+        return tuple(result)
+
+    async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
+        """An env call sent to a worker that was replaced goes to its replacement as it was."""
+        return await self._pool.call_until_answered(remote, request, operation)
 
     def _check(self, operation: str) -> None:
         if self._partial:

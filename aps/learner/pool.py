@@ -236,6 +236,8 @@ class WorkerPool:
         self._insecure = insecure
         self._factory = factory
         self._policy = policy
+        self.policy_kwargs: dict[str, Any] | None = None
+        """The policy factory's keyword arguments, sent in every welcome (set by the learner)."""
         self.launcher = launcher
         self.on_worker_lost: OnWorkerLost = on_worker_lost
         self.reconnect_timeout = reconnect_timeout
@@ -463,6 +465,7 @@ class WorkerPool:
                 policy=self._policy,
                 session_id=session_id,
                 resumed=resumed,
+                policy_kwargs=self.policy_kwargs,
             )
         )
         # Building envs runs user code and may take long: the step deadline bounds it.
@@ -611,7 +614,26 @@ class WorkerPool:
             *(worker_id, session.peer, hello.num_envs, hello.env_id, offset, last),
         )
         if len(self.remotes) == self.num_workers:
+            self._order_by_label()
             self._all_ready.set()
+
+    def _order_by_label(self) -> None:
+        """Put the workers in launch order once all are in, when a launcher numbered them.
+
+        Workers arrive in any order; a launcher labels them ``"0"``, ``"1"``, ... and gives
+        worker ``i`` its share of the envs (env functions, per-worker seeds and kwargs) in
+        that order, so the env order follows the labels. Nothing has used the offsets yet.
+        """
+        labels = [r.info.label for r in self.remotes]
+        if sorted(labels) != [str(i) for i in range(len(labels))]:
+            return  # not a launcher's numbering (workers started by hand): arrival order
+        self.remotes.sort(key=lambda r: int(r.info.label))
+        offset = 0
+        for index, remote in enumerate(self.remotes):
+            remote.info = dataclasses.replace(remote.info, env_offset=offset)
+            self.counts[index] = remote.info.num_envs
+            self.offsets[index] = offset
+            offset += remote.info.num_envs
 
     async def wait_for_workers(self, timeout: float | None = None) -> None:
         """Wait until all workers are admitted; see :meth:`Learner.wait_for_workers`."""

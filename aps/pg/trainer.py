@@ -35,7 +35,7 @@ __all__ = ["NIGT", "RoundStats"]
 
 
 class _Portal(Protocol):
-    def call(self, function: Callable[[Learner], Awaitable[Any]]) -> Any: ...
+    def call_learner(self, function: Callable[[Learner], Awaitable[Any]]) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,5 +248,5 @@ class NIGT:
         async def every_round(learner: Learner) -> list[RoundStats]:
             return [stats async for stats in self.train(learner, iterations)]
 
-        result: list[RoundStats] = envs.call(every_round)
+        result: list[RoundStats] = envs.call_learner(every_round)
         return result

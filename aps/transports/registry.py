@@ -155,7 +155,7 @@ def scheme_of(url: str) -> str:
     if not scheme:
         raise ConfigError(
             f"transport url {url!r} has no scheme; write it as tcp://host:port, "
-            "ws://host:port or memory://name"
+            "ws://host:port, unix:///path/to/socket or memory://name"
         )
     return scheme.lower()
 

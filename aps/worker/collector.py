@@ -26,13 +26,22 @@ class Collector:
     recorded like any other (reward 0, not done) and not counted in episode lengths.
     """
 
-    def __init__(self, envs: AnyVectorEnv, policy_path: str, mode: AutoresetMode) -> None:
+    def __init__(
+        self,
+        envs: AnyVectorEnv,
+        policy_path: str,
+        mode: AutoresetMode,
+        policy_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         from aps import policy  # torch is needed only by workers that act
 
         policy.limit_threads(1)  # many workers share few cores; one thread each is fastest
         self._envs = envs
         self._policy = policy.Policy.load(
-            policy_path, envs.single_observation_space, envs.single_action_space
+            policy_path,
+            envs.single_observation_space,
+            envs.single_action_space,
+            factory_kwargs=policy_kwargs,
         )
         if not isinstance(envs.observation_space.sample(), np.ndarray):
             raise ConfigError(

@@ -1,21 +1,27 @@
 """The step server: a worker's envs, answering the learner's numbered requests exactly once.
 
 A :class:`StepServer` lives as long as one worker session (it survives resumes, not a new
-session). It answers resets, steps and rollouts with whole batches, one message per request;
-an env that raises is reported to the learner as an :class:`~aps.messages.ErrorReport` and
-the server keeps serving. Every answer is kept, encoded, until the learner acknowledges it, so
+session). It answers resets, steps, rollouts and env calls by name (Gymnasium's ``call``,
+``get_attr``, ``set_attr``, ``render``) with whole batches, one message per request; an env
+that raises is reported to the learner as an :class:`~aps.messages.ErrorReport` and the
+server keeps serving. Every answer is kept, encoded, until the learner acknowledges it, so
 that after a resume the learner gets the answers it missed and no request runs twice.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import Any
+
+import gymnasium as gym
 
 from aps import codec
 from aps.batching import check_batch
-from aps.errors import ApsError, ConfigError, ProtocolError
+from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
     Answer,
+    EnvCall,
+    EnvCallResult,
     ErrorReport,
     Message,
     Request,
@@ -38,6 +44,7 @@ _ANSWERS: dict[type[Message], type[Message]] = {
     ResetRequest: ResetResult,
     StepRequest: StepResult,
     RolloutRequest: RolloutChunk,
+    EnvCall: EnvCallResult,
 }
 
 
@@ -105,11 +112,28 @@ class StepServer:
             answer = self._step(request)
         elif isinstance(request, ResetRequest):
             answer = self._reset(request)
+        elif isinstance(request, EnvCall):
+            answer = self._env_call(request)
         else:
             assert isinstance(request, RolloutRequest)
             answer = self._rollout(request)
         # Encoded once: the frame is what is sent, and what is kept for a resend.
-        frame = codec.encode(answer)
+        try:
+            frame = codec.encode(answer)
+        except WireError as exc:
+            if not isinstance(request, EnvCall):
+                raise
+            # What an env returns by name is the user's: a value that is not plain data is
+            # their error to read, not the end of the session.
+            answer = ErrorReport.of(
+                ConfigError(
+                    f"{request.kind}({request.name!r}) returned a value that cannot travel as "
+                    f"data: {exc}; return plain data (numbers, strings, numpy arrays, tuples, "
+                    "dicts with str keys), or read the value on the worker"
+                ),
+                seq,
+            )
+            frame = codec.encode(answer)
         answers[seq] = (answer, frame)
         while len(answers) > MAX_IN_FLIGHT:
             answers.popitem(last=False)
@@ -147,6 +171,70 @@ class StepServer:
         except Exception as exc:
             return ErrorReport.of(exc, seq)
 
+    def _env_call(self, request: EnvCall) -> EnvCallResult | ErrorReport:
+        # The base vector env: a wrapper (the rebuilding async one) does not forward by name.
+        envs: Any = self.envs.unwrapped
+        kind, name, indices = request.kind, request.name, request.indices
+        values: Any
+        try:
+            if indices == ():
+                values = ()
+            elif indices is not None or kind == "is_wrapped":
+                values = self._each_env(envs, request)
+            elif kind == "render":
+                values = envs.render()
+            elif not hasattr(envs, "call"):
+                raise ConfigError(
+                    f"{type(envs).__name__} cannot reach its envs by name ({kind}({name!r})); "
+                    "run the worker with vector='sync' or 'async'"
+                )
+            elif kind == "set_attr":
+                envs.set_attr(name, list(request.args[0]))
+                values = (None,) * envs.num_envs
+            elif kind == "get_attr":
+                values = envs.get_attr(name)
+            elif kind == "call":
+                values = envs.call(name, *request.args, **(request.kwargs or {}))
+            else:
+                raise ProtocolError(f"the learner sent an env call of unknown kind {kind!r}")
+        except Exception as exc:
+            return ErrorReport.of(exc, request.seq)
+        return EnvCallResult(values=tuple(values or ()), seq=request.seq)
+
+    @staticmethod
+    def _each_env(envs: Any, request: EnvCall) -> list[Any]:
+        """An env call on chosen envs one by one: only a worker that holds its envs can."""
+        kind, name = request.kind, request.name
+        own: list[gym.Env[Any, Any]] | None = getattr(envs, "envs", None)
+        if own is None:
+            raise ConfigError(
+                f"{kind}({name!r}) on chosen envs needs a worker that holds its envs in its own "
+                f"process (vector='sync'), not {type(envs).__name__}"
+            )
+        chosen = range(len(own)) if request.indices is None else request.indices
+        values: list[Any] = []
+        for k, index in enumerate(chosen):
+            env = own[index]
+            if kind == "is_wrapped":
+                values.append(_is_wrapped(env, name))
+            elif kind == "render":
+                values.append(env.render())
+            elif kind == "set_attr":
+                env.set_wrapper_attr(name, request.args[0][k])
+                values.append(None)
+            elif kind == "get_attr":
+                values.append(env.get_wrapper_attr(name))
+            elif kind == "call":
+                function = env.get_wrapper_attr(name)
+                values.append(
+                    function(*request.args, **(request.kwargs or {}))
+                    if callable(function)
+                    else function
+                )
+            else:
+                raise ProtocolError(f"the learner sent an env call of unknown kind {kind!r}")
+        return values
+
     def _step(self, request: StepRequest) -> StepResult | ErrorReport:
         envs = self.envs
         try:
@@ -171,16 +259,30 @@ class StepServer:
         )
 
     def _reset(self, request: ResetRequest) -> ResetResult | ErrorReport:
-        seed = request.seed if request.seed is not None else self._pending_seed
+        seed: int | list[int | None] | None
+        if request.seeds is not None:
+            seed = list(request.seeds)  # one per env
+        else:
+            seed = request.seed if request.seed is not None else self._pending_seed
         self._pending_seed = None
         options = dict(request.options) if request.options is not None else None
         try:
-            obs, info = self.envs.reset(seed=seed, options=options)
+            obs, info = self.envs.reset(seed=seed, options=options)  # type: ignore[arg-type]
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
         if self.collector is not None:
             self.collector.observe(obs, None)
-            if seed is not None:
+            first = seed[0] if isinstance(seed, list) else seed
+            if first is not None:
                 # Seeded resets make the worker's action sampling reproducible too.
-                self.collector.policy.seed(seed)
+                self.collector.policy.seed(first)
         return ResetResult(obs=obs, info=info, seq=request.seq)
+
+
+def _is_wrapped(env: gym.Env[Any, Any], class_name: str) -> bool:
+    """Whether a wrapper of ``env`` is an instance of the class named ``module.QualName``."""
+    while isinstance(env, gym.Wrapper):
+        if any(f"{c.__module__}.{c.__qualname__}" == class_name for c in type(env).__mro__):
+            return True
+        env = env.env
+    return False

@@ -42,6 +42,7 @@ from aps.gradients import GradientSampler
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
+    EnvCall,
     ErrorReport,
     GradientRound,
     Hello,
@@ -340,7 +341,11 @@ class Worker:
                 env=self._env,
                 env_kwargs=self._env_kwargs,
             )
-            collector = None if answer.policy is None else Collector(envs, answer.policy, mode)
+            collector = (
+                None
+                if answer.policy is None
+                else Collector(envs, answer.policy, mode, dict(answer.policy_kwargs or {}))
+            )
         except Exception as exc:
             await session.send(ErrorReport.of(exc))
             what = "envs" if envs is None else f"policy {answer.policy!r}"
@@ -371,7 +376,7 @@ class Worker:
                 if session.goodbye is None:
                     raise  # closed without a goodbye: the connection dropped
                 return
-            if isinstance(request, StepRequest | ResetRequest | RolloutRequest):
+            if isinstance(request, StepRequest | ResetRequest | RolloutRequest | EnvCall):
                 if await server.answer(session, request):
                     self.replayed += 1
             elif isinstance(request, Weights):

@@ -1,0 +1,160 @@
+"""The Stable-Baselines3 VecEnv: equal to SB3's DummyVecEnv step for step, and PPO learns on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aps
+
+pytest.importorskip("stable_baselines3")
+from stable_baselines3 import PPO
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from aps.integrations.sb3 import ClusterVecEnv
+
+NUM_WORKERS, ENVS_PER_WORKER = 2, 2
+NUM_ENVS = NUM_WORKERS * ENVS_PER_WORKER
+MAX_STEPS = 25  # short episodes: terminations and truncations both happen in the test
+
+
+def short_cartpole() -> gym.Env[Any, Any]:
+    return gym.make("CartPole-v1", max_episode_steps=MAX_STEPS)
+
+
+@pytest.fixture(params=["memory", "unix"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ClusterVecEnv, DummyVecEnv]]:
+    transport = request.param
+    actual = ClusterVecEnv.local(
+        short_cartpole if transport == "memory" else "CartPole-v1",
+        env_kwargs=None if transport == "memory" else {"max_episode_steps": MAX_STEPS},
+        num_workers=NUM_WORKERS,
+        envs_per_worker=ENVS_PER_WORKER,
+        transport=transport,
+    )
+    expected = DummyVecEnv([short_cartpole] * NUM_ENVS)
+    try:
+        yield actual, expected
+    finally:
+        actual.close()
+        expected.close()
+
+
+def assert_infos_equal(actual: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert set(a) == set(e), f"env {i}: {sorted(a)} != {sorted(e)}"
+        for key in e:
+            if isinstance(e[key], np.ndarray):
+                assert a[key].dtype == e[key].dtype
+                np.testing.assert_array_equal(a[key], e[key], err_msg=f"env {i} {key}")
+            else:
+                assert a[key] == e[key], f"env {i} {key}: {a[key]!r} != {e[key]!r}"
+
+
+def test_equals_dummy_vec_env_step_for_step(pair: tuple[ClusterVecEnv, DummyVecEnv]) -> None:
+    actual, expected = pair
+    assert actual.num_envs == expected.num_envs
+    assert actual.observation_space == expected.observation_space
+    assert actual.action_space == expected.action_space
+    assert actual.render_mode == expected.render_mode
+    for vec in (actual, expected):
+        vec.seed(3)
+    obs = actual.reset()
+    np.testing.assert_array_equal(obs, expected.reset())
+    assert_infos_equal(actual.reset_infos, expected.reset_infos)
+    rng = np.random.default_rng(0)
+    dones_seen = truncations_seen = 0
+    for t in range(120):
+        actions = rng.integers(0, 2, NUM_ENVS)
+        got = actual.step(actions)
+        want = expected.step(actions)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=f"obs at step {t}")
+        assert got[1].dtype == want[1].dtype
+        np.testing.assert_array_equal(got[1], want[1], err_msg=f"rewards at step {t}")
+        np.testing.assert_array_equal(got[2], want[2], err_msg=f"dones at step {t}")
+        assert_infos_equal(got[3], want[3])
+        assert_infos_equal(actual.reset_infos, expected.reset_infos)
+        dones_seen += int(want[2].sum())
+        truncations_seen += sum(info["TimeLimit.truncated"] for info in want[3])
+    assert dones_seen > truncations_seen > 0  # both endings were compared
+
+
+def test_attributes_methods_and_wrappers_match(pair: tuple[ClusterVecEnv, DummyVecEnv]) -> None:
+    actual, expected = pair
+    for vec in (actual, expected):
+        vec.set_attr("gravity", 4.0, indices=[1, 3])
+    assert actual.get_attr("gravity") == expected.get_attr("gravity") == [9.8, 4.0, 9.8, 4.0]
+    assert actual.get_attr("gravity", indices=[3, 0]) == [4.0, 9.8]
+    assert actual.env_method("get_wrapper_attr", "gravity", indices=2) == [9.8]
+    assert actual.env_method("get_wrapper_attr", "length") == expected.env_method(
+        "get_wrapper_attr", "length"
+    )
+    assert actual.has_attr("gravity") and not actual.has_attr("no_such_attribute")
+    for wrapper in (gym.wrappers.TimeLimit, gym.Wrapper, Monitor):
+        assert actual.env_is_wrapped(wrapper) == expected.env_is_wrapped(wrapper)
+    assert actual.env_is_wrapped(gym.wrappers.TimeLimit) == [True] * NUM_ENVS
+    assert actual.env_is_wrapped(Monitor) == [False] * NUM_ENVS
+
+
+def test_needs_the_same_step_autoreset_mode() -> None:
+    envs = aps.ClusterEnv.local("CartPole-v1", num_workers=1, transport="memory")
+    try:
+        with pytest.raises(aps.ConfigError, match="autoreset_mode='SameStep'"):
+            ClusterVecEnv(envs)
+    finally:
+        envs.close()
+
+
+def random_return(vec_env: DummyVecEnv, episodes: int) -> float:
+    """The mean return of uniformly random actions, measured on ``vec_env``."""
+    rng = np.random.default_rng(1)
+    returns: list[float] = []
+    running = np.zeros(vec_env.num_envs)
+    vec_env.seed(11)
+    vec_env.reset()
+    while len(returns) < episodes:
+        _, reward, done, _ = vec_env.step(rng.integers(0, 2, vec_env.num_envs))
+        running += reward
+        returns.extend(running[done])
+        running[done] = 0.0
+    return float(np.mean(returns[:episodes]))
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    # Small networks: torch's thread pool only contends with the workers for the cores.
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_ppo_learns_cartpole_on_cluster_envs() -> None:
+    vec_env = ClusterVecEnv.local(
+        "CartPole-v1", num_workers=2, envs_per_worker=2, transport="unix", seed=0
+    )
+    try:
+        model = PPO(
+            "MlpPolicy", vec_env, n_steps=128, batch_size=128, n_epochs=4, seed=0, device="cpu"
+        )
+        model.learn(total_timesteps=8192)
+        evaluation = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1"))] * 4)
+        evaluation.seed(11)
+        trained, _ = evaluate_policy(model, evaluation, n_eval_episodes=20, deterministic=True)
+        baseline = random_return(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4), 20)
+    finally:
+        vec_env.close()
+    # Random play lasts about 22 steps; a policy that learned balances far longer.
+    assert trained > 3 * baseline, (trained, baseline)
