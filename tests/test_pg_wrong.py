@@ -4,6 +4,17 @@ Built on :mod:`tests.pg_agents`: every NIGT step must move the one parameter tha
 (``mu``) by exactly ``lr`` and upwards (ascent on a return that grows with ``mu``), and the
 mean return of each round must be ``length * mu`` at the extrapolated point that round
 broadcast, ``theta_t + ((1 - eta) / eta) (theta_t - theta_{t-1})``.
+
+Each wrong trainer fails one of these (checked by making each mistake in turn):
+
+- broadcasting ``theta_t`` instead of the extrapolated point, never writing the new weights
+  into the policy, workers ascending along the negated gradient:
+  ``test_nigt_steps_exactly_lr_uphill_and_samples_at_the_extrapolated_point``;
+- workers ignoring the broadcast weights: both of the first two tests;
+- workers carrying trajectories across rounds:
+  ``test_a_round_samples_from_fresh_resets_with_the_broadcast_weights``;
+- the trainer taking a report or a count of an earlier round as current:
+  ``test_messages_of_an_earlier_round_are_never_aggregated``.
 """
 
 from __future__ import annotations
