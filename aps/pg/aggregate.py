@@ -21,7 +21,14 @@ Built-ins:
   a harmonic mean of the per-worker counts of at least ``batch / n``; the mean of per-worker
   means, so every worker weighs the same whatever its speed.
 - :class:`Synchronous` (the synchronized baseline): the first report of every worker; the
-  pooled mean.
+  pooled mean. With :class:`~aps.pg.NIGT`'s per-round aggregation a worker's report is its
+  whole sum for the round, so fast workers contribute what they sampled while waiting.
+
+A driver that moves only counts during a round (the networked trainer, the simulator) feeds
+:meth:`Round.note` with each worker's running count, asks for the sums once
+:attr:`Round.ready`, and wraps their :meth:`Round.add` calls in
+:meth:`Round.begin_collection` / :meth:`Round.end_collection` so that every sum collected
+is aggregated.
 
 Rules common to all rounds:
 
