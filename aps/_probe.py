@@ -5,6 +5,10 @@ that offers no envs (``num_envs=0``). A learner checks the protocol version and 
 proof before anything else, then refuses a worker without envs, before it takes a slot: the
 answer says whether the token was accepted, and the check never counts as a worker. The
 learner logs it as a refused worker (``num_envs must be >= 1, got 0``).
+
+The check is mutual, as a worker's handshake is: with a token, the learner's refusal must
+carry the learner's own proof over both nonces, so a check that passes also shows that what
+answered at the URL holds the token.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 from aps.errors import AuthError, ConfigError, ProtocolError, Timeout, VersionMismatch
 from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Reject, Welcome
-from aps.protocol import Role, prove
+from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
 from aps.session import Session
 from aps.transports import connect
 from aps.transports.base import TransportFactory
@@ -65,7 +69,8 @@ async def check_learner(
         The learner's protocol version and the times measured.
 
     Raises:
-        AuthError: the learner refused the token (or needs one and none was given).
+        AuthError: the learner refused the token (or needs one and none was given), or did
+            not prove it knows the token itself.
         VersionMismatch: the learner speaks another protocol version.
         ConnectError | Timeout: nothing answered at ``url`` within ``timeout``.
         ProtocolError: what answered is not an aps learner, or it admitted the check.
@@ -91,14 +96,22 @@ async def _check(url: str, token: str | None, factory: TransportFactory | None) 
     session = Session(transport, Role.WORKER)
     try:
         challenge = await session.receive(timeout=None, operation="the learner's challenge")
+        if isinstance(challenge, Reject):
+            raise ConfigError(
+                f"the learner at {url} is busy ({challenge.reason}); check again in "
+                f"{challenge.retry_after} s"
+            )
         assert isinstance(challenge, Challenge)  # the protocol table allows nothing else
         if challenge.protocol_version != PROTOCOL_VERSION:
             raise VersionMismatch(PROTOCOL_VERSION, challenge.protocol_version)
         sent = time.perf_counter()
+        nonce = os.urandom(NONCE_SIZE)
+        secret = None if token is None else token.encode()
         await session.send(
             Hello(
                 protocol_version=PROTOCOL_VERSION,
-                proof=b"" if token is None else prove(token.encode(), challenge.nonce),
+                nonce=nonce,
+                proof=b"" if secret is None else worker_proof(secret, challenge.nonce, nonce),
                 env_id="",
                 num_envs=0,  # refused after the token is checked, before a slot is taken
                 seed=None,
@@ -123,6 +136,9 @@ async def _check(url: str, token: str | None, factory: TransportFactory | None) 
         raise ProtocolError(f"the learner refused the protocol version: {answer.reason}")
     if answer.kind != "ConfigError" or "num_envs" not in answer.reason:
         raise ConfigError(f"the learner refused the check: {answer.kind}: {answer.reason}")
+    check_learner_proof(
+        answer.proof, token=secret, learner_nonce=challenge.nonce, worker_nonce=nonce, peer=url
+    )
     return CheckResult(
         url=url,
         protocol_version=challenge.protocol_version,

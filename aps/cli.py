@@ -92,6 +92,22 @@ def _parser() -> argparse.ArgumentParser:
         "command line, where other users can read it",
     )
     worker.add_argument(
+        "--policy",
+        default=None,
+        metavar="IMPORT_PATH",
+        help="the policy this worker may run ('pkg.module:make_agent' or "
+        "'path/to/script.py:Agent'); a learner that names another is refused. Launchers pass "
+        "the learner's",
+    )
+    worker.add_argument(
+        "--allow-policy",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="also allow policies matching this fnmatch pattern of import paths (repeatable); "
+        "without --policy or --allow-policy the worker runs no policy",
+    )
+    worker.add_argument(
         "--env-kwargs",
         type=json.loads,
         default=None,
@@ -343,9 +359,15 @@ def _slurm_script(args: argparse.Namespace) -> str:
 def _read_token(path: Path | None) -> str | None:
     if path is not None:
         try:
-            return path.read_text().strip()
+            token = path.read_text().strip()
         except OSError as exc:
             raise ConfigError(f"cannot read the token file {str(path)!r}: {exc.strerror}") from exc
+        if not token:
+            raise ConfigError(
+                f"the token file {str(path)!r} is blank, and an empty token is no secret; "
+                "write one with aps token --output FILE"
+            )
+        return token
     return os.environ.get(TOKEN_ENV) or None
 
 
@@ -387,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             reconnect=not args.no_reconnect,
             comm_delay=args.comm_delay,
             vector=args.vector,
+            policy=args.policy,
+            allow_policy=args.allow_policy,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

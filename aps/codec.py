@@ -59,10 +59,13 @@ __all__ = [
     "EXT_NDARRAY",
     "EXT_OBJECT_ARRAY",
     "EXT_SCALAR",
+    "HANDSHAKE_FRAME_SIZE",
+    "HANDSHAKE_TAGS",
     "MAX_NDIM",
     "MAX_OBJECT_DEPTH",
     "MAX_PADDING",
     "decode",
+    "decode_handshake",
     "encode",
 ]
 
@@ -1119,12 +1122,79 @@ def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Mes
         raise
     except Exception as exc:
         raise WireError(f"frame of {size} bytes is not valid msgpack: {exc}") from exc
+    return _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+
+
+HANDSHAKE_FRAME_SIZE = 16 * 1024
+"""The largest frame read before the peer proved the token, in bytes.
+
+A handshake message is a few hundred bytes (names, nonces, proofs); a policy or env import
+path of a few KiB still fits.
+"""
+
+HANDSHAKE_TAGS = frozenset({"challenge", "hello", "welcome", "reject", "goodbye"})
+"""The messages that may arrive before the peer proved the token."""
+
+_HANDSHAKE_SPECS = {tag: spec for tag, spec in _SPECS_BY_TAG.items() if tag in HANDSHAKE_TAGS}
+_HANDSHAKE_KNOWN = ", ".join(sorted(HANDSHAKE_TAGS))
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise WireError(f"extension type {code} before the handshake; handshake messages hold none")
+
+
+def decode_handshake(frame: Frame, *, max_frame_size: int = HANDSHAKE_FRAME_SIZE) -> Message:
+    """Decode one frame from a peer that has not proved the token yet.
+
+    The bounded form of :func:`decode`: the frame must be handshake-sized, and msgpack is
+    decoded with no extension types (numpy arrays, spaces), arrays of at most 256 items and
+    maps of at most 64 entries (a Welcome's ``policy_kwargs`` are plain data), strings no
+    longer than the frame, and msgpack's own nesting limit, so what an unauthenticated peer
+    can make this side build is bounded by a small multiple of ``max_frame_size``. Only the
+    tags in :data:`HANDSHAKE_TAGS` are accepted.
+
+    Raises:
+        FrameTooLarge: the frame is larger than ``max_frame_size``.
+        WireError: anything else that is not a well-formed handshake message.
+    """
+    try:
+        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+    except TypeError as exc:
+        raise WireError(f"a frame must be bytes, got {type(frame).__qualname__}") from exc
+    if size > max_frame_size:
+        raise FrameTooLarge(size, max_frame_size)
+    # The first byte must open a map: refuse anything else before msgpack builds it.
+    first = bytes(frame[:1])
+    if not first or not (0x80 <= first[0] <= 0x8F or first[0] == 0xDE):
+        raise WireError("a handshake frame must hold a msgpack map of at most 65535 entries")
+    try:
+        body = msgpack.unpackb(
+            frame,
+            ext_hook=_refuse_ext,
+            use_list=False,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=size,
+            max_bin_len=size,
+            max_ext_len=0,
+            max_array_len=256,
+            max_map_len=64,
+        )
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"handshake frame of {size} bytes is not valid msgpack: {exc}") from exc
+    return _message(body, _HANDSHAKE_SPECS, _HANDSHAKE_KNOWN)
+
+
+def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
+    """The message a decoded frame body describes, every field checked."""
     if type(body) is not dict:
         raise WireError(f"a frame must hold a msgpack map, got {_type_name(body)}")
     tag = body.pop("t", None)
-    spec = _SPECS_BY_TAG.get(tag) if type(tag) is str else None
+    spec = specs.get(tag) if type(tag) is str else None
     if spec is None:
-        raise WireError(f"unknown message tag {tag!r:.80}; known tags: {_KNOWN_TAGS}")
+        raise WireError(f"unknown message tag {tag!r:.80}; known tags: {known}")
     if body.keys() != spec.names:
         missing = sorted(spec.names - body.keys())
         extra = sorted(repr(k)[:80] for k in body.keys() - spec.names)

@@ -204,8 +204,16 @@ class FrameDecoder:
 
     @property
     def max_frame_size(self) -> int:
-        """The largest frame accepted, in bytes."""
+        """The largest frame accepted, in bytes; a new limit applies to headers not yet read.
+
+        Raises:
+            ConfigError: (on assignment) not an int between 1 and :data:`MAX_FRAME_LENGTH`.
+        """
         return self._max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        self._max_frame_size = check_max_frame_size(value)
 
     @property
     def buffered(self) -> int:

@@ -7,10 +7,11 @@ spaces (sent declaratively, see :mod:`aps.spaces`) and tuples/dicts of these (``
 The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
-    W -> L  Hello(protocol_version, proof, env_id, num_envs, seed, host, pid, label,
+    W -> L  Hello(protocol_version, nonce, proof, env_id, num_envs, seed, host, pid, label,
                   resume, served, version)
-    L -> W  Welcome(worker_id, autoreset_mode, policy, session_id, resumed)
-            or  Reject(kind, reason)
+    L -> W  Welcome(worker_id, autoreset_mode, policy, session_id, resumed, policy_kwargs,
+                    proof, resume_window)
+            or  Reject(kind, reason, retry_after, proof)
     W -> L  Ready(observation_space, action_space, num_envs)
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
@@ -21,6 +22,11 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  EnvCall(kind, name, ...)      W -> L  EnvCallResult(values)
     L -> W  StopGradients()               W -> L  GradientsStopped()
     W -> L  ErrorReport(...)              instead of a result, when an env raised
+
+Both sides prove the token over both nonces (see :mod:`aps.protocol`): the worker in its
+Hello, the learner in its Welcome (or Reject), which the worker checks before it acts on
+anything the learner said. A learner too busy to start a handshake answers a new connection
+with ``Reject(retry_after > 0)`` instead of a Challenge.
 
 Resets, steps and env calls are lockstep: one request, one answer. Rollout requests may be
 pipelined: the learner may have several outstanding, and the worker answers them in order.
@@ -80,7 +86,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped on every incompatible change of the wire format; the handshake checks it."""
 
 
@@ -102,7 +108,10 @@ class Challenge(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello(Message):
-    """The worker's answer: who it is, what it hosts, and HMAC(token, nonce) (empty if no token).
+    """The worker's answer: who it is, what it hosts, its own nonce and its token proof.
+
+    ``proof`` is :func:`aps.protocol.worker_proof` over the challenge's nonce and ``nonce``
+    (empty without a token).
 
     ``label`` is free text from whoever started the worker (a launcher's worker index, a host
     role), shown in :class:`~aps.learner.WorkerInfo`.
@@ -123,6 +132,8 @@ class Hello(Message):
     """Requests of the resumed session the worker has answered (sent or not)."""
     version: int = -1
     """The policy version the worker holds (-1: none)."""
+    nonce: bytes = b""
+    """The worker's random nonce, which the learner's proof covers too."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +153,13 @@ class Welcome(Message):
     resumed: bool = False
     """The learner took the worker back into its old session (envs and state kept)."""
     policy_kwargs: Any = None
-    """Keyword arguments for the policy factory (plain data; ``None``: none)."""
+    """Keyword arguments for the policy factory (plain data; ``None``: none). Like the rest of
+    the Welcome it must fit in a handshake frame (``aps.codec.HANDSHAKE_FRAME_SIZE``)."""
+    proof: bytes = b""
+    """:func:`aps.protocol.learner_proof` over both nonces (empty without a token)."""
+    resume_window: float = 0.0
+    """Seconds the learner keeps a lost worker's session for it to resume (0: unknown);
+    a worker whose connection drops dials again for no longer than this."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +169,11 @@ class Reject(Message):
     TAG: ClassVar[str] = "reject"
     kind: str
     reason: str
+    retry_after: float = 0.0
+    """Above 0: the learner is busy, not refusing this worker; dial again after that many
+    seconds (a Reject sent instead of a Challenge)."""
+    proof: bytes = b""
+    """:func:`aps.protocol.learner_proof` when the worker's proof was checked and right."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

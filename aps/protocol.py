@@ -6,8 +6,13 @@ protocol does not allow at that point. The rules are one literal table per role,
 :data:`TRANSITIONS`, in the style of h11: nothing about the order of messages lives in
 scattered ``if`` statements in the roles.
 
-The handshake's proof of the shared token is here too: ``HMAC-SHA256(token, nonce)``, compared
-in constant time. The token itself never crosses the wire.
+The handshake's proofs of the shared token are here too. Each side picks a random nonce (the
+learner's travels in the Challenge, the worker's in its Hello) and each proves the token over
+both, under a label naming its role: ``HMAC-SHA256(token, label + learner_nonce +
+worker_nonce)``, compared in constant time. The worker proves first, bound to a nonce of its
+own choosing, so its proof is good for this one handshake only and cannot be replayed; the
+learner's proof, in its Welcome, tells the worker it reached a holder of the token before it
+acts on anything the learner said. The token itself never crosses the wire.
 """
 
 from __future__ import annotations
@@ -54,7 +59,10 @@ __all__ = [
     "Role",
     "State",
     "check_hello",
+    "check_learner_proof",
+    "learner_proof",
     "prove",
+    "worker_proof",
 ]
 
 NONCE_SIZE = 32
@@ -116,6 +124,7 @@ _S, _R = Direction.SEND, Direction.RECEIVE
 TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
     Role.LEARNER: {
         (State.START, _S, Challenge): State.SENT_CHALLENGE,
+        (State.START, _S, Reject): State.CLOSED,  # busy: a retry-after instead of a challenge
         (State.SENT_CHALLENGE, _R, Hello): State.GOT_HELLO,
         (State.GOT_HELLO, _S, Welcome): State.AWAIT_READY,
         (State.GOT_HELLO, _S, Reject): State.CLOSED,
@@ -155,6 +164,7 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
     },
     Role.WORKER: {
         (State.START, _R, Challenge): State.GOT_CHALLENGE,
+        (State.START, _R, Reject): State.CLOSED,
         (State.GOT_CHALLENGE, _S, Hello): State.AWAIT_WELCOME,
         (State.AWAIT_WELCOME, _R, Welcome): State.WELCOMED,
         (State.AWAIT_WELCOME, _R, Reject): State.CLOSED,
@@ -263,12 +273,32 @@ class Connection:
 
 
 def prove(token: bytes, nonce: bytes) -> bytes:
-    """Return the proof that the sender knows ``token``: HMAC-SHA256 over the nonce."""
+    """Return HMAC-SHA256 of ``nonce`` under ``token``: the primitive both proofs use."""
     return hmac.new(token, nonce, hashlib.sha256).digest()
+
+
+_WORKER_LABEL = b"aps worker proof\0"
+_LEARNER_LABEL = b"aps learner proof\0"
+
+
+def worker_proof(token: bytes, learner_nonce: bytes, worker_nonce: bytes) -> bytes:
+    """The worker's proof of ``token`` for the handshake of these two nonces."""
+    return prove(token, _WORKER_LABEL + learner_nonce + worker_nonce)
+
+
+def learner_proof(token: bytes, learner_nonce: bytes, worker_nonce: bytes) -> bytes:
+    """The learner's proof of ``token`` for the handshake of these two nonces.
+
+    The labels differ, so neither side's proof can be reflected back as the other's.
+    """
+    return prove(token, _LEARNER_LABEL + learner_nonce + worker_nonce)
 
 
 def check_hello(hello: Hello, *, nonce: bytes, token: bytes | None) -> None:
     """Check a worker's Hello against this learner's version and token.
+
+    The order is part of the contract (``aps check`` relies on it): version, then token,
+    and only then anything about the worker's envs.
 
     Raises:
         VersionMismatch: the worker speaks another protocol version.
@@ -283,8 +313,36 @@ def check_hello(hello: Hello, *, nonce: bytes, token: bytes | None) -> None:
             "the learner requires a token and the worker sent no proof; "
             "start the worker with --token-file (or token=) holding the learner's token"
         )
+    if len(hello.nonce) != NONCE_SIZE:
+        raise AuthError(
+            f"the worker's nonce has {len(hello.nonce)} bytes, not {NONCE_SIZE}; "
+            "the worker is not a compatible aps worker"
+        )
     # compare_digest takes time independent of where the bytes differ.
-    if not hmac.compare_digest(hello.proof, prove(token, nonce)):
+    if not hmac.compare_digest(hello.proof, worker_proof(token, nonce, hello.nonce)):
         raise AuthError(
             "the worker's token proof is wrong; give the worker the same token as the learner"
+        )
+
+
+def check_learner_proof(
+    proof: bytes, *, token: bytes | None, learner_nonce: bytes, worker_nonce: bytes, peer: str
+) -> None:
+    """Check the learner's proof (from its Welcome or Reject) before acting on its word.
+
+    Raises:
+        AuthError: this worker has a token and the learner did not prove it knows it.
+    """
+    if token is None:
+        return  # nothing to check against; a learner with a token refuses this worker
+    if not proof:
+        raise AuthError(
+            f"the learner at {peer} did not prove it knows the token (it sent no proof): it "
+            "runs without a token, or it is not the learner this worker was started for; "
+            "give the learner the same token as the worker"
+        )
+    if not hmac.compare_digest(proof, learner_proof(token, learner_nonce, worker_nonce)):
+        raise AuthError(
+            f"the learner at {peer} answered with a wrong token proof: it holds another "
+            "token, or it is not the learner this worker was started for"
         )

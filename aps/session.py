@@ -4,6 +4,12 @@
 role sends, decodes and checks what arrives, answers nothing on its own, sends a heartbeat
 when the role has been quiet for ``heartbeat_interval`` seconds, and turns every silence
 longer than a deadline into :class:`~aps.errors.Timeout`.
+
+Until the role calls :meth:`Session.authenticated` (the peer proved the token), a session
+reads only handshake-sized frames and decodes them with :func:`aps.codec.decode_handshake`:
+a peer that has proved nothing cannot make this side allocate more than a few KiB. The
+transport's own limit is lowered meanwhile when it exposes a settable ``max_frame_size``
+(every built-in does), so a large frame is refused from its header, before its body is read.
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ class Session:
         # The transport enforces its own limit before allocating; decoding applies the same
         # one so a plug-in without a limit is still bounded.
         self._max_frame_size: int = getattr(transport, "max_frame_size", DEFAULT_MAX_FRAME_SIZE)
+        self._authenticated = False
+        self._limit_transport(min(self._max_frame_size, codec.HANDSHAKE_FRAME_SIZE))
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -109,6 +117,24 @@ class Session:
     def peer(self) -> str:
         """The transport's description of the other end."""
         return self._transport.peer
+
+    @property
+    def is_authenticated(self) -> bool:
+        """Whether :meth:`authenticated` was called: frames of any allowed size are read."""
+        return self._authenticated
+
+    def authenticated(self) -> None:
+        """The peer proved the token (or none is needed): read frames up to the full limit."""
+        if not self._authenticated:
+            self._authenticated = True
+            self._limit_transport(self._max_frame_size)
+
+    def _limit_transport(self, size: int) -> None:
+        # A plug-in transport without the attribute (or with a read-only one) keeps its own
+        # limit; decode_handshake still refuses a large frame before decoding it.
+        if hasattr(self._transport, "max_frame_size"):
+            with contextlib.suppress(AttributeError, TypeError):
+                self._transport.max_frame_size = size
 
     @property
     def state(self) -> State:
@@ -166,7 +192,10 @@ class Session:
         while True:
             frame = await self._next_frame(timeout, operation)
             try:
-                message = codec.decode(frame, max_frame_size=self._max_frame_size)
+                if self._authenticated:
+                    message = codec.decode(frame, max_frame_size=self._max_frame_size)
+                else:
+                    message = codec.decode_handshake(frame)
                 self._connection.receive(message)
             except (WireError, ProtocolError) as exc:
                 await self._abort(f"protocol error: {exc}")
@@ -252,11 +281,17 @@ class Session:
                 await asyncio.sleep(interval - quiet)
 
     async def _abort(self, reason: str) -> None:
-        log.warning("closing the connection to %s: %s", self.peer, reason)
+        # Before authentication the role logs the refusal (summed up in a flood).
+        report = log.warning if self._authenticated else log.debug
+        report("closing the connection to %s: %s", self.peer, reason)
         await self.aclose(reason[:200])
 
-    async def aclose(self, reason: str = "") -> None:
-        """Say goodbye (best effort) and close the transport; idempotent, never raises."""
+    async def aclose(self, reason: str = "", *, goodbye: bool = True) -> None:
+        """Say goodbye (best effort) and close the transport; idempotent, never raises.
+
+        ``goodbye=False`` closes without one: the peer sees a dropped connection, and a
+        worker dials again to resume its session instead of ending.
+        """
         if self._closed:
             return
         self._closed = True
@@ -267,7 +302,7 @@ class Session:
             self._heartbeat_task.cancel()
             # wait() rather than await: a cancellation of *this* task must not be swallowed.
             await asyncio.wait([self._heartbeat_task])
-        if self._connection.state not in (State.CLOSED, State.START):
+        if goodbye and self._connection.state not in (State.CLOSED, State.START):
             with contextlib.suppress(TransportError, InvalidState, WireError, TimeoutError):
                 # A peer that stopped reading must not hold this close up.
                 async with asyncio.timeout(1.0):

@@ -69,7 +69,7 @@ async def host(url: str, count: int) -> None:
     tasks = []
     for start in range(0, count, BATCH):
         for _ in range(min(BATCH, count - start)):
-            worker = aps.Worker(url, ENV, num_envs=1, timeouts=timeouts)
+            worker = aps.Worker(url, ENV, num_envs=1, timeouts=timeouts, policy=POLICY)
             tasks.append(asyncio.create_task(worker.run()))
         await asyncio.sleep(0.2)
     await asyncio.gather(*tasks)

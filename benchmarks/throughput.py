@@ -282,6 +282,8 @@ class ApsTcpAsync(Contender):
         runner.run(learner.start())
         command = [sys.executable, "-m", "aps", "worker", learner.url, "--env", setup.env_id]
         command += ["--num-envs", str(setup.envs_per_worker), "--log-level", "WARNING"]
+        if learner.policy is not None:  # a worker runs only the policy its side names
+            command += ["--policy", learner.policy]
         for _ in range(setup.num_workers):
             self._processes.append(subprocess.Popen(command))
         runner.run(self._connect_and_reset(learner))

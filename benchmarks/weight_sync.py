@@ -235,6 +235,7 @@ class ApsWeights:
         runner.run(learner.start())
         command = [sys.executable, "-m", "aps", "worker", learner.url, "--env", ENV_ID]
         command += ["--num-envs", "1", "--log-level", "WARNING"]
+        command += ["--policy", f"{Path(__file__).resolve()}:make_agent"]
         for _ in range(self.workers):
             self._processes.append(subprocess.Popen(command))
         runner.run(self._connect(learner))

@@ -250,6 +250,7 @@ async def train(args: Args) -> dict[str, Any]:
         num_workers=args.workers,
         envs_per_worker=args.envs_per_worker,
         token=token,
+        policy=POLICY,
     )
     progress = Progress(args.total_timesteps, args.progress)
     try:

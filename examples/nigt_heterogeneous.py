@@ -258,6 +258,7 @@ async def start_cluster(
                 compute_delays=[delays[i]],
                 comm_delays=[math.sqrt(i + 1) * args.comm_base],
                 token=token,
+                policy=POLICY,
             )
             launched.append(workers)
             await workers.start(learner.url)

@@ -153,7 +153,7 @@ def make_envs(args: Args) -> aps.ClusterEnv:
                 f"waiting for {args.workers} workers; on each worker machine, with the file "
                 f"{token_file} copied, run from a checkout of this repository:\n"
                 f"  aps worker {aps.launch.dialable_url(url)} --env {args.env_id} "
-                f"--num-envs {args.envs_per_worker} --token-file {token_file}",
+                f"--num-envs {args.envs_per_worker} --token-file {token_file} --policy {policy}",
                 flush=True,
             )
 

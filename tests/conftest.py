@@ -19,6 +19,10 @@ FAST = aps.Timeouts(
 )
 
 
+TEST_POLICIES = (f"{pathlib.Path(__file__).with_name('agents.py')}:*",)
+"""The policies the tests' workers may run: the agents of tests/agents.py."""
+
+
 @pytest.fixture
 def fast_timeouts() -> aps.Timeouts:
     return FAST
@@ -32,6 +36,8 @@ class WorkerTasks:
 
     def start(self, url: str, env: Any = "CartPole-v1", **kwargs: Any) -> asyncio.Task[None]:
         kwargs.setdefault("timeouts", FAST)
+        # A worker runs only the policies its side allows: these run the test agents.
+        kwargs.setdefault("allow_policy", TEST_POLICIES)
         worker = aps.Worker(url, env, **kwargs)
         task = asyncio.create_task(worker.run())
         self.tasks.append(task)

@@ -44,9 +44,8 @@ TIMEOUTS = dataclasses.replace(FAST, step=60.0)  # worker processes import torch
 
 def start_worker(url: str) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "aps", "worker", url, "--env", "CartPole-v1"]
-    return subprocess.Popen(
-        [*command, "--num-envs", str(ENVS)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    command += ["--num-envs", str(ENVS), "--policy", f"{AGENTS}:Agent"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 async def chaos(

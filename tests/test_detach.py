@@ -235,7 +235,7 @@ async def test_weight_precision_sets_what_travels_and_what_workers_act_with(
     async with aps.Learner(
         "memory://", num_workers=1, policy=POLICY, timeouts=FAST, weight_precision=precision
     ) as learner:
-        worker = aps.Worker(learner.url, "CartPole-v1", num_envs=2, timeouts=FAST)
+        worker = aps.Worker(learner.url, "CartPole-v1", num_envs=2, timeouts=FAST, policy=POLICY)
         task = asyncio.create_task(worker.run())
         await learner.reset(seed=0)
         await learner.publish(agent)
@@ -482,6 +482,7 @@ async def test_a_chunk_that_does_not_fit_the_worker_is_refused(
             env_kwargs={"max_episode_steps": 5},
             timeouts=FAST,
             tamper=tamper,
+            policy=POLICY,
         )
         workers.tasks.append(asyncio.create_task(bad.run()))
         await learner.reset(seed=0)

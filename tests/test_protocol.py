@@ -29,9 +29,19 @@ from aps.messages import (
     Weights,
     Welcome,
 )
-from aps.protocol import Connection, Role, State, check_hello, prove
+from aps.protocol import (
+    Connection,
+    Role,
+    State,
+    check_hello,
+    check_learner_proof,
+    learner_proof,
+    prove,
+    worker_proof,
+)
 
 NONCE = b"n" * 32
+WORKER_NONCE = b"w" * 32
 CHALLENGE = Challenge(protocol_version=PROTOCOL_VERSION, nonce=NONCE)
 
 
@@ -45,6 +55,7 @@ def hello(proof: bytes = b"", version: int = PROTOCOL_VERSION) -> Hello:
         host="h",
         pid=1,
         label="",
+        nonce=WORKER_NONCE,
     )
 
 
@@ -165,15 +176,32 @@ def test_reject_closes_the_worker() -> None:
 
 def test_proof_is_hmac_and_checked() -> None:
     token = b"secret"
-    check_hello(hello(prove(token, NONCE)), nonce=NONCE, token=token)
+    check_hello(hello(worker_proof(token, NONCE, WORKER_NONCE)), nonce=NONCE, token=token)
     check_hello(hello(b""), nonce=NONCE, token=None)  # no token required: anything goes
     with pytest.raises(AuthError, match="wrong"):
-        check_hello(hello(prove(b"other", NONCE)), nonce=NONCE, token=token)
+        check_hello(hello(worker_proof(b"other", NONCE, WORKER_NONCE)), nonce=NONCE, token=token)
     with pytest.raises(AuthError, match="no proof"):
         check_hello(hello(b""), nonce=NONCE, token=token)
     with pytest.raises(AuthError):  # a proof for another nonce is a replay
-        check_hello(hello(prove(token, b"x" * 32)), nonce=NONCE, token=token)
-    assert token not in prove(token, NONCE)
+        check_hello(hello(worker_proof(token, b"x" * 32, WORKER_NONCE)), nonce=NONCE, token=token)
+    with pytest.raises(AuthError):  # the bare HMAC of the nonce (protocol 3) is no proof now
+        check_hello(hello(prove(token, NONCE)), nonce=NONCE, token=token)
+    assert token not in worker_proof(token, NONCE, WORKER_NONCE)
+
+
+def test_the_learner_proves_the_token_too() -> None:
+    """Mutual: the worker checks the learner's proof, which differs from its own."""
+    token = b"secret"
+    good = learner_proof(token, NONCE, WORKER_NONCE)
+    check_learner_proof(good, token=token, learner_nonce=NONCE, worker_nonce=WORKER_NONCE, peer="p")
+    assert good != worker_proof(token, NONCE, WORKER_NONCE)  # no reflecting a worker's proof
+    for bad in (b"", worker_proof(token, NONCE, WORKER_NONCE), learner_proof(b"x", NONCE, NONCE)):
+        with pytest.raises(AuthError, match="learner at p"):
+            check_learner_proof(
+                bad, token=token, learner_nonce=NONCE, worker_nonce=WORKER_NONCE, peer="p"
+            )
+    # A worker without a token has nothing to check against.
+    check_learner_proof(b"", token=None, learner_nonce=NONCE, worker_nonce=WORKER_NONCE, peer="p")
 
 
 def test_version_mismatch_names_both_versions() -> None:

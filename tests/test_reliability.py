@@ -24,7 +24,7 @@ from gymnasium.vector import SyncVectorEnv
 
 import aps
 from aps.testing import Relay, until
-from tests.conftest import FAST
+from tests.conftest import FAST, TEST_POLICIES
 
 ENVS = 3  # per worker
 LOOPBACK = "tcp://127.0.0.1:0"
@@ -51,6 +51,7 @@ class Workers:
 
     def task(self, url: str, **kwargs: Any) -> aps.Worker:
         kwargs.setdefault("timeouts", FAST)
+        kwargs.setdefault("allow_policy", TEST_POLICIES)
         worker = aps.Worker(url, "CartPole-v1", num_envs=ENVS, **kwargs)
         self.objects.append(worker)
         self.tasks.append(asyncio.create_task(worker.run()))
@@ -59,7 +60,7 @@ class Workers:
     def process(self, url: str, *args: str) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "aps", "worker", url, "--env", "CartPole-v1"]
         process = subprocess.Popen(
-            [*command, "--num-envs", str(ENVS), *args],
+            [*command, "--num-envs", str(ENVS), "--allow-policy", TEST_POLICIES[0], *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

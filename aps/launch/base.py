@@ -60,8 +60,9 @@ class WorkerSpec:
         seed: seed of a worker's first reset when the learner gives none; worker ``i`` seeds
             its env ``j`` with ``seed + i * envs_per_worker + j``, so the envs of all workers
             get distinct seeds, as in one vector env (``None``: unseeded).
-        policy: the learner's policy import path. Informational: the learner sends it to
-            each worker in its welcome, so launchers need not pass it on.
+        policy: the learner's policy import path. Launchers pass it to each worker as its
+            ``--policy`` (a worker runs only a policy its own side names), and the learner
+            names it in its welcome.
         token: the learner's token; launchers never put it on a command line.
         url: the learner's address, as workers dial it (filled in by :meth:`for_learner`).
         log_level: the workers' log level.
@@ -211,6 +212,8 @@ class WorkerSpec:
             arguments += ["--tls-ca", str(self.tls_ca)]
         if self.vector != "sync":
             arguments += ["--vector", self.vector]
+        if self.policy is not None:
+            arguments += ["--policy", self.policy]
         if index is None:
             return arguments
         arguments += ["--label", str(index)]

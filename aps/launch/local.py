@@ -94,6 +94,9 @@ class LocalWorkers:
             env) or ``"envpool"`` (see :mod:`aps.vector`).
         tls_ca: a CA certificate file (PEM): subprocess workers dial with TLS and check the
             learner's certificate against it (``aps worker --tls-ca``).
+        policy: the policy import path the workers may run (``aps worker --policy``). A
+            learner started with this launcher passes its own; workers started by hand for a
+            learner with a policy need it.
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class LocalWorkers:
         max_restarts: int = 100,
         vector: str = "sync",
         tls_ca: str | None = None,
+        policy: str | None = None,
     ) -> None:
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
@@ -135,6 +139,7 @@ class LocalWorkers:
             connect_timeout=(timeouts or Timeouts()).connect,
             vector=vector,
             tls_ca=tls_ca,
+            policy=policy,
         )
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
@@ -211,6 +216,7 @@ class LocalWorkers:
                     compute_delay=spec.compute_delay_of(index),
                     comm_delay=spec.comm_delay_of(index),
                     label=str(index),
+                    policy=spec.policy,
                     vector=spec.vector,
                 )
                 return asyncio.create_task(worker.run(), name=f"aps worker {index}")

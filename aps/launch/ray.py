@@ -90,6 +90,7 @@ class _WorkerActor:
                 compute_delay=spec.compute_delay_of(index),
                 comm_delay=spec.comm_delay_of(index),
                 label=str(index),
+                policy=spec.policy,
                 vector=spec.vector,
             )
             run(worker.run(), use_uvloop=self.use_uvloop)

@@ -32,6 +32,6 @@ asks each mode (its :class:`~aps.learner.pool.SlotHooks`) what the worker needs 
 """
 
 from aps.learner.learner import Learner
-from aps.learner.pool import MAX_HANDSHAKES, WorkerInfo
+from aps.learner.pool import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_HOST, WorkerInfo
 
-__all__ = ["MAX_HANDSHAKES", "Learner", "WorkerInfo"]
+__all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_HOST", "Learner", "WorkerInfo"]

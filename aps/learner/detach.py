@@ -509,6 +509,10 @@ class Detach:
         try:
             async with asyncio.timeout(pool.timeouts.step + pool.reconnect_timeout):
                 for remote in remotes:
+                    if not remote.attached.is_set():
+                        # Lost and waited for: its chunks are dropped whenever it resumes.
+                        pool.forget_answers(remote)
+                        continue
                     while remote.unanswered:
                         late = await pool.answer_from(remote, "the end of the chunk stream")
                         if late is None:

@@ -207,6 +207,7 @@ class Learner:
         """Say goodbye to every worker and stop listening; idempotent."""
         if self._pool.closed:
             return
+        self._pool.begin_close()  # nothing below waits for a lost worker to resume
         await self._detach.aclose()
         await self._rounds.stop()
         await self._lockstep.cancel()

@@ -24,6 +24,7 @@ import ipaddress
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
@@ -60,12 +61,13 @@ from aps.messages import (
     StepRequest,
     Welcome,
 )
-from aps.protocol import NONCE_SIZE, Role, check_hello
+from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.session import Session, Timeouts
-from aps.transports.base import Listener, TransportFactory
+from aps.transports.base import Listener, Transport, TransportFactory
 
 __all__ = [
     "MAX_HANDSHAKES",
+    "MAX_HANDSHAKES_PER_HOST",
     "OnWorkerLost",
     "Remote",
     "SlotHooks",
@@ -75,7 +77,25 @@ __all__ = [
 ]
 
 MAX_HANDSHAKES = 64
-"""The most connections a learner admits at once; more are closed at once."""
+"""The most handshakes a learner runs at once.
+
+A new connection beyond it takes the place of the oldest one that has not said hello yet (an
+honest worker says it one round trip after it connects, so a flood of idle connections
+cannot keep one out); when every handshake in progress is past its hello, the new
+connection is told ``Reject(retry_after=...)`` and the worker dials again later."""
+
+MAX_HANDSHAKES_PER_HOST = 16
+"""The most handshakes from one address that have not said hello; a new one from that
+address takes the place of its oldest."""
+
+BUSY_RETRY_AFTER = 1.0
+"""Seconds a worker turned away while the learner is busy waits before dialing again."""
+
+REFUSAL_LOG_INTERVAL = 10.0
+"""Seconds of the window in which at most :data:`REFUSAL_LOG_BURST` refusals are logged one
+by one; the rest are summed up in one line."""
+
+REFUSAL_LOG_BURST = 5
 
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
@@ -155,6 +175,9 @@ class Remote:
     restarted: bool = False
     needs_reset: bool = False
     reset_next: bool = False
+    # Answers still owed that nobody waits for any more (a stream ended while the worker
+    # was away): they are received and dropped when they come.
+    discard: int = 0
 
     def envs_reset(self) -> None:
         """Note that this slot's envs were just reset by whoever serves it."""
@@ -193,6 +216,64 @@ class _Spare:
     session_id: bytes
 
 
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A handshake in progress."""
+
+    task: asyncio.Task[None]
+    peer: str
+    host: str
+    greeted: bool = False  # the peer said hello: it is past the cheap stage of a flood
+
+
+class _RefusalLog:
+    """Logs refusals as warnings up to a burst per window, then one summary line.
+
+    A flood of bad connections must not become a flood of warnings; the refusals past the
+    burst are logged at debug level.
+    """
+
+    def __init__(self) -> None:
+        self._window = -REFUSAL_LOG_INTERVAL  # start of the current window (monotonic)
+        self._logged = 0
+        self._unlogged = 0
+        self._latest = ""
+        self.total = 0
+        """Refusals and evictions since the learner started."""
+
+    def note(self, text: str) -> None:
+        self.total += 1
+        now = time.monotonic()
+        if now - self._window >= REFUSAL_LOG_INTERVAL:
+            self.flush()
+            self._window, self._logged = now, 0
+        if self._logged < REFUSAL_LOG_BURST:
+            self._logged += 1
+            log.warning("refused a worker at %s", text)
+        else:
+            # Still one record per refusal, for whoever listens at debug level.
+            log.debug("refused a worker at %s", text)
+            self._unlogged += 1
+            self._latest = text
+
+    def flush(self) -> None:
+        """Log the summary of the refusals not logged one by one, if any."""
+        if self._unlogged:
+            log.warning(
+                "refused %d more connections within %.0f s without logging each (the last: %s)",
+                *(self._unlogged, REFUSAL_LOG_INTERVAL, self._latest),
+            )
+            self._unlogged = 0
+
+
+def _host_of(peer: str) -> str:
+    """The address part of a transport's peer description (``tcp://1.2.3.4:5`` -> ``1.2.3.4``)."""
+    try:
+        return urlsplit(peer).hostname or peer
+    except ValueError:
+        return peer
+
+
 def is_loopback(url: str) -> bool:
     """Whether ``url`` can only be reached from this host."""
     parts = urlsplit(url)
@@ -228,6 +309,11 @@ class WorkerPool:
         on_worker_lost: OnWorkerLost,
         reconnect_timeout: float,
     ) -> None:
+        if token is not None and not token.strip():
+            raise ConfigError(
+                "the token is empty (or only whitespace), which anyone can prove; pass a "
+                "random one (aps token makes one), or token=None on a loopback address"
+            )
         self._listen = listen
         self.num_workers = num_workers
         self._token = token
@@ -248,6 +334,9 @@ class WorkerPool:
         self._listener: Listener | None = None
         self._accept_task: asyncio.Task[None] | None = None
         self._admissions: set[asyncio.Task[None]] = set()
+        self._pending: dict[asyncio.Task[None], _Pending] = {}
+        self._refusal_log = _RefusalLog()
+        self._closing = asyncio.Event()
         self._admitting = 0
         self._next_id = 0
         self.remotes: list[Remote] = []
@@ -315,11 +404,25 @@ class WorkerPool:
             raise InvalidState("the learner is not started; use 'async with' or await start()")
         return self._listener.url
 
+    @property
+    def refused(self) -> int:
+        """Connections refused or turned away since the learner started.
+
+        A count for monitoring and tests; the log sums floods up instead of listing them.
+        """
+        return self._refusal_log.total
+
+    def begin_close(self) -> None:
+        """Stop waiting for lost workers: a close must not wait ``reconnect_timeout``."""
+        self._closing.set()
+
     async def aclose(self) -> None:
         """Stop admitting, say goodbye to every worker, stop the launcher; idempotent."""
         if self.closed:
             return
         self.closed = True
+        self.begin_close()
+        self._refusal_log.flush()
         if self._accept_task is not None:
             self._accept_task.cancel()
         for task in list(self._admissions):
@@ -350,22 +453,76 @@ class WorkerPool:
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.05)
                 continue
-            if len(self._admissions) >= MAX_HANDSHAKES:
-                # A flood of connections that never finish their handshake must not hold
-                # unbounded resources; each pending one already ends at the handshake deadline.
-                log.warning(
-                    "refused %s: %d handshakes already in progress", transport.peer, MAX_HANDSHAKES
-                )
-                await transport.aclose()
-                continue
-            session = Session(
-                transport,
-                Role.LEARNER,
-                heartbeat_interval=self.timeouts.heartbeat_interval,
-            )
+            try:
+                self._admit_later(transport)
+            except Exception:
+                # Nothing about one connection may stop the learner from accepting the next.
+                log.exception("admitting a connection from %s failed", transport.peer)
+                detached = asyncio.create_task(transport.aclose(), name="aps close")
+                self._admissions.add(detached)
+                detached.add_done_callback(self._admissions.discard)
+
+    def _admit_later(self, transport: Transport) -> None:
+        """Start admitting ``transport`` in a task of its own (or turn it away)."""
+        session = Session(
+            transport,
+            Role.LEARNER,
+            heartbeat_interval=self.timeouts.heartbeat_interval,
+        )
+        host = _host_of(session.peer)
+        if self._make_room(host):
             task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
-            self._admissions.add(task)
-            task.add_done_callback(self._admissions.discard)
+            self._pending[task] = _Pending(task, session.peer, host)
+            task.add_done_callback(self._forget_pending)
+        elif len(self._admissions) < 2 * MAX_HANDSHAKES:
+            task = asyncio.create_task(self._turn_away(session), name="aps turn away")
+        else:
+            # Even the answers to busy refusals are backed up: drop the connection.
+            self._refusal_log.note(f"{session.peer}: Busy: the learner is overloaded; dropped")
+            task = asyncio.create_task(session.aclose(), name="aps drop")
+        self._admissions.add(task)
+        task.add_done_callback(self._admissions.discard)
+
+    def _forget_pending(self, task: asyncio.Task[None]) -> None:
+        self._pending.pop(task, None)
+
+    def _make_room(self, host: str) -> bool:
+        """Whether a new handshake from ``host`` may start, evicting an idle one if needed.
+
+        The evicted handshake is the oldest that has not said hello, from the same host when
+        that host holds :data:`MAX_HANDSHAKES_PER_HOST` of them. ``False``: every
+        handshake in progress is past its hello, and the new connection must wait.
+        """
+        idle = [p for p in self._pending.values() if not p.greeted]
+        from_host = [p for p in idle if p.host == host]
+        if len(from_host) >= MAX_HANDSHAKES_PER_HOST:
+            victim: _Pending | None = from_host[0]
+        elif len(self._pending) >= MAX_HANDSHAKES:
+            victim = idle[0] if idle else None
+            if victim is None:
+                return False
+        else:
+            return True
+        assert victim is not None
+        del self._pending[victim.task]
+        victim.task.cancel()
+        self._refusal_log.note(
+            f"{victim.peer}: Timeout: dropped before its hello, to make room for a newer "
+            f"connection ({MAX_HANDSHAKES} handshakes at most, {MAX_HANDSHAKES_PER_HOST} per "
+            "address)"
+        )
+        return True
+
+    async def _turn_away(self, session: Session) -> None:
+        """Tell a connection the learner is busy, and when to dial again."""
+        self._refusal_log.note(
+            f"{session.peer}: Busy: {MAX_HANDSHAKES} handshakes in progress; told to dial again"
+        )
+        reason = f"the learner is busy with {MAX_HANDSHAKES} handshakes; dial again"
+        with contextlib.suppress(ApsError):
+            async with asyncio.timeout(1.0):
+                await session.send(Reject(kind="Busy", reason=reason, retry_after=BUSY_RETRY_AFTER))
+        await session.aclose()
 
     async def _admit(self, session: Session) -> None:
         admitted = False
@@ -392,12 +549,16 @@ class WorkerPool:
         text = f"{session.peer}: {reason}"
         self._refusals.append(text)
         del self._refusals[:-20]  # keep the last few for error messages, never grow
-        log.warning("refused a worker at %s", text)
+        self._refusal_log.note(text)
         return reason[:200]
 
-    async def _reject(self, session: Session, error: ApsError) -> None:
+    async def _reject(self, session: Session, error: ApsError, proof: bytes = b"") -> None:
+        """Send the worker a Reject for ``error``, then raise ``error``.
+
+        ``proof`` is this learner's, once the worker's proof was checked.
+        """
         with contextlib.suppress(TransportError, InvalidState):
-            await session.send(Reject(kind=type(error).__name__, reason=str(error)))
+            await session.send(Reject(kind=type(error).__name__, reason=str(error), proof=proof))
         raise error
 
     async def _handshake(self, session: Session) -> None:
@@ -407,6 +568,9 @@ class WorkerPool:
             async with asyncio.timeout(timeouts.handshake):
                 await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
                 hello = await session.receive(timeout=None, operation="the worker's hello")
+                pending = self._pending.get(asyncio.current_task())  # type: ignore[arg-type]
+                if pending is not None:
+                    pending.greeted = True
         except TimeoutError as exc:
             if isinstance(exc, Timeout):
                 raise
@@ -420,11 +584,17 @@ class WorkerPool:
             check_hello(hello, nonce=nonce, token=self._token)
         except (VersionMismatch, AuthError) as exc:
             await self._reject(session, exc)
+        # The worker proved the token: from here on its frames may be large (its spaces), and
+        # every answer carries this learner's proof, which the worker checks before acting.
+        session.authenticated()
+        proof = b"" if self._token is None else learner_proof(self._token, nonce, hello.nonce)
         if not isinstance(hello.num_envs, int) or hello.num_envs < 1:
-            await self._reject(session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"))
+            await self._reject(
+                session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"), proof
+            )
         resumed = self._by_session.get(hello.resume) if hello.resume else None
         if resumed is not None:
-            await self._resume(session, hello, resumed)
+            await self._resume(session, hello, resumed, proof)
             return
         # A new worker (or one whose session this learner does not know: it restarted).
         spare = len(self.remotes) + self._admitting >= self.num_workers
@@ -437,13 +607,14 @@ class WorkerPool:
             await self._reject(
                 session,
                 ConfigError(f"this learner already has its {self.num_workers} workers; {why}"),
+                proof,
             )
         self._admitting += 0 if spare else 1
         try:
             worker_id = self._next_id
             self._next_id += 1
             session_id = secrets.token_bytes(SESSION_ID_SIZE)
-            await self._welcome(session, hello, worker_id, session_id, resumed=False)
+            await self._welcome(session, hello, worker_id, session_id, proof, resumed=False)
         finally:
             self._admitting -= 0 if spare else 1
         if spare:
@@ -455,7 +626,14 @@ class WorkerPool:
             self._register(session, hello, worker_id, session_id)
 
     async def _welcome(
-        self, session: Session, hello: Hello, worker_id: int, session_id: bytes, *, resumed: bool
+        self,
+        session: Session,
+        hello: Hello,
+        worker_id: int,
+        session_id: bytes,
+        proof: bytes,
+        *,
+        resumed: bool,
     ) -> None:
         """Send the welcome and wait until the worker's envs are ready with the right spaces."""
         await session.send(
@@ -466,6 +644,8 @@ class WorkerPool:
                 session_id=session_id,
                 resumed=resumed,
                 policy_kwargs=self.policy_kwargs,
+                proof=proof,
+                resume_window=self.reconnect_timeout if self.on_worker_lost == "wait" else 0.0,
             )
         )
         # Building envs runs user code and may take long: the step deadline bounds it.
@@ -482,7 +662,7 @@ class WorkerPool:
         if self.spaces is None:
             self.spaces = (ready.observation_space, ready.action_space)
 
-    async def _resume(self, session: Session, hello: Hello, remote: Remote) -> None:
+    async def _resume(self, session: Session, hello: Hello, remote: Remote, proof: bytes) -> None:
         """Take a worker whose connection dropped back into its session and env slots."""
         info = remote.info
         if not (
@@ -502,8 +682,9 @@ class WorkerPool:
                     + (", and it was dropped" if info.worker_id in self.dropped else "")
                     + "; restart the worker without resuming"
                 ),
+                proof,
             )
-        await self._welcome(session, hello, info.worker_id, remote.session_id, resumed=True)
+        await self._welcome(session, hello, info.worker_id, remote.session_id, proof, resumed=True)
         # Weights sent before the cut may be lost: the worker's word is what it holds.
         remote.metrics.version = hello.version
         remote.metrics.resumes += 1
@@ -548,6 +729,7 @@ class WorkerPool:
         self._by_session[spare.session_id] = remote
         void = tuple(remote.unanswered)
         remote.unanswered.clear()
+        remote.discard = 0
         remote.sent = remote.received = 0
         remote.restarted = True
         remote.needs_reset = self.was_reset
@@ -729,6 +911,14 @@ class WorkerPool:
         if self.busy:
             raise InvalidState(f"{operation}() called while {running}")
 
+    def forget_answers(self, remote: Remote) -> None:
+        """Stop waiting for the answers ``remote`` owes: they are dropped when they come.
+
+        For a caller that no longer needs them (a chunk stream that ends) while the worker is
+        lost and may resume much later.
+        """
+        remote.discard = len(remote.unanswered)
+
     def drop(self, remote: Remote) -> None:
         """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
         self.dropped.add(remote.info.worker_id)
@@ -838,9 +1028,8 @@ class WorkerPool:
         are void.
 
         Raises:
-            WorkerLost: the worker was lost (and, under ``"wait"``, did not come back).
-            Timeout: the worker took longer than ``timeouts.step`` (under ``"raise"``; the
-                other choices treat a silent worker as lost).
+            WorkerLost: the worker was lost (and, under ``"wait"``, did not come back); a
+                worker silent for ``timeouts.step`` is lost, with the Timeout as the cause.
             ProtocolError: the worker broke the protocol.
         """
         while True:
@@ -853,14 +1042,17 @@ class WorkerPool:
                     operation=f"worker {remote.info.worker_id}'s {operation}",
                 )
             except (EndOfStream, TransportError, Timeout) as exc:
-                if isinstance(exc, Timeout) and self.on_worker_lost == "raise":
-                    raise
+                # A silent worker is a lost one, under every on_worker_lost (the Timeout is
+                # the WorkerLost's cause); under "wait" it may resume when it wakes up.
                 await self.recover(remote, generation, operation, exc)
                 if remote.restarted:
                     remote.restarted = False
                     return None
                 continue
             if self._accept_answer(remote, message):
+                if remote.discard:
+                    remote.discard -= 1
+                    continue
                 return message
 
     async def call(self, remote: Remote, request: Request, operation: str) -> Message | None:
@@ -926,11 +1118,13 @@ class WorkerPool:
                 "%s; waiting up to %s s for it to resume or for a replacement",
                 *(self.lost(remote, operation, exc), self.reconnect_timeout),
             )
-            await remote.session.aclose("the learner lost this connection")
+            # No goodbye: a worker that was only stalled (stopped, swapping, a slow env) sees
+            # a dropped connection when it wakes up, and dials again to resume.
+            await remote.session.aclose(goodbye=False)
             await self._fill_vacancies()
         try:
             async with asyncio.timeout(self.reconnect_timeout):
-                await remote.attached.wait()
+                await self._attached_or_closing(remote)
         except TimeoutError:
             raise WorkerLost(
                 f"{self.lost(remote, operation, exc)}, and no worker resumed its session or "
@@ -938,6 +1132,29 @@ class WorkerPool:
                 "worker sooner or raise reconnect_timeout",
                 worker_id=remote.info.worker_id,
             ) from exc
+
+    async def _attached_or_closing(self, remote: Remote) -> None:
+        """Wait until a connection serves ``remote`` again.
+
+        Raises:
+            WorkerLost: the learner began closing first.
+        """
+        if remote.attached.is_set():
+            return
+        waits = [
+            asyncio.ensure_future(remote.attached.wait()),
+            asyncio.ensure_future(self._closing.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if not remote.attached.is_set():
+            raise WorkerLost(
+                f"worker {remote.info.worker_id} was lost and the learner closed before it resumed",
+                worker_id=remote.info.worker_id,
+            )
 
     def worker_error(self, remote: Remote, report: ErrorReport) -> WorkerError:
         """The :class:`WorkerError` for an error ``remote`` reported."""

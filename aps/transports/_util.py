@@ -8,7 +8,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, TypeVar
 
-from aps.errors import ConfigError, TransportClosed
+from aps.errors import AuthError, ConfigError, TransportClosed
 
 __all__ = ["AcceptQueue", "check_ssl_side", "detach", "format_host", "owned_payload"]
 
@@ -148,3 +148,13 @@ class AcceptQueue(Generic[T]):
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+
+def tls_refused(url: str, exc: ssl.SSLCertVerificationError) -> AuthError:
+    """The error for a peer whose TLS certificate failed verification, with the TLS reason."""
+    reason = exc.verify_message or exc.reason or str(exc)
+    return AuthError(
+        f"the TLS certificate of {url!r} failed verification: {reason}; give the worker the "
+        "CA that signed the learner's certificate (--tls-ca), or a certificate that names "
+        "the host the worker dials"
+    )

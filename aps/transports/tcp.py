@@ -63,7 +63,14 @@ from aps.framing import (
     frame_header,
     frame_view,
 )
-from aps.transports._util import AcceptQueue, check_ssl_side, detach, format_host, owned_payload
+from aps.transports._util import (
+    AcceptQueue,
+    check_ssl_side,
+    detach,
+    format_host,
+    owned_payload,
+    tls_refused,
+)
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["TCPFactory", "TCPListener", "TCPTransport"]
@@ -129,6 +136,13 @@ class _Connection(asyncio.BufferedProtocol):
         # A stream transport (uvloop's do not subclass asyncio.Transport).
         self.transport = cast(asyncio.Transport, transport)
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
+        # Nothing is read until the first receive(): the owner may first lower the frame
+        # limit (a session does, until the peer proved the token), and a connection waiting
+        # to be accepted costs its kernel buffer only, never a frame-sized one here. A TLS
+        # client is the exception: its last handshake message leaves only when it reads or
+        # writes, and its owner lowers the limit before control returns to the loop anyway.
+        if self._on_connect is not None or not self._over_ssl:
+            self._pause_reading()
         if self._on_connect is not None:
             self._on_connect(self)
 
@@ -271,7 +285,8 @@ class TCPTransport:
         self._connection = connection
         self._transport = transport
         self._peer_name = peer
-        self.max_frame_size = max_frame_size
+        self._max_frame_size = max_frame_size
+        connection.decoder.max_frame_size = max_frame_size
         self._send_lock = asyncio.Lock()
         self._senders = 0  # send() calls holding or waiting for the lock
         self._receiving = False
@@ -291,6 +306,20 @@ class TCPTransport:
     def peer(self) -> str:
         """The other end's address (``tcp://host:port``), for logs and errors."""
         return self._peer_name
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame this end sends or receives, in bytes.
+
+        Assigning it applies to frames whose header has not been read yet (reading starts
+        at the first :meth:`receive`).
+        """
+        return self._max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        self._connection.decoder.max_frame_size = value
+        self._max_frame_size = value
 
     async def send(self, frame: Frame) -> None:
         """Send one whole frame; concurrent calls are serialized.
@@ -382,6 +411,7 @@ class TCPTransport:
             raise TransportClosed(f"cannot receive from {self.peer}: this transport is closed")
         self._receiving = True
         connection = self._connection
+        connection.frame_taken()  # reading starts (or resumes) when someone receives
         try:
             while True:
                 try:
@@ -565,6 +595,7 @@ class TCPFactory:
 
         Raises:
             ConnectError: refused, unreachable, unresolvable, or the TLS handshake failed.
+            AuthError: the learner's TLS certificate failed verification.
             Timeout: not connected within ``timeout`` seconds (``None``: no limit).
             ConfigError: ``url`` is malformed, or the SSL context is a server-side one.
         """
@@ -644,6 +675,7 @@ async def _dial(
 
     Raises:
         ConnectError: refused, unreachable, or the handshake failed.
+        AuthError: the peer's TLS certificate failed verification (never worth a retry).
         Timeout: not connected within ``timeout`` seconds.
     """
     try:
@@ -658,6 +690,9 @@ async def _dial(
                 seconds=timeout,
             ) from exc
         raise ConnectError(f"cannot connect to {url!r}: {_reason(exc)}", url=url) from exc
+    except ssl.SSLCertVerificationError as exc:
+        # Not a learner that is not up yet: dialing again meets the same certificate.
+        raise tls_refused(url, exc) from exc
     except OSError as exc:
         raise ConnectError(
             f"cannot connect to {url!r}: {_reason(exc)}; check that a listener runs {at}",

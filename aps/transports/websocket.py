@@ -26,7 +26,7 @@ import inspect
 import ssl
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
 from aps._typing import Frame
@@ -48,6 +48,7 @@ from aps.transports._util import (
     detach,
     format_host,
     owned_payload,
+    tls_refused,
 )
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
@@ -119,7 +120,7 @@ class WebSocketTransport:
     ) -> None:
         self._connection = connection
         self._peer_name = peer
-        self.max_frame_size = max_frame_size
+        self._max_frame_size = max_frame_size
         self._receiving = False
         self._closed = False
         self._sending: asyncio.Future[None] | None = None  # a large frame still leaving
@@ -128,6 +129,20 @@ class WebSocketTransport:
     def peer(self) -> str:
         """The other end's address (``ws://host:port``), for logs and errors."""
         return self._peer_name
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame this end sends or receives, in bytes.
+
+        Assigning it applies to messages whose first fragment has not arrived yet.
+        """
+        return self._max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        value = check_max_frame_size(value, ceiling=2**63 - 1)
+        self._connection.protocol.max_message_size = value
+        self._max_frame_size = value
 
     async def send(self, frame: Frame) -> None:
         """Send one frame as one binary message; concurrent calls never interleave.
@@ -274,14 +289,61 @@ class WebSocketTransport:
         return ConnectionLost(f"connection to {self.peer} lost: {exc}")
 
 
+MAX_OPENING = 64
+"""The most connections a listener holds before they are accepted (opening handshakes and
+connections waiting in the accept queue); more are closed at once."""
+
+UNACCEPTED_FRAME_SIZE = 64 * 1024
+"""The largest message read from a connection nobody has accepted yet; accept() restores the
+listener's limit."""
+
+
 class WebSocketListener:
-    """A WebSocket server; create it with :meth:`WebSocketFactory.listen`."""
+    """A WebSocket server; create it with :meth:`WebSocketFactory.listen`.
+
+    At most :data:`MAX_OPENING` connections wait before :meth:`accept` takes them (opening
+    handshakes included, each ended after websockets' 10 s opening timeout); more are closed at
+    once, so idle connections cannot use up the process's file descriptors, and until it is
+    accepted a connection's messages are limited to :data:`UNACCEPTED_FRAME_SIZE`.
+    """
 
     def __init__(self, *, requested: str, max_frame_size: int) -> None:
         self._url = requested
         self._max_frame_size = max_frame_size
         self._server: Server | None = None
         self._queue: AcceptQueue[WebSocketTransport] = AcceptQueue(f"listener {requested}")
+        self.opening = 0
+        """Connections not accepted yet (opening handshakes and the accept queue)."""
+        self.refused = 0
+        """Connections closed at once because :data:`MAX_OPENING` were waiting."""
+
+    def _connection_class(self) -> type[ServerConnection]:
+        """The ServerConnection that counts this listener's unaccepted connections."""
+        listener = self
+
+        class _Counted(ServerConnection):
+            aps_waiting = False
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                if listener.opening >= MAX_OPENING:
+                    listener.refused += 1
+                    cast(asyncio.Transport, transport).abort()
+                    return
+                listener.opening += 1
+                self.aps_waiting = True
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                listener.taken(self)
+                super().connection_lost(exc)
+
+        return _Counted
+
+    def taken(self, connection: ServerConnection) -> None:
+        """``connection`` no longer waits: it was accepted, or it ended."""
+        if getattr(connection, "aps_waiting", False):
+            connection.aps_waiting = False  # type: ignore[attr-defined]
+            self.opening -= 1
 
     @property
     def url(self) -> str:
@@ -296,7 +358,10 @@ class WebSocketListener:
         Raises:
             TransportClosed: the listener was closed (also wakes a pending call).
         """
-        return await self._queue.get()
+        transport = await self._queue.get()
+        self.taken(transport._connection)  # type: ignore[arg-type]
+        transport.max_frame_size = self._max_frame_size
+        return transport
 
     async def aclose(self) -> None:
         """Stop listening and wake pending ``accept`` calls; idempotent.
@@ -333,7 +398,7 @@ class WebSocketListener:
         transport = WebSocketTransport(
             connection,
             peer=_peer_of(connection, self._url),
-            max_frame_size=self._max_frame_size,
+            max_frame_size=min(self._max_frame_size, UNACCEPTED_FRAME_SIZE),
         )
         if not self._queue.put(transport):
             detach(transport.aclose)
@@ -371,6 +436,7 @@ class WebSocketFactory:
 
         Raises:
             ConnectError: refused, unreachable, or the server did not speak WebSocket.
+            AuthError: the learner's TLS certificate failed verification.
             Timeout: not connected within ``timeout`` seconds (``None``: no limit).
             ConfigError: ``url`` is malformed, or the SSL context is a server-side one.
         """
@@ -402,6 +468,8 @@ class WebSocketFactory:
             raise ConnectError(f"cannot connect to {url!r}: {exc}", url=url) from exc
         except InvalidURI as exc:
             raise ConfigError(f"websocket url {url!r} is malformed: {exc}") from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise tls_refused(url, exc) from exc
         except (OSError, WebSocketException) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ConnectError(
@@ -437,10 +505,11 @@ class WebSocketFactory:
                 host,
                 port,
                 ssl=context,
-                max_size=self.max_frame_size,
+                max_size=min(self.max_frame_size, UNACCEPTED_FRAME_SIZE),
                 compression=None,
                 ping_interval=None,
                 close_timeout=_CLOSE_TIMEOUT,
+                create_connection=listener._connection_class(),
             )
         except OSError as exc:
             raise ConnectError(

@@ -7,21 +7,30 @@ Gymnasium vector env (:class:`~gymnasium.vector.SyncVectorEnv` by default, see
 :class:`~aps.worker.steps.StepServer` (resets, steps and rollouts) or to gradient mode
 (:func:`~aps.worker.rounds.serve_rounds`).
 
-A connection that drops (not a goodbye) is dialed again, with exponential backoff and jitter,
-until ``timeouts.connect`` passes; the worker then resumes its session: envs, policy and the
-answers the learner has not acknowledged are kept, so the learner loses nothing and no
-request runs twice. A learner that no longer knows the session (it restarted) admits the
-worker as a new one, and the worker rebuilds its envs.
+Every failed attempt to join, whether the dial or the handshake failed (a learner not up yet,
+a proxy in front of a dead one, a learner too busy to start another handshake), is followed
+by a wait that grows exponentially, with jitter, before the next; the worker gives up after
+``timeouts.connect``. A connection that drops (not a goodbye) is dialed again the same way,
+for no longer than the learner keeps the session (its Welcome says how long), and the worker
+then resumes its session: envs, policy and the answers the learner has not acknowledged are
+kept, so the learner loses nothing and no request runs twice. A learner that no longer knows
+the session (it restarted) admits the worker as a new one, and the worker rebuilds its envs.
+
+The worker acts on nothing the learner says before the learner has proved the token (when
+the worker has one), and it imports only the policy its own operator named (``policy``) or
+allowed (``allow_policy``): the learner's Welcome names it, but never chooses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import functools
 import logging
 import os
 import random
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from gymnasium.vector import AutoresetMode
@@ -54,7 +63,7 @@ from aps.messages import (
     Weights,
     Welcome,
 )
-from aps.protocol import Role, prove
+from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
 from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
 from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
@@ -72,6 +81,15 @@ _REJECTIONS: dict[str, type[ApsError]] = {
     "VersionMismatch": ProtocolError,
     "ConfigError": ConfigError,
 }
+
+
+class _Retry(Exception):
+    """An attempt to join failed in a way worth another attempt, after ``wait`` s at least."""
+
+    def __init__(self, error: ApsError, wait: float = 0.0) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.wait = wait
 
 
 class Worker:
@@ -101,9 +119,16 @@ class Worker:
 
         reconnect: dial again and resume when the connection drops (``False``: end with the
             error instead).
+        policy: the import path of the one policy this worker may run
+            (``"pkg.module:make_agent"`` or ``"path/to/script.py:Agent"``). A learner whose
+            Welcome names another is refused (launchers pass the learner's automatically).
+        allow_policy: more policies this worker may run, as :mod:`fnmatch` patterns of import
+            paths (``"mypkg.agents:*"``). Without ``policy`` and ``allow_policy`` the worker
+            runs no policy: only a learner that chooses the actions can use it.
 
     Raises:
-        ConfigError: a bad argument, such as an unknown ``vector`` or an id EnvPool lacks.
+        ConfigError: a bad argument, such as an unknown ``vector``, an id EnvPool lacks, or
+            an empty token.
         MissingDependency: ``vector="envpool"`` without EnvPool installed.
 
     Example:
@@ -127,6 +152,8 @@ class Worker:
         label: str = "",
         reconnect: bool = True,
         vector: str = "sync",
+        policy: str | None = None,
+        allow_policy: Sequence[str] = (),
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -145,6 +172,24 @@ class Worker:
         self.num_envs = num_envs
         self._seed = seed
         self._token = token.encode() if isinstance(token, str) else token
+        if self._token is not None and not self._token.strip():
+            raise ConfigError(
+                "the token is empty (or only whitespace), which anyone can prove; give the "
+                "worker the learner's token (--token-file with the file aps token wrote), or "
+                "none at all for a learner without one"
+            )
+        if policy is not None and (not isinstance(policy, str) or ":" not in policy):
+            raise ConfigError(
+                f"policy must be an import path 'pkg.module:attr' or 'path/to/file.py:attr', "
+                f"got {policy!r}"
+            )
+        if isinstance(allow_policy, str) or not all(isinstance(p, str) for p in allow_policy):
+            raise ConfigError(
+                f"allow_policy must be a list of import path patterns, got {allow_policy!r}"
+            )
+        self.policy = policy
+        self.allow_policy = tuple(allow_policy)
+        self._resume_window = 0.0  # from the learner's Welcome: how long it keeps our session
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
         for name, delay in (("compute_delay", compute_delay), ("comm_delay", comm_delay)):
@@ -167,41 +212,49 @@ class Worker:
     async def run(self) -> None:
         """Connect, serve the learner until it says goodbye, then close the envs.
 
-        A dropped connection is dialed again and the session resumed (see the module
-        docstring), unless ``reconnect`` is off.
+        A failed attempt to join (dial or handshake) is retried with backoff, and a dropped
+        connection is dialed again and the session resumed (see the module docstring),
+        unless ``reconnect`` is off.
 
         Raises:
-            ConnectError | Timeout: the learner could not be reached within
-                ``timeouts.connect`` (first or again), or went silent for
-                ``timeouts.heartbeat_timeout`` and ``reconnect`` is off.
-            AuthError: the learner refused the token.
+            Timeout: the learner could not be reached or joined within ``timeouts.connect``
+                (first or again; after a drop, within the learner's resume window), or went
+                silent for ``timeouts.heartbeat_timeout`` and ``reconnect`` is off.
+            AuthError: the learner refused the token, did not prove it knows the token, or
+                its TLS certificate failed verification.
             ConfigError: the learner refused this worker's envs (spaces that disagree with
-                the other workers', or too many workers).
+                the other workers', or too many workers), or named a policy this worker
+                was not allowed to run.
             ProtocolError: the learner broke the protocol or speaks another version.
             ConnectionLost: the connection broke and ``reconnect`` is off.
         """
         loop = asyncio.get_running_loop()
-        lost_at: float | None = None  # when the session's connection last dropped
+        outage: float | None = None  # when the current run of failed attempts began
+        attempt = 0
         try:
             while True:
-                session = Session(
-                    await self._connect(),
-                    Role.WORKER,
-                    heartbeat_interval=self._timeouts.heartbeat_interval,
-                )
                 try:
-                    await self._handshake(session)
-                    lost_at = None
+                    session = await self._join()
+                except _Retry as retry:
+                    now = loop.time()
+                    outage = now if outage is None else outage
+                    window = self._window()
+                    delay = max(retry.wait, self._backoff(attempt))
+                    if now + delay - outage >= window:
+                        raise self._gave_up(window, retry.error) from retry.error
+                    log.debug("joining the learner failed (%s); again in %.2f s", retry, delay)
+                    await asyncio.sleep(delay)
+                    attempt += 1
+                    continue
+                outage, attempt = None, 0
+                try:
                     session.start_heartbeats()
                     await self._serve(session)
                     return
                 except (TransportError, Timeout) as exc:
-                    lost_at = loop.time() if lost_at is None else lost_at
-                    # A learner that keeps failing the resume is given up on like one that
-                    # cannot be reached: after timeouts.connect.
-                    late = loop.time() - lost_at > self._timeouts.connect
-                    if late or not self._can_resume(session, exc):
+                    if not self._can_resume(session, exc):
                         raise
+                    outage = loop.time()
                     log.warning(
                         "worker %s lost its learner at %s (%s); dialing again to resume",
                         *(self.worker_id, session.peer, exc),
@@ -211,46 +264,88 @@ class Worker:
         finally:
             self._forget_session()
 
+    def _window(self) -> float:
+        """How long a run of failed attempts may last.
+
+        The connect timeout, and after a drop no longer than the learner keeps the session.
+        """
+        window = self._timeouts.connect
+        if self._session_id and self._resume_window > 0:
+            window = min(window, self._resume_window)
+        return window
+
+    def _gave_up(self, window: float, error: ApsError) -> ApsError:
+        if isinstance(error, AuthError | ProtocolError | ConfigError):
+            return error  # a refusal means more than "could not reach"
+        return Timeout(
+            f"could not reach the learner at {self._learner} within {window} s (last "
+            f"error: {error}); start the learner first or raise Timeouts.connect",
+            operation="connect",
+            seconds=window,
+        )
+
+    async def _join(self) -> Session:
+        """One attempt: dial, handshake, envs ready. The session, or why it failed.
+
+        Raises:
+            _Retry: the attempt failed in a way another one may not.
+            ApsError: a failure no other attempt can mend (a refusal from a learner that
+                proved the token, a policy this worker may not run, a bad certificate).
+        """
+        try:
+            transport = await self._connect()
+        except (ConnectError, Timeout) as exc:
+            if not isinstance(self._learner, str):
+                raise
+            raise _Retry(exc) from exc
+        session = Session(
+            transport, Role.WORKER, heartbeat_interval=self._timeouts.heartbeat_interval
+        )
+        try:
+            await self._handshake(session)
+        except _Retry:
+            await session.aclose()
+            raise
+        except (TransportError, Timeout) as exc:
+            await session.aclose()
+            if not isinstance(self._learner, str):
+                raise
+            raise _Retry(exc) from exc
+        except ProtocolError as exc:
+            await session.aclose()
+            if session.is_authenticated:
+                raise
+            raise self._unverified(exc) from exc
+        except BaseException:
+            await session.aclose()
+            raise
+        return session
+
     def _can_resume(self, session: Session, exc: BaseException) -> bool:
         """Whether a failure is a dropped connection this worker should dial again after."""
         if not self._reconnect or not isinstance(self._learner, str):
             return False  # a transport handed in cannot be dialed again
         if isinstance(exc, EndOfStream) and session.goodbye is not None:
             return False  # the learner said goodbye: the run is over
-        # Only a session that got as far as a welcome has something to resume; a learner that
-        # cannot be reached at all is reported by _connect's own deadline.
+        # Only a session that got as far as a welcome has something to resume.
         return bool(self._session_id)
 
     async def _connect(self) -> Transport:
+        """Dial the learner once (a transport handed in is returned as it is).
+
+        Raises:
+            ConnectError | Timeout: the dial failed (the caller decides whether to retry).
+            AuthError: the learner's TLS certificate failed verification.
+        """
         if not isinstance(self._learner, str):
             return self._learner
         url = self._learner
         factory = self._factory or transports.get_factory(transports.scheme_of(url))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeouts.connect
-        attempt = 0
-        while True:
-            left = deadline - loop.time()
-            try:
-                return await factory.connect(url, timeout=max(left, 0.01))
-            except (ConnectError, Timeout) as exc:
-                # The learner may simply not be up yet (or restarting): retry until the
-                # deadline.
-                delay = self._backoff(attempt)
-                if loop.time() + delay >= deadline:
-                    raise Timeout(
-                        f"could not reach the learner at {url} within "
-                        f"{self._timeouts.connect} s (last error: {exc}); start the learner "
-                        "first or raise Timeouts.connect",
-                        operation="connect",
-                        seconds=self._timeouts.connect,
-                    ) from exc
-                await asyncio.sleep(delay)
-                attempt += 1
+        return await factory.connect(url, timeout=self._timeouts.connect)
 
     @staticmethod
     def _backoff(attempt: int) -> float:
-        """Seconds to wait before dial ``attempt + 1``: exponential, with jitter.
+        """Seconds to wait before attempt ``attempt + 1``: exponential, with jitter.
 
         The jitter keeps many workers that lost one learner from dialing it at one instant.
         """
@@ -275,10 +370,15 @@ class Worker:
 
     async def _greet(self, session: Session) -> Welcome:
         challenge = await session.receive(timeout=None, operation="the learner's challenge")
+        if isinstance(challenge, Reject):  # busy: the learner has not even challenged us
+            raise self._refused(challenge, verified=False)
         assert isinstance(challenge, Challenge)  # the protocol table allows nothing else
         if challenge.protocol_version != PROTOCOL_VERSION:
-            raise VersionMismatch(PROTOCOL_VERSION, challenge.protocol_version)
-        proof = prove(self._token, challenge.nonce) if self._token is not None else b""
+            raise self._unverified(VersionMismatch(PROTOCOL_VERSION, challenge.protocol_version))
+        nonce = os.urandom(NONCE_SIZE)
+        token = self._token
+        # The proof covers our own nonce: a peer that relays it gains nothing it can replay.
+        proof = b"" if token is None else worker_proof(token, challenge.nonce, nonce)
         await session.send(
             Hello(
                 protocol_version=PROTOCOL_VERSION,
@@ -292,17 +392,73 @@ class Worker:
                 resume=self._session_id,
                 served=0 if self._server is None else self._server.served,
                 version=-1 if self._server is None else self._server.version,
+                nonce=nonce,
             )
         )
         answer = await session.receive(timeout=None, operation="the learner's welcome")
-        if isinstance(answer, Reject):
-            raise _REJECTIONS.get(answer.kind, ProtocolError)(
-                f"the learner refused this worker: {answer.reason}"
+        assert isinstance(answer, Welcome | Reject)  # the protocol table allows nothing else
+        try:
+            check_learner_proof(
+                answer.proof,
+                token=token,
+                learner_nonce=challenge.nonce,
+                worker_nonce=nonce,
+                peer=session.peer,
             )
-        assert isinstance(answer, Welcome)
+        except AuthError as exc:
+            if isinstance(answer, Reject) and not answer.proof:
+                # A learner that found our proof wrong cannot prove its own: its refusal
+                # is the news, unverified.
+                raise self._refused(answer, verified=False) from None
+            raise self._unverified(exc) from None
+        if isinstance(answer, Reject):
+            raise self._refused(answer, verified=True)
+        session.authenticated()
         return answer
 
+    def _unverified(self, error: ApsError) -> ApsError | _Retry:
+        """What to do about a failure caused by a peer that has not proved the token.
+
+        A worker resuming its session tries again (the real learner may be back on the
+        port after whoever answered meanwhile); a new one reports the failure.
+        """
+        if self._session_id and isinstance(self._learner, str):
+            return _Retry(error)
+        return error
+
+    def _refused(self, reject: Reject, *, verified: bool) -> ApsError | _Retry:
+        error = _REJECTIONS.get(reject.kind, ProtocolError)(
+            f"the learner refused this worker: {reject.reason}"
+        )
+        if reject.retry_after > 0 and isinstance(self._learner, str):
+            return _Retry(error, wait=min(reject.retry_after, 30.0))  # busy, not a refusal
+        return error if verified else self._unverified(error)
+
+    def _check_policy(self, policy: str | None) -> None:
+        """Refuse a policy this worker's operator did not name or allow.
+
+        Raises:
+            ConfigError: naming the policy and the flag that would allow it.
+        """
+        if policy is None or policy == self.policy:
+            return
+        if any(fnmatch.fnmatchcase(policy, pattern) for pattern in self.allow_policy):
+            return
+        allowed = [p for p in (self.policy, *self.allow_policy) if p is not None]
+        raise ConfigError(
+            f"the learner asked this worker to run policy {policy!r}, which it was not "
+            f"allowed to run (allowed: {allowed or 'none'}); a worker runs only the code its "
+            f"own operator names: start it with --policy {policy} (Worker(policy=...)), or "
+            "--allow-policy PATTERN"
+        )
+
     async def _build_envs(self, session: Session, answer: Welcome) -> None:
+        try:
+            self._check_policy(answer.policy)
+        except ConfigError as exc:
+            await session.send(ErrorReport.of(exc))
+            raise
+        self._resume_window = answer.resume_window
         self.worker_id = answer.worker_id
         if answer.resumed and self._server is not None:
             self.resumes += 1
