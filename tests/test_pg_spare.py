@@ -12,7 +12,7 @@ import aps
 from aps import pg
 from aps.testing import until
 from tests.agents import ContinuousAgent
-from tests.conftest import FAST, WorkerTasks
+from tests.conftest import FAST, TEST_POLICIES, WorkerTasks
 from tests.test_detach import Spaces
 from tests.test_pg_training import POLICY
 
@@ -33,7 +33,9 @@ async def test_a_spare_replacing_a_lost_worker_joins_at_the_next_round(
         for _ in range(2):
             workers.start(learner.url, env="Pendulum-v1", num_envs=2)
         await learner.wait_for_workers()
-        spare = aps.Worker(learner.url, "Pendulum-v1", num_envs=2, timeouts=FAST)
+        spare = aps.Worker(
+            learner.url, "Pendulum-v1", num_envs=2, timeouts=FAST, allow_policy=TEST_POLICIES
+        )
         workers.tasks.append(asyncio.create_task(spare.run()))
         await until(lambda: spare.worker_id is not None)
         assert [w.worker_id for w in learner.workers] == [0, 1]

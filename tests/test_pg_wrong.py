@@ -50,7 +50,7 @@ async def test_nigt_steps_exactly_lr_uphill_and_samples_at_the_extrapolated_poin
         "memory://", num_workers=2, policy=AGENT, autoreset_mode="SameStep", timeouts=FAST
     ) as learner:
         for _ in range(2):
-            workers.start(learner.url, env=Reveal, num_envs=ENVS)
+            workers.start(learner.url, env=Reveal, num_envs=ENVS, policy=AGENT)
         await learner.wait_for_workers()
         agent = MeanAgent()
         trainer = pg.NIGT(
@@ -144,7 +144,7 @@ async def test_messages_of_an_earlier_round_are_never_aggregated(workers: Worker
         "memory://", num_workers=2, policy=AGENT, autoreset_mode="SameStep", timeouts=FAST
     ) as learner:
         for _ in range(2):
-            workers.start(learner.url, env=Reveal, num_envs=ENVS)
+            workers.start(learner.url, env=Reveal, num_envs=ENVS, policy=AGENT)
         await learner.wait_for_workers()
         late = LateNetwork(learner)
         trainer = pg.NIGT(MeanAgent(), aggregator=pg.Rennala(batch=batch), lr=0.25, horizon=10)
