@@ -17,7 +17,8 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
     L -> W  Weights(version, arrays)      no answer; applied before the next rollout
     L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
-    L -> W  GradientRound(round, arrays)  W -> L  GradientReport(round, gradient, count), ...
+    L -> W  GradientRound(round, arrays)  W -> L  GradientProgress(round, count), ...
+    L -> W  CollectGradients(round)       W -> L  GradientReport(round, gradient, count)
     L -> W  EnvCall(kind, name, ...)      W -> L  EnvCallResult(values)
     L -> W  StopGradients()               W -> L  GradientsStopped()
     W -> L  ErrorReport(...)              instead of a result, when an env raised
@@ -36,8 +37,9 @@ the worker how many answers the learner has received, so it may forget them. A w
 connection drops dials again and sends ``Hello(resume=session_id, served=n)``; the learner
 sends every unanswered request again, and the worker answers those it already served from
 its cache of unacknowledged answers, so no request runs twice and no answer is lost. Gradient
-rounds are a mode: after the first ``GradientRound`` the worker keeps sampling trajectories
-and reporting gradients, each new round replaces the last, until ``StopGradients``.
+rounds are a mode: after each ``GradientRound`` the worker samples trajectories, sums their
+gradients locally and reports only its count, until ``CollectGradients`` asks for the sum
+(sent once); each new round replaces the last, until ``StopGradients``.
     either  Heartbeat()                   at any time after the handshake
     either  Goodbye(reason)               the sender is closing
 """
@@ -66,6 +68,8 @@ __all__ = [
     "GradientReport",
     "GradientRound",
     "GradientsStopped",
+    "GradientProgress",
+    "CollectGradients",
     "Heartbeat",
     "Hello",
     "Message",
@@ -332,6 +336,31 @@ class GradientsStopped(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GradientProgress(Message):
+    """The worker holds ``count`` trajectory gradients of ``round``, summed, not sent yet.
+
+    Sent whenever the count grows, so that the learner can apply its aggregation rule
+    without moving gradients: a few bytes per message.
+    """
+
+    TAG: ClassVar[str] = "gradient_progress"
+    round: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectGradients(Message):
+    """End ``round`` on the worker: it sends its sum once, as a :class:`GradientReport`.
+
+    The report holds every gradient the worker summed in the round (``count`` may be 0, with
+    an empty ``gradient``); then the worker samples nothing until the next round.
+    """
+
+    TAG: ClassVar[str] = "gradient_collect"
+    round: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReport(Message):
     """An env (or the worker) raised instead of answering a request.
 
@@ -426,6 +455,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         GradientReport,
         StopGradients,
         GradientsStopped,
+        GradientProgress,
+        CollectGradients,
         ErrorReport,
         Heartbeat,
         Goodbye,

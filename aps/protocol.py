@@ -25,10 +25,12 @@ from aps.errors import AuthError, InvalidState, ProtocolError, VersionMismatch
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
+    CollectGradients,
     EnvCall,
     EnvCallResult,
     ErrorReport,
     Goodbye,
+    GradientProgress,
     GradientReport,
     GradientRound,
     GradientsStopped,
@@ -156,6 +158,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.STOPPING, _R, GradientReport): State.STOPPING,
         (State.STOPPING, _R, ErrorReport): State.STOPPING,
         (State.STOPPING, _R, GradientsStopped): State.IDLE,
+        (State.GRADIENTS, _R, GradientProgress): State.GRADIENTS,
+        (State.GRADIENTS, _S, CollectGradients): State.GRADIENTS,
+        (State.STOPPING, _R, GradientProgress): State.STOPPING,
     },
     Role.WORKER: {
         (State.START, _R, Challenge): State.GOT_CHALLENGE,
@@ -187,6 +192,11 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.GRADIENTS, _S, ErrorReport): State.GRADIENTS,
         (State.GRADIENTS, _R, StopGradients): State.STOPPING,
         (State.STOPPING, _S, GradientsStopped): State.IDLE,
+        (State.GRADIENTS, _S, GradientProgress): State.GRADIENTS,
+        (State.GRADIENTS, _R, CollectGradients): State.GRADIENTS,
+        # The sampling loop may still be sending when the reader has taken StopGradients.
+        (State.STOPPING, _S, GradientProgress): State.STOPPING,
+        (State.STOPPING, _S, GradientReport): State.STOPPING,
     },
 }
 """``(state, direction, message type) -> next state`` for each role; anything else is refused.

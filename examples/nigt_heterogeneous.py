@@ -10,9 +10,13 @@ gradients at once, every ``horizon * h_i`` seconds.
 Methods (the aggregation rule of each NIGT round):
 
 - ``rennala``: the first ``--batch`` gradients from whichever workers finish first;
-- ``malenia``: at least one report from every worker and a harmonic mean of the per-worker
+- ``malenia``: at least one gradient from every worker and a harmonic mean of the per-worker
   counts of at least ``batch / n``; every worker weighs the same;
-- ``synchronous``: one report from every worker (``n * envs_per_worker`` gradients).
+- ``synchronous``: at least one gradient from every worker (``envs_per_worker`` at once).
+
+Workers sum their gradients locally and send only counts during a round; when the rule holds
+over the counts, each worker's sum travels once (one aggregation per round), so a worker's
+sum may hold more gradients than the rule needed (it kept sampling until asked).
 
 Same total gradient budget: every run stops after the round in which its cumulative count of
 *used* trajectory gradients reaches ``--budget``. A method with a smaller batch per round
@@ -147,7 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, help="worker processes (4-8)")
     p.add_argument("--envs-per-worker", type=int, default=8)
     p.add_argument("--delay-base", type=float, default=0.003, help="seconds per env step, h=1")
-    p.add_argument("--comm-base", type=float, default=0.0, help="seconds per report, k=1")
+    p.add_argument(
+        "--comm-base", type=float, default=0.0, help="seconds per aggregation (a worker's sum), k=1"
+    )
     p.add_argument("--gravity", type=float, default=2.0, help="Pendulum's g on every worker")
     p.add_argument("--offset", type=float, default=1.0, help="envs: motor torque offset")
     p.add_argument("--budget", type=int, default=2400, help="trajectory gradients per run")

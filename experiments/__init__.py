@@ -1,1 +1,1 @@
-"""Reproduction suites for the claims aps makes."""
+"""Reproduction suites that regenerate the figures in docs/results: ``experiments.aps``, ``experiments.nigt``."""

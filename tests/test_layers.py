@@ -19,7 +19,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("aps.protocol", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
     ("aps.policy", "aps._numpy_heads"),
-    ("aps.vector", "aps.worker", "aps.learner", "aps.collect", "aps.gradients", "aps.pg.trainer"),
+    (
+        "aps.vector",
+        "aps.worker",
+        "aps.learner",
+        "aps.collect",
+        "aps.gradients",
+        "aps.pg.trainer",
+        "aps.pg.simulate",
+    ),
     ("aps.cluster_env", "aps.launch", "aps.cli", "aps.__main__", "aps.testing", "aps"),
     ("aps.integrations",),
 ]

@@ -957,3 +957,50 @@ def test_pg_imports_no_event_loop_socket_or_clock() -> None:
                 assert name.split(".")[0] not in banned, f"{path.name} imports {name}"
             if path.name != "reinforce.py":
                 assert not any(name.split(".")[0] == "torch" for name in names), path.name
+
+
+# -- counts before sums (per-round aggregation) ------------------------------------------
+
+
+def test_rennala_is_ready_on_announced_counts_and_takes_every_collected_sum() -> None:
+    round_ = Rennala(batch=5).start(7, [0, 1], size=2)
+    assert round_.note(0, 7, 3) and not round_.ready
+    assert not round_.note(1, 6, 9)  # an earlier round's count is ignored
+    assert not round_.ready
+    assert round_.note(1, 7, 2) and round_.ready and not round_.done
+    round_.begin_collection()
+    assert round_.add(0, 7, np.array([4.0, 0.0]), 4)  # it sampled one more before asked
+    assert not round_.done  # the rule holds, but the other sum is still on its way
+    assert round_.add(1, 7, np.array([0.0, 2.0]), 2)
+    round_.end_collection()
+    assert round_.done and round_.used == 6
+    np.testing.assert_allclose(round_.result(), [4 / 6, 2 / 6])
+
+
+def test_malenia_is_ready_only_when_every_worker_announced_enough() -> None:
+    round_ = Malenia(batch=4).start(0, [0, 1])
+    round_.note(0, 0, 100)
+    round_.note(1, 0, 0)
+    assert not round_.ready
+    round_.note(1, 0, 1)
+    assert not round_.ready  # 1/100 + 1/1 > 2 * 2 / 4
+    round_.note(1, 0, 2)
+    assert round_.ready
+
+
+def test_removing_a_worker_forgets_its_announced_count() -> None:
+    round_ = Rennala(batch=4).start(0, [0, 1])
+    round_.note(0, 0, 3)
+    round_.note(1, 0, 1)
+    assert round_.ready
+    round_.remove(1)
+    assert not round_.ready
+
+
+@pytest.mark.parametrize("count", [-1, 1.5, "2", None])
+def test_a_bad_announced_count_is_refused(count: object) -> None:
+    round_ = Rennala(batch=4).start(0, [0])
+    with pytest.raises(ConfigError, match="count"):
+        round_.note(0, 0, count)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not in round"):
+        round_.note(5, 0, 1)

@@ -19,7 +19,7 @@ from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rounds import GradientRounds
-from aps.messages import ENV_CALL_KINDS, GradientReport, Welcome
+from aps.messages import ENV_CALL_KINDS, GradientProgress, GradientReport, Welcome
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -574,9 +574,10 @@ class Learner:
     ) -> int:
         """Broadcast a gradient round: every worker samples at ``arrays`` from now on.
 
-        The first call enters gradient mode (reports start flowing, see :meth:`next_report`);
-        later calls replace the round. Reports of earlier rounds may still arrive: they carry
-        their round id.
+        Workers sum their gradients locally and announce only their counts (see
+        :meth:`next_report`) until :meth:`collect_gradients`. The first call enters gradient
+        mode; later calls replace the round (workers drop what they summed of the last one).
+        A worker that replaced a lost one joins at the next call.
 
         Returns:
             The bytes put on the wire (the encoded round, once per worker).
@@ -595,8 +596,29 @@ class Learner:
             await self._detach.end_stream()
         return await self._rounds.start_round(round_id, arrays, horizon=horizon, gamma=gamma)
 
-    async def next_report(self) -> tuple[int, GradientReport]:
-        """Wait for the next gradient report from any worker: ``(worker_id, report)``.
+    async def collect_gradients(self, round_id: int) -> int:
+        """Ask every worker of the round under way for its sum: one report each follows.
+
+        Each worker answers with one :class:`~aps.messages.GradientReport` holding every
+        gradient it summed in the round (``count`` 0 and an empty gradient when it has none),
+        then samples nothing until the next :meth:`start_round`.
+
+        Returns:
+            The bytes put on the wire.
+
+        Raises:
+            InvalidState: not in gradient mode.
+            ConfigError: ``round_id`` is not the round under way.
+        """
+        return await self._rounds.collect(round_id)
+
+    async def next_report(self) -> tuple[int, GradientProgress | GradientReport]:
+        """Wait for the next message of any worker: ``(worker_id, progress or report)``.
+
+        :class:`~aps.messages.GradientProgress` says how many gradients a worker has summed
+        in a round (sent whenever it grows); :class:`~aps.messages.GradientReport` is its sum,
+        sent once per :meth:`collect_gradients`. Both carry their round id: messages of an
+        earlier round may still arrive.
 
         Raises:
             InvalidState: not in gradient mode.

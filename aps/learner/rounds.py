@@ -1,11 +1,14 @@
 """Gradient rounds (Rennala / Malenia NIGT): the learner's side, driven by :mod:`aps.pg`.
 
 :class:`GradientRounds` implements :meth:`Learner.start_round`, :meth:`Learner.next_report`,
-:meth:`Learner.drop_worker` and :meth:`Learner.stop_gradients`. In gradient mode every worker
-samples at the broadcast point and reports on its own; one pump per worker moves the reports
-into a small shared inbox (backpressure when the caller falls behind). As the pool's
-:class:`~aps.learner.pool.SlotHooks` it sends the current round to a worker that resumed or
-replaced a lost one.
+:meth:`Learner.collect_gradients`, :meth:`Learner.drop_worker` and
+:meth:`Learner.stop_gradients`. In gradient mode every worker samples at the broadcast point
+and sums its gradients locally; during a round only its counts arrive
+(:class:`~aps.messages.GradientProgress`), and each worker sends its sum once when the
+learner collects the round. One pump per worker moves what arrives into a small shared inbox
+(backpressure when the caller falls behind). As the pool's
+:class:`~aps.learner.pool.SlotHooks` it sends the current round (and its collection, if one
+was asked for) to a worker that resumed its session; a replacement joins at the next round.
 """
 
 from __future__ import annotations
@@ -25,13 +28,23 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
-from aps.messages import ErrorReport, GradientReport, GradientRound, Message, Request, StopGradients
+from aps.messages import (
+    CollectGradients,
+    ErrorReport,
+    GradientProgress,
+    GradientReport,
+    GradientRound,
+    Message,
+    Request,
+    StopGradients,
+)
 from aps.protocol import State
 
 __all__ = ["REPORT_BACKLOG", "GradientRounds"]
 
-REPORT_BACKLOG = 2
-"""Gradient reports the learner buffers per worker; beyond them the workers wait (backpressure)."""
+REPORT_BACKLOG = 8
+"""Messages (mostly progress counts) the learner buffers per worker; beyond them the workers
+wait (backpressure)."""
 
 _Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
 
@@ -46,6 +59,9 @@ class GradientRounds:
         self._pumps: list[asyncio.Task[None]] = []
         self._inbox: _Inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
         self._round: tuple[GradientRound, bytes] | None = None
+        # The workers the current round was sent to: a replacement joins at the next round.
+        self._members: frozenset[int] = frozenset()
+        self._collect: tuple[CollectGradients, bytes] | None = None
 
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
@@ -58,9 +74,15 @@ class GradientRounds:
         """Nothing to forget: a replacement starts sampling at the current round."""
 
     async def rejoined(self, remote: Remote) -> None:
-        """Send the current round to a worker that resumed or took over."""
-        if self._round is not None:
+        """Send the current round to a worker that resumed its session.
+
+        A replacement (a new worker id) is not part of the round under way, whose aggregation
+        rule counts the workers it started with; it receives the next round.
+        """
+        if self._round is not None and remote.info.worker_id in self._members:
             await self._pool.send(remote, *self._round)
+            if self._collect is not None:
+                await self._pool.send(remote, *self._collect)
 
     # Rounds.
 
@@ -86,8 +108,27 @@ class GradientRounds:
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
         frame = codec.encode(message)
         self._round = (message, frame)
+        self._members = frozenset(r.info.worker_id for r in self._remotes)
+        self._collect = None
         for remote in self._remotes:
             await pool.send(remote, message, frame)
+        return len(frame) * len(self._remotes)
+
+    async def collect(self, round_id: int) -> int:
+        """:meth:`Learner.collect_gradients`."""
+        if not self.active or self._round is None:
+            raise InvalidState("call start_round() before collect_gradients()")
+        if round_id != self._round[0].round:
+            raise ConfigError(
+                f"cannot collect round {round_id}: the round under way is "
+                f"{self._round[0].round}; collect the round last started"
+            )
+        message = CollectGradients(round=round_id)
+        frame = codec.encode(message)
+        self._collect = (message, frame)
+        for remote in self._remotes:
+            if remote.info.worker_id in self._members:
+                await self._pool.send(remote, message, frame)
         return len(frame) * len(self._remotes)
 
     async def _pump(self, remote: Remote) -> None:
@@ -127,7 +168,7 @@ class GradientRounds:
                 return
             await inbox.put((remote, message))
 
-    async def next_report(self) -> tuple[int, GradientReport]:
+    async def next_report(self) -> tuple[int, GradientProgress | GradientReport]:
         """:meth:`Learner.next_report`."""
         pool = self._pool
         if not self.active:
@@ -150,6 +191,8 @@ class GradientRounds:
             raise message
         if isinstance(message, ErrorReport):
             raise pool.worker_error(remote, message)
+        if isinstance(message, GradientProgress):
+            return remote.info.worker_id, message
         return remote.info.worker_id, expect(message, GradientReport)
 
     def drop_worker(self, worker_id: int) -> None:
@@ -183,4 +226,4 @@ class GradientRounds:
         finally:
             self.active = pool.busy = False
             self._inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
-            self._round = None
+            self._round = self._collect = None

@@ -21,7 +21,14 @@ Built-ins:
   a harmonic mean of the per-worker counts of at least ``batch / n``; the mean of per-worker
   means, so every worker weighs the same whatever its speed.
 - :class:`Synchronous` (the synchronized baseline): the first report of every worker; the
-  pooled mean.
+  pooled mean. With :class:`~aps.pg.NIGT`'s per-round aggregation a worker's report is its
+  whole sum for the round, so fast workers contribute what they sampled while waiting.
+
+A driver that moves only counts during a round (the networked trainer, the simulator) feeds
+:meth:`Round.note` with each worker's running count, asks for the sums once
+:attr:`Round.ready`, and wraps their :meth:`Round.add` calls in
+:meth:`Round.begin_collection` / :meth:`Round.end_collection` so that every sum collected
+is aggregated.
 
 Rules common to all rounds:
 
@@ -121,6 +128,9 @@ class Round(ABC):
         self._stale = 0
         self._reports = 0
         self._result: FloatVector | None = None
+        # Gradients a worker announced (GradientProgress) whose sum has not arrived yet.
+        self._noted: dict[int, int] = {}
+        self._collecting = False
 
     def __repr__(self) -> str:
         return (
@@ -241,9 +251,74 @@ class Round(ABC):
         else:
             self._sums[worker] = np.array(vector, dtype=np.float64, copy=True)
         self._counts[worker] += n
+        self._noted.pop(worker, None)
         self._reports += 1
         self._close_if_done()
         return True
+
+    @property
+    def ready(self) -> bool:
+        """Whether the stop rule holds over the gradients aggregated *and* those announced.
+
+        A driver that moves only counts during a round (:meth:`note`) asks every worker for
+        its sum once this is ``True``; the round is :attr:`done` when the sums are added.
+        """
+        if self.done:
+            return True
+        counts = dict(self._counts)
+        for worker, count in self._noted.items():
+            counts[worker] += count
+        return bool(self.active) and self._holds(counts)
+
+    def note(self, worker_id: int, round_id: int, count: int) -> bool:
+        """Note that a worker holds ``count`` gradients of ``round_id``, summed, not sent yet.
+
+        The count replaces the worker's previous one (a worker announces its running total
+        since its last sum); :meth:`add` of the worker's sum clears it. Only :attr:`ready`
+        uses it: nothing is aggregated until the sum arrives.
+
+        Returns:
+            ``True`` when noted, ``False`` when ignored: a stale round id, a closed round, a
+            removed worker.
+
+        Raises:
+            ConfigError: an unknown worker, or a count that is not an int ``>= 0``.
+        """
+        if not _is_int(worker_id) or int(worker_id) not in self._counts:
+            raise ConfigError(
+                f"progress from worker {worker_id!r}, which is not in round {self.round_id} "
+                f"(workers {list(self.workers)}); start each round with every worker"
+            )
+        if not _is_int(count) or count < 0:
+            raise ConfigError(
+                f"progress from worker {worker_id} has count {count!r}; "
+                "a count is the number of gradients summed, an int >= 0"
+            )
+        worker = int(worker_id)
+        if round_id != self.round_id or self.done or worker in self._removed:
+            return False
+        self._noted[worker] = int(count)
+        return True
+
+    def begin_collection(self) -> None:
+        """Hold the round open while the workers' sums arrive (call once :attr:`ready`).
+
+        A sum may hold more gradients than its worker announced (it kept sampling until
+        asked), so the rule may hold before every sum is in; the round takes them all and
+        closes at :meth:`end_collection`.
+        """
+        self._collecting = True
+
+    def end_collection(self) -> None:
+        """Close the round if the rule holds, once every awaited sum arrived.
+
+        Also forgets the announced counts: a round that must be sampled again (a worker was
+        removed meanwhile) is announced afresh.
+        """
+        self._collecting = False
+        self._noted.clear()
+        if self.active:
+            self._close_if_done()
 
     def remove(self, worker_id: int) -> None:
         """Take a worker that died out of the round.
@@ -269,6 +344,7 @@ class Round(ABC):
         if worker in self._removed:
             return
         self._removed.append(worker)
+        self._noted.pop(worker, None)
         if self.done:
             return
         if not self._keep_removed and self._counts[worker]:
@@ -300,9 +376,13 @@ class Round(ABC):
         """Whether a current-round report from this active worker is aggregated."""
         return True
 
-    @abstractmethod
     def _is_done(self) -> bool:
         """Whether the stop rule holds now (called after every change while open)."""
+        return self._holds(self._counts)
+
+    @abstractmethod
+    def _holds(self, counts: dict[int, int]) -> bool:
+        """Whether the stop rule holds with these gradient counts per worker."""
 
     @abstractmethod
     def _estimate(self) -> FloatVector:
@@ -326,7 +406,7 @@ class Round(ABC):
         return total
 
     def _close_if_done(self) -> None:
-        if self._result is None and self._is_done():
+        if self._result is None and not self._collecting and self._is_done():
             result = self._estimate()
             result.setflags(write=False)
             self._result = result
@@ -362,8 +442,8 @@ class RennalaRound(Round):
         super().__init__(round_id, workers, size=size)
         self.batch = batch
 
-    def _is_done(self) -> bool:
-        return self.used >= self.batch
+    def _holds(self, counts: dict[int, int]) -> bool:
+        return sum(counts.values()) >= self.batch
 
     def _estimate(self) -> FloatVector:
         return self._pooled_mean()
@@ -395,8 +475,8 @@ class MaleniaRound(Round):
             return 0.0
         return float(len(counts) / sum(Fraction(1, c) for c in counts))
 
-    def _is_done(self) -> bool:
-        counts = [self._counts[worker] for worker in self.active]
+    def _holds(self, per_worker: dict[int, int]) -> bool:
+        counts = [per_worker[worker] for worker in self.active]
         if not counts or min(counts) == 0:
             return False
         # ((1/n) sum 1/M_i)^-1 >= M/n  <=>  n^2 >= M sum 1/M_i, exactly in rationals.
@@ -428,8 +508,8 @@ class SynchronousRound(Round):
     def _wants(self, worker: int) -> bool:
         return self._counts[worker] == 0
 
-    def _is_done(self) -> bool:
-        return not self.missing and self.used > 0
+    def _holds(self, counts: dict[int, int]) -> bool:
+        return all(counts[worker] > 0 for worker in self.active) and sum(counts.values()) > 0
 
     def _estimate(self) -> FloatVector:
         return self._pooled_mean()

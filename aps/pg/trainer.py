@@ -4,11 +4,13 @@ This module is the I/O side of :mod:`aps.pg`: it lives in the roles layer (it ta
 :class:`~aps.learner.Learner`), while the rules it applies (:class:`~aps.pg.NIGTUpdate`,
 the aggregation rounds) stay pure.
 
-Each iteration broadcasts the extrapolated point, collects gradient reports from whichever
-workers finish trajectories (workers sample *and* differentiate at that point), lets the
-aggregation rule decide when the round ends (reports tagged with an older round are never
-aggregated), and takes one normalized momentum step. Under Rennala the learner never waits
-for a slow worker; under Malenia every worker weighs the same whatever its speed.
+Each iteration broadcasts the extrapolated point; workers sample *and* differentiate at that
+point and sum their gradients locally, announcing only their counts. When the aggregation
+rule holds over the counts, the learner collects the round: every worker sends its sum once
+(one aggregation per round, as in the paper's server variant; messages tagged with another
+round are never aggregated), and the learner takes one normalized momentum step. Under
+Rennala the learner never waits for a slow worker; under Malenia every worker weighs the
+same whatever its speed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from aps import codec
 from aps.errors import ConfigError, WorkerLost
 from aps.learner import Learner
+from aps.messages import GradientProgress
 from aps.pg.aggregate import AggregationRule, Malenia, Rennala
 from aps.pg.nigt import NIGTUpdate, flatten, unflatten
 
@@ -45,8 +49,14 @@ class RoundStats:
         contributions: gradients used per worker id.
         seconds: wall time of the round.
         elapsed: wall time since training started.
-        bytes_sent: bytes of the round's broadcast (the point, once per worker).
-        bytes_received: bytes of gradient arrays received during the round.
+        bytes_sent: bytes the learner sent in the round: the point, once per worker, and the
+            requests for the sums.
+        bytes_received: bytes of the messages received in the round: the workers' progress
+            counts and their sums, each as encoded on the wire (framing excluded).
+        messages_received: the messages those bytes came in.
+        aggregations: how many times the workers' sums were collected: 1, or more when a
+            worker lost during a collection held gradients the rule had counted (the point
+            is then sampled again).
         mean_return: mean undiscounted return of the trajectories used (NaN if none).
         direction_norm: the norm of the momentum direction after the step.
     """
@@ -59,6 +69,8 @@ class RoundStats:
     elapsed: float
     bytes_sent: int
     bytes_received: int
+    messages_received: int
+    aggregations: int
     mean_return: float
     direction_norm: float
 
@@ -155,29 +167,61 @@ class NIGT:
                 ]
                 round_ = rule.start(state.t, workers, size=layout.size)
                 round_began = time.monotonic()
+                point = unflatten(state.point, layout)
                 sent = await learner.start_round(
-                    state.t, unflatten(state.point, layout), horizon=self.horizon, gamma=self.gamma
+                    state.t, point, horizon=self.horizon, gamma=self.gamma
                 )
-                received = 0
+                received = messages = aggregations = 0
                 returns: list[float] = []
-                while not round_.done:
+                # The workers whose sum is awaited, once the rule held over the counts.
+                waiting: set[int] | None = None
+                while True:
+                    if waiting is None and round_.ready:
+                        waiting = set(round_.active)
+                        round_.begin_collection()
+                        sent += await learner.collect_gradients(state.t)
+                        aggregations += 1
+                    if waiting is not None and not waiting:
+                        round_.end_collection()
+                        if round_.done:
+                            break
+                        # A worker lost while collecting took gradients the rule counted:
+                        # sample the same point again for the rest.
+                        waiting = None
+                        sent += await learner.start_round(
+                            state.t, point, horizon=self.horizon, gamma=self.gamma
+                        )
+                        continue
                     try:
-                        worker_id, report = await learner.next_report()
+                        worker_id, message = await learner.next_report()
                     except WorkerLost as exc:
                         if self.on_worker_lost == "raise":
                             raise
                         learner.drop_worker(exc.worker_id)
                         round_.remove(exc.worker_id)
+                        if waiting is not None:
+                            waiting.discard(exc.worker_id)
                         if not round_.can_finish:
                             raise WorkerLost(
                                 f"no worker is left to finish round {state.t}",
                                 worker_id=exc.worker_id,
                             ) from exc
                         continue
-                    gradient = layout.flatten(report.gradient, fill_missing=True)
-                    received += sum(int(a.nbytes) for a in report.gradient.values())
-                    if round_.add(worker_id, report.round, gradient, report.count):
-                        returns.extend(float(r) for r in report.episode_return)
+                    received += len(codec.encode(message))
+                    messages += 1
+                    if worker_id not in round_.workers:
+                        continue  # a replacement: it joins at the next round
+                    if isinstance(message, GradientProgress):
+                        round_.note(worker_id, message.round, message.count)
+                        continue
+                    if waiting is not None and message.round == state.t:
+                        waiting.discard(worker_id)
+                    if message.count == 0:
+                        round_.note(worker_id, message.round, 0)  # its sum holds nothing
+                        continue
+                    gradient = layout.flatten(message.gradient, fill_missing=True)
+                    if round_.add(worker_id, message.round, gradient, message.count):
+                        returns.extend(float(r) for r in message.episode_return)
                 state = self.update.step(state, round_.result())
                 policy.set_weights(unflatten(state.theta, layout))
                 now = time.monotonic()
@@ -190,6 +234,8 @@ class NIGT:
                     elapsed=now - started,
                     bytes_sent=sent,
                     bytes_received=received,
+                    messages_received=messages,
+                    aggregations=aggregations,
                     mean_return=float(np.mean(returns)) if returns else math.nan,
                     direction_norm=state.direction_norm,
                 )

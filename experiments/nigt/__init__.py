@@ -1,0 +1,1 @@
+"""NIGT in virtual time (aps.pg.simulate): ``python -m experiments.nigt``."""
