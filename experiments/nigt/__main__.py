@@ -189,7 +189,7 @@ def summarize(
                 f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f}) over {len(ratios)} seeds"
             )
     text = "\n".join(lines)
-    print(text)  # noqa: T201
+    print(text)
     (out / f"nigt_sim_{args.env.split('-')[0].lower()}.txt").write_text(text + "\n")
     try:
         import matplotlib
@@ -197,7 +197,7 @@ def summarize(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no figure")  # noqa: T201
+        print("matplotlib is not installed: no figure")
         return
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 3.6), sharey=True)
     for ax, scenario in zip(axes, SCENARIOS, strict=True):
