@@ -108,6 +108,7 @@ class Args:
     # Synchronization.
     sync: str = arg("aps", "aps, fixed or always")
     kl_threshold: float = arg(0.05, "APS: sync a worker when its KL to the learner exceeds this")
+    weight_precision: str = arg("exact", "how weights travel: exact, or float16 (half the bytes)")
     max_lag: int | None = arg(
         None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
     )
@@ -149,6 +150,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     args = Args(**vars(parser.parse_args(argv)))
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
+    if args.weight_precision not in ("exact", "float16"):
+        parser.error(f"--weight-precision must be exact or float16, got {args.weight_precision!r}")
     for name in ("hidden_size", "num_layers"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
@@ -319,6 +322,7 @@ def make_envs(args: Args) -> Any:
             autoreset_mode="SameStep",
             policy=policy_path(args),
             sync=make_sync(args),
+            weight_precision=args.weight_precision,  # type: ignore[arg-type]
         )
     # aps: a token guards a learner other machines can reach; workers read it from a file.
     token = os.environ.get("APS_TOKEN")
@@ -354,6 +358,7 @@ def make_envs(args: Args) -> Any:
         autoreset_mode="SameStep",
         policy=policy,
         sync=make_sync(args),
+        weight_precision=args.weight_precision,  # type: ignore[arg-type]
         on_listening=announce,
     )
 
@@ -637,6 +642,7 @@ def train(
         "sync": args.sync,
         "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
         "max_lag": make_sync(args).max_lag if args.sync == "aps" else None,
+        "weight_precision": args.weight_precision,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,

@@ -318,6 +318,9 @@ async def test_idle_connections_do_not_keep_an_honest_worker_out(
         finally:
             for writer in idle:
                 writer.close()
+            for writer in idle:  # closed here, not by the collector after the loop ends
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
         refusals = [r for r in caplog.records if "refused" in r.getMessage()]
         assert len(refusals) <= 2 * aps.learner.admission.REFUSAL_LOG_BURST + 2, len(refusals)
     await asyncio.wait_for(task, 30)
@@ -547,4 +550,7 @@ async def test_idle_websocket_connections_are_capped_before_the_upgrade() -> Non
         finally:
             for _, writer in idle:
                 writer.close()
+            for _, writer in idle:  # closed here, not by the collector after the loop ends
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
     await asyncio.wait_for(task, 30)
