@@ -1089,12 +1089,7 @@ def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Mes
             or holds values of the wrong type (a bad array header, an unknown dtype, a
             malformed space description, ...).
     """
-    try:
-        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
-    except TypeError as exc:
-        raise WireError(f"a frame must be bytes, got {type(frame).__qualname__}") from exc
-    if size > max_frame_size:
-        raise FrameTooLarge(size, max_frame_size)
+    size = _frame_size(frame, max_frame_size)
     data: Frame = frame
     ext_hook = _TOP_HOOK
     # Only bytes are viewed in place: a view of a caller's bytearray would not be read-only.
@@ -1157,12 +1152,7 @@ def decode_handshake(frame: Frame, *, max_frame_size: int = HANDSHAKE_FRAME_SIZE
         FrameTooLarge: the frame is larger than ``max_frame_size``.
         WireError: anything else that is not a well-formed handshake message.
     """
-    try:
-        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
-    except TypeError as exc:
-        raise WireError(f"a frame must be bytes, got {type(frame).__qualname__}") from exc
-    if size > max_frame_size:
-        raise FrameTooLarge(size, max_frame_size)
+    size = _frame_size(frame, max_frame_size)
     # The first byte must open a map: refuse anything else before msgpack builds it.
     first = bytes(frame[:1])
     if not first or not (0x80 <= first[0] <= 0x8F or first[0] == 0xDE):
@@ -1185,6 +1175,17 @@ def decode_handshake(frame: Frame, *, max_frame_size: int = HANDSHAKE_FRAME_SIZE
     except Exception as exc:
         raise WireError(f"handshake frame of {size} bytes is not valid msgpack: {exc}") from exc
     return _message(body, _HANDSHAKE_SPECS, _HANDSHAKE_KNOWN)
+
+
+def _frame_size(frame: Frame, max_frame_size: int) -> int:
+    """``frame``'s size in bytes, checked against ``max_frame_size`` before any parsing."""
+    try:
+        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+    except TypeError as exc:
+        raise WireError(f"a frame must be bytes, got {type(frame).__qualname__}") from exc
+    if size > max_frame_size:
+        raise FrameTooLarge(size, max_frame_size)
+    return size
 
 
 def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
