@@ -199,6 +199,30 @@ async def test_a_probe_with_a_wrong_token_learns_nothing_but_the_refusal() -> No
         assert learner._pool.refused == 3 and len(learner.workers) == 0
 
 
+async def test_a_probe_that_never_asks_for_the_spaces_is_dropped_at_the_deadline(
+    workers: WorkerTasks,
+) -> None:
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=FAST) as learner:
+        session = Session(await transports.get_factory("tcp").connect(learner.url), Role.WORKER)
+        try:
+            challenge = await session.receive(timeout=10, operation="challenge")
+            assert isinstance(challenge, Challenge)
+            nonce = os.urandom(32)
+            proof = worker_proof(TOKEN.encode(), challenge.nonce, nonce)
+            await session.send(_probe_hello(proof, nonce))
+            result = await session.receive(timeout=10, operation="result")
+            assert isinstance(result, ProbeResult) and result.proof
+            # Silent from here on: the handshake deadline ends the conversation.
+            with pytest.raises(EndOfStream):
+                await session.receive(timeout=10 * FAST.handshake, operation="the end")
+        finally:
+            await session.aclose()
+        assert learner._pool.refused == 0
+        workers.start(learner.url, num_envs=1, token=TOKEN)  # the slot is still free
+        obs, _ = await learner.reset(seed=0)
+        assert obs.shape == (1, 4)
+
+
 async def test_an_older_learner_is_refused_by_name() -> None:
     listener = await transports.get_factory("tcp").listen(TCP)
 

@@ -325,7 +325,7 @@ class Gate:
         reason = ""
         try:
             admitted = await self._authenticate(session)
-            reason = "" if admitted else "the check is answered"
+            reason = "" if admitted else "the check is over"
         except ApsError as exc:
             reason = self._refuse(session, exc)
         except asyncio.CancelledError:
