@@ -185,3 +185,20 @@ def test_afedpg_converges_on_a_quadratic() -> None:
     )
     assert max(s.delay for s in steps) >= 2
     assert agent.mu == pytest.approx(3.0, abs=0.5)
+
+
+def test_sampler_limit_must_be_a_positive_int() -> None:
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from aps.gradients import GradientSampler
+    from aps.messages import GradientRound
+    from aps.policy import Policy
+
+    envs = SyncVectorEnv([Reveal] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    policy = Policy(MeanAgent(), envs.single_observation_space, envs.single_action_space)
+    sampler = GradientSampler(envs, policy)
+    sampler.start(GradientRound(round=0, arrays=policy.get_weights(), horizon=1, gamma=1.0))
+    with pytest.raises(aps.ConfigError, match="limit must be None or an int >= 1, got 0"):
+        sampler.step(limit=0)
+    report = sampler.step(limit=1)  # both trajectories end (horizon 1); one is reported
+    assert report is not None and report.count == 1 and len(report.episode_return) == 1
