@@ -27,7 +27,7 @@ def run(out: Path) -> subprocess.CompletedProcess[str]:
 def test_the_experiment_runs_and_resumes(tmp_path: Path) -> None:
     first = run(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "Rennala / synchronous" in first.stdout
+    assert "rennala / synchronous" in first.stdout and "rennala / afedpg" in first.stdout
     with (tmp_path / "nigt_sim_pendulum.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     methods = ("rennala", "malenia", "synchronous", "afedpg")

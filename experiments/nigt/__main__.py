@@ -285,7 +285,10 @@ def quantiles(values: list[float]) -> str:
     """'median (20%: a, 80%: b)' of finite or infinite values."""
     if not values:
         return "no runs"
-    q = np.nanquantile(np.asarray(values, dtype=float), [0.2, 0.5, 0.8])
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return "undefined (no run reached the target)"
+    q = np.quantile(np.asarray(known, dtype=float), [0.2, 0.5, 0.8])
     return f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f})"
 
 
