@@ -48,10 +48,12 @@ class SimRound:
 
     Attributes:
         iteration: 0, 1, ... (0 is the initial batch).
-        time: the virtual time at the end of the round (aggregation included).
-        compute: the virtual time the round's gradients took (until the rule held).
+        time: the virtual time at the end of the round (aggregation included); for
+            :func:`afedpg`, when the step's gradient reached the server.
+        compute: the virtual time the round's gradients took (until the rule held); for
+            :func:`afedpg`, ``h`` of the worker whose gradient was applied.
         communication: the virtual time of the round's aggregation (``max kappa`` of the
-            workers that sent a sum).
+            workers that sent a sum); for :func:`afedpg`, ``kappa`` of that worker.
         contributions: gradients used per worker index.
         used: gradients aggregated.
         mean_return: the mean undiscounted return of the trajectories sampled at the point.
