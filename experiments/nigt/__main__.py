@@ -288,7 +288,11 @@ def quantiles(values: list[float]) -> str:
     known = [v for v in values if not math.isnan(v)]
     if not known:
         return "undefined (no run reached the target)"
-    q = np.quantile(np.asarray(known, dtype=float), [0.2, 0.5, 0.8])
+    array = np.asarray(known, dtype=float)
+    # Linear interpolation, as the figures' bands; observed values when one is infinite (a
+    # run that never reached the target), where interpolating gives nan.
+    method = "linear" if np.isfinite(array).all() else "inverted_cdf"
+    q = np.quantile(array, [0.2, 0.5, 0.8], method=method)
     return f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f})"
 
 
