@@ -21,6 +21,7 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
     L -> W  GradientRound(round, arrays)  W -> L  GradientProgress(round, count), ...
     L -> W  CollectGradients(round)       W -> L  GradientReport(round, gradient, count)
+    L -> W  ReduceGradients(round, ...)   W -> L  GradientsReduced(round, count, ...)
     L -> W  EnvCall(kind, name, ...)      W -> L  EnvCallResult(values)
     L -> W  StopGradients()               W -> L  GradientsStopped()
     W -> L  ErrorReport(...)              instead of a result, when an env raised
@@ -72,6 +73,8 @@ __all__ = [
     "GradientsStopped",
     "GradientProgress",
     "CollectGradients",
+    "ReduceGradients",
+    "GradientsReduced",
     "Heartbeat",
     "Hello",
     "Message",
@@ -377,6 +380,44 @@ class CollectGradients(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReduceGradients(Message):
+    """End ``round`` on the worker by one all-reduce over the sums instead of a report.
+
+    The worker joins a gloo group through the learner's store at ``host:port`` (``host``
+    empty: the host it reached the learner at) under the key ``prefix``, as ``rank`` of
+    ``world_size`` (the learner is rank 0), and all-reduces (sums) one float32 vector of
+    ``size + world_size - 1`` entries: its sum flattened in the order of the round's arrays
+    (divided by its count when ``mean``), then its count in slot ``size + rank - 1``, zeros
+    elsewhere. ``timeout`` is the seconds the group may take. It then answers
+    :class:`GradientsReduced` (or :class:`ErrorReport`).
+    """
+
+    TAG: ClassVar[str] = "gradient_reduce"
+    round: int
+    host: str
+    port: int
+    prefix: str
+    rank: int
+    world_size: int
+    size: int
+    mean: bool
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientsReduced(Message):
+    """The worker's part of ``round``'s all-reduce is done: ``count`` gradients went in.
+
+    ``episode_return`` holds those trajectories' undiscounted returns.
+    """
+
+    TAG: ClassVar[str] = "gradients_reduced"
+    round: int
+    count: int
+    episode_return: Array
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReport(Message):
     """An env (or the worker) raised instead of answering a request.
 
@@ -525,6 +566,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         GradientsStopped,
         GradientProgress,
         CollectGradients,
+        ReduceGradients,
+        GradientsReduced,
         ErrorReport,
         Heartbeat,
         Goodbye,

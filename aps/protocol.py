@@ -33,6 +33,7 @@ from aps.messages import (
     GradientProgress,
     GradientReport,
     GradientRound,
+    GradientsReduced,
     GradientsStopped,
     Heartbeat,
     Hello,
@@ -40,6 +41,7 @@ from aps.messages import (
     ProbeResult,
     ProbeSpaces,
     Ready,
+    ReduceGradients,
     Reject,
     ResetRequest,
     ResetResult,
@@ -169,6 +171,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.GRADIENTS, _R, GradientProgress): State.GRADIENTS,
         (State.GRADIENTS, _S, CollectGradients): State.GRADIENTS,
         (State.STOPPING, _R, GradientProgress): State.STOPPING,
+        (State.GRADIENTS, _S, ReduceGradients): State.GRADIENTS,
+        (State.GRADIENTS, _R, GradientsReduced): State.GRADIENTS,
+        (State.STOPPING, _R, GradientsReduced): State.STOPPING,
     },
     Role.WORKER: {
         (State.START, _R, Challenge): State.GOT_CHALLENGE,
@@ -208,6 +213,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         # The sampling loop may still be sending when the reader has taken StopGradients.
         (State.STOPPING, _S, GradientProgress): State.STOPPING,
         (State.STOPPING, _S, GradientReport): State.STOPPING,
+        (State.GRADIENTS, _R, ReduceGradients): State.GRADIENTS,
+        (State.GRADIENTS, _S, GradientsReduced): State.GRADIENTS,
+        (State.STOPPING, _S, GradientsReduced): State.STOPPING,
     },
 }
 """``(state, direction, message type) -> next state`` for each role; anything else is refused.

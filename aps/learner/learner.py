@@ -19,7 +19,13 @@ from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rounds import GradientRounds
-from aps.messages import ENV_CALL_KINDS, GradientProgress, GradientReport, Welcome
+from aps.messages import (
+    ENV_CALL_KINDS,
+    GradientProgress,
+    GradientReport,
+    GradientsReduced,
+    Welcome,
+)
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
@@ -612,13 +618,41 @@ class Learner:
         """
         return await self._rounds.collect(round_id)
 
-    async def next_report(self) -> tuple[int, GradientProgress | GradientReport]:
+    async def reduce_gradients(
+        self, round_id: int, *, size: int, mean: bool = False
+    ) -> tuple[Array, int]:
+        """All-reduce the workers' sums of the round under way instead of collecting them.
+
+        The learner opens a ``torch.distributed`` store on its listening address for this
+        call only, sends each worker its rank over its session, and takes part in one gloo
+        all-reduce (sum) as rank 0. The result has ``size + n`` float32 entries for ``n``
+        workers: the sum of the workers' gradient sums (of their means when ``mean``), then
+        each worker's count in the order of :attr:`gradient_workers`. Each worker then
+        answers one :class:`~aps.messages.GradientsReduced` (count and returns) through
+        :meth:`next_report`. Gloo's connections are not authenticated: use this on a
+        trusted network only.
+
+        Returns:
+            The reduced vector and the bytes of the aps messages sent.
+
+        Raises:
+            InvalidState: not in gradient mode.
+            ConfigError: ``round_id`` is not the round under way, or a bad ``size``.
+            Timeout: the all-reduce did not finish in ``timeouts.step`` seconds.
+            MissingDependency: torch lacks ``torch.distributed`` or gloo.
+        """
+        return await self._rounds.reduce(round_id, size=size, mean=mean)
+
+    async def next_report(
+        self,
+    ) -> tuple[int, GradientProgress | GradientReport | GradientsReduced]:
         """Wait for the next message of any worker: ``(worker_id, progress or report)``.
 
         :class:`~aps.messages.GradientProgress` says how many gradients a worker has summed
         in a round (sent whenever it grows); :class:`~aps.messages.GradientReport` is its sum,
-        sent once per :meth:`collect_gradients`. Both carry their round id: messages of an
-        earlier round may still arrive.
+        sent once per :meth:`collect_gradients`; :class:`~aps.messages.GradientsReduced`
+        ends a worker's part of :meth:`reduce_gradients`. All carry their round id: messages
+        of an earlier round may still arrive.
 
         Raises:
             InvalidState: not in gradient mode.

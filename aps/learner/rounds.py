@@ -9,12 +9,22 @@ learner collects the round. One pump per worker moves what arrives into a small 
 (backpressure when the caller falls behind). As the pool's
 :class:`~aps.learner.pool.SlotHooks` it sends the current round (and its collection, if one
 was asked for) to a worker that resumed its session; a replacement joins at the next round.
+
+:meth:`GradientRounds.reduce` is the all-reduce aggregation (``aggregation="allreduce"``):
+instead of asking for each worker's sum, the learner opens a store for the round
+(:class:`~aps.gradients.RoundStore`), sends each worker its rank over its session
+(:class:`~aps.messages.ReduceGradients`) and takes part in one gloo all-reduce as rank 0,
+contributing zeros. Gloo's connections are not authenticated: see the store's docstring.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
 
 from aps import codec
 from aps._typing import Array
@@ -27,6 +37,7 @@ from aps.errors import (
     TransportError,
     WorkerLost,
 )
+from aps.gradients import RoundStore, allreduce_sum
 from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
 from aps.messages import (
     CollectGradients,
@@ -34,7 +45,9 @@ from aps.messages import (
     GradientProgress,
     GradientReport,
     GradientRound,
+    GradientsReduced,
     Message,
+    ReduceGradients,
     Request,
     StopGradients,
 )
@@ -45,6 +58,24 @@ __all__ = ["REPORT_BACKLOG", "GradientRounds"]
 REPORT_BACKLOG = 8
 """Messages (mostly progress counts) the learner buffers per worker; beyond them the workers
 wait (backpressure)."""
+
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+def _store_host(url: str) -> tuple[str, str]:
+    """Where the store is: the host workers dial, and the address the learner binds.
+
+    The first is empty when the learner listens on a wildcard address: each worker then
+    dials the host it reached the learner at.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("tcp", "tls", "ws", "wss"):
+        return "127.0.0.1", "127.0.0.1"  # memory://, unix://: the workers are on this host
+    host = parts.hostname or ""
+    if host in _WILDCARDS:
+        return "", "0.0.0.0" if host != "::" else "::"
+    return host, host
+
 
 _Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
 
@@ -131,6 +162,72 @@ class GradientRounds:
                 await self._pool.send(remote, message, frame)
         return len(frame) * len(self._remotes)
 
+    async def reduce(
+        self, round_id: int, *, size: int, mean: bool
+    ) -> tuple[np.ndarray[Any, Any], int]:
+        """:meth:`Learner.reduce_gradients`."""
+        pool = self._pool
+        if not self.active or self._round is None:
+            raise InvalidState("call start_round() before reduce_gradients()")
+        if round_id != self._round[0].round:
+            raise ConfigError(
+                f"cannot reduce round {round_id}: the round under way is "
+                f"{self._round[0].round}; reduce the round last started"
+            )
+        if not isinstance(size, int) or size < 1:
+            raise ConfigError(f"size must be an int >= 1 (the gradient length), got {size!r}")
+        members = [r for r in self._remotes if r.info.worker_id in self._members]
+        if not members:
+            raise InvalidState(f"no worker is left to reduce round {round_id}")
+        world = len(members) + 1
+        seconds = pool.timeouts.step
+        host, bind = _store_host(pool.url)
+        store = await asyncio.to_thread(RoundStore, bind, world, seconds)
+        sent = 0
+        try:
+            for rank, remote in enumerate(members, start=1):
+                message = ReduceGradients(
+                    round=round_id,
+                    host=host,
+                    port=store.port,
+                    prefix=store.prefix,
+                    rank=rank,
+                    world_size=world,
+                    size=size,
+                    mean=mean,
+                    timeout=seconds,
+                )
+                frame = codec.encode(message)
+                await pool.send(remote, message, frame)
+                sent += len(frame)
+            zeros = np.zeros(size + world - 1, dtype=np.float32)
+            try:
+                async with asyncio.timeout(seconds + 5.0):
+                    reduced = await asyncio.to_thread(
+                        allreduce_sum,
+                        zeros,
+                        host=bind,
+                        port=store.port,
+                        prefix=store.prefix,
+                        rank=0,
+                        world_size=world,
+                        timeout=seconds,
+                        store=store.store,
+                        bind=bind,
+                    )
+            except (TimeoutError, RuntimeError) as exc:
+                raise Timeout(
+                    f"the all-reduce of round {round_id} over {world - 1} workers did not "
+                    f"finish in {seconds} s ({exc}); a worker was lost or cannot reach "
+                    f"{bind}:{store.port}; raise Timeouts.step, open that port between the "
+                    "machines, or use aggregation='server'",
+                    operation="reduce_gradients",
+                    seconds=seconds,
+                ) from exc
+        finally:
+            store.close()
+        return reduced, sent
+
     async def _pump(self, remote: Remote) -> None:
         """Move one worker's gradient reports into the shared inbox until cancelled.
 
@@ -168,7 +265,9 @@ class GradientRounds:
                 return
             await inbox.put((remote, message))
 
-    async def next_report(self) -> tuple[int, GradientProgress | GradientReport]:
+    async def next_report(
+        self,
+    ) -> tuple[int, GradientProgress | GradientReport | GradientsReduced]:
         """:meth:`Learner.next_report`."""
         pool = self._pool
         if not self.active:
@@ -191,7 +290,7 @@ class GradientRounds:
             raise message
         if isinstance(message, ErrorReport):
             raise pool.worker_error(remote, message)
-        if isinstance(message, GradientProgress):
+        if isinstance(message, GradientProgress | GradientsReduced):
             return remote.info.worker_id, message
         return remote.info.worker_id, expect(message, GradientReport)
 

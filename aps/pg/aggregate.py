@@ -28,7 +28,9 @@ A driver that moves only counts during a round (the networked trainer, the simul
 :meth:`Round.note` with each worker's running count, asks for the sums once
 :attr:`Round.ready`, and wraps their :meth:`Round.add` calls in
 :meth:`Round.begin_collection` / :meth:`Round.end_collection` so that every sum collected
-is aggregated.
+is aggregated. A driver that all-reduces the sums instead (``aggregation="allreduce"``) hands
+the round the reduced vector and the per-worker counts in one :meth:`Round.add_reduced`
+call; each worker puts in its sum, or its mean when :attr:`Round.reduces_means`.
 
 Rules common to all rounds:
 
@@ -56,7 +58,7 @@ Pure code: no event loop, no clock; arrays are numpy float64 vectors.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar, Protocol, TypeGuard, runtime_checkable
@@ -104,6 +106,9 @@ class Round(ABC):
     """
 
     _keep_removed: ClassVar[bool] = True
+    reduces_means: ClassVar[bool] = False
+    """Whether, in an all-reduce (:meth:`add_reduced`), each worker puts in its mean
+    (sum / count) rather than its sum: ``True`` for :class:`Malenia`'s mean of means."""
 
     def __init__(self, round_id: int, workers: Sequence[int], *, size: int | None = None) -> None:
         if not _is_int(round_id):
@@ -131,6 +136,8 @@ class Round(ABC):
         # Gradients a worker announced (GradientProgress) whose sum has not arrived yet.
         self._noted: dict[int, int] = {}
         self._collecting = False
+        # The all-reduced vector (sums, or per-worker means), when the round was reduced.
+        self._reduced: FloatVector | None = None
 
     def __repr__(self) -> str:
         return (
@@ -255,6 +262,67 @@ class Round(ABC):
         self._reports += 1
         self._close_if_done()
         return True
+
+    def add_reduced(self, round_id: int, reduced: npt.ArrayLike, counts: Mapping[int, int]) -> bool:
+        """Take the round's gradients as one all-reduced vector, once, instead of :meth:`add`.
+
+        ``reduced`` is the sum over the workers of their gradient sums, or of their means
+        (sum / count, zero for a count of 0) when :attr:`reduces_means`; ``counts`` gives
+        each worker's count. Workers with a count of 0, removed workers and a stale round id
+        contribute nothing; a stale or closed round discards every count, as :meth:`add`.
+
+        Returns:
+            ``True`` when aggregated, ``False`` when discarded.
+
+        Raises:
+            ConfigError: an unknown or removed worker with a count, a count that is not an
+                int ``>= 0``, or a vector of the wrong shape or with a non-finite entry.
+            InvalidState: the round already took gradients (by :meth:`add` or an earlier
+                :meth:`add_reduced`): sums and means cannot be mixed afterwards.
+        """
+        checked: dict[int, int] = {}
+        for worker, count in counts.items():
+            if not _is_int(worker) or int(worker) not in self._counts:
+                raise ConfigError(
+                    f"reduced count of worker {worker!r}, which is not in round "
+                    f"{self.round_id} (workers {list(self.workers)})"
+                )
+            if not _is_int(count) or count < 0:
+                raise ConfigError(
+                    f"reduced count {count!r} of worker {worker}; a count is the number of "
+                    "gradients summed, an int >= 0"
+                )
+            checked[int(worker)] = int(count)
+        vector = self._check_gradient("the all-reduce", reduced)
+        total = sum(checked.values())
+        if round_id != self.round_id or self.done:
+            self._discarded += total
+            self._stale += total if round_id != self.round_id else 0
+            return False
+        if self._reduced is not None or self._sums:
+            raise InvalidState(
+                f"round {self.round_id} already took gradients; add_reduced() is called once "
+                "per round, instead of add()"
+            )
+        if self.size is None:
+            self.size = int(vector.shape[0])
+        gone = [w for w, c in checked.items() if c and w in self._removed]
+        if gone:
+            raise ConfigError(
+                f"removed workers {gone} contributed to round {self.round_id}'s reduced "
+                "vector, which cannot be split; reduce over the active workers only"
+            )
+        taken = False
+        for worker, count in checked.items():
+            if count == 0:
+                continue
+            self._counts[worker] += count
+            self._noted.pop(worker, None)
+            self._reports += 1
+            taken = True
+        self._reduced = np.array(vector, dtype=np.float64, copy=True)
+        self._close_if_done()
+        return taken
 
     @property
     def ready(self) -> bool:
@@ -405,29 +473,38 @@ class Round(ABC):
         total /= sum(self._counts[worker] for worker in contributors)
         return total
 
+    def _estimate_reduced(self, reduced: FloatVector) -> FloatVector:
+        """The round's gradient from an all-reduced vector (default: the pooled mean)."""
+        result: FloatVector = reduced / self.used
+        return result
+
     def _close_if_done(self) -> None:
         if self._result is None and not self._collecting and self._is_done():
-            result = self._estimate()
+            if self._reduced is not None:
+                result = self._estimate_reduced(self._reduced)
+            else:
+                result = self._estimate()
             result.setflags(write=False)
             self._result = result
 
-    def _check_gradient(self, worker: int, grad_sum: npt.ArrayLike) -> FloatVector:
+    def _check_gradient(self, worker: int | str, grad_sum: npt.ArrayLike) -> FloatVector:
+        source = f"worker {worker}" if isinstance(worker, int) else worker
         array = np.asarray(grad_sum)
         if array.dtype.kind not in "biuf":
             raise ConfigError(
-                f"gradient from worker {worker} has dtype {array.dtype}, not a real number type"
+                f"gradient from {source} has dtype {array.dtype}, not a real number type"
             )
         expected = f"({self.size},)" if self.size is not None else "a 1-d vector"
         if array.ndim != 1 or (self.size is not None and array.shape[0] != self.size):
             raise ConfigError(
-                f"gradient from worker {worker} has shape {array.shape}, expected {expected}; "
+                f"gradient from {source} has shape {array.shape}, expected {expected}; "
                 "flatten gradients with the layout of the weights"
             )
         if array.shape[0] == 0:
-            raise ConfigError(f"gradient from worker {worker} is empty")
+            raise ConfigError(f"gradient from {source} is empty")
         if not np.isfinite(array).all():
             raise ConfigError(
-                f"gradient from worker {worker} has a non-finite entry; "
+                f"gradient from {source} has a non-finite entry; "
                 "check its rewards and policy for overflow"
             )
         return np.asarray(array, dtype=np.float64)
@@ -460,6 +537,7 @@ class MaleniaRound(Round):
     """
 
     _keep_removed = False
+    reduces_means = True
 
     def __init__(
         self, round_id: int, workers: Sequence[int], *, batch: int, size: int | None = None
@@ -490,6 +568,10 @@ class MaleniaRound(Round):
             total += self._sums[worker] / self._counts[worker]
         total /= len(active)
         return total
+
+    def _estimate_reduced(self, reduced: FloatVector) -> FloatVector:
+        result: FloatVector = reduced / len(self.active)
+        return result
 
     def _progress(self) -> str:
         missing = self.missing

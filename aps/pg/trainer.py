@@ -11,6 +11,10 @@ rule holds over the counts, the learner collects the round: every worker sends i
 round are never aggregated), and the learner takes one normalized momentum step. Under
 Rennala the learner never waits for a slow worker; under Malenia every worker weighs the
 same whatever its speed.
+
+With ``aggregation="allreduce"`` the sums are not sent to the learner: the learner and the
+workers run one gloo all-reduce (``torch.distributed``) over them per aggregation, the
+paper's other variant, rendezvoused over the workers' authenticated sessions.
 """
 
 from __future__ import annotations
@@ -25,13 +29,18 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from aps import codec
-from aps.errors import ConfigError, WorkerLost
+from aps.errors import ConfigError, InvalidState, WorkerLost
+from aps.gradients import ring_allreduce_bytes
 from aps.learner import Learner
-from aps.messages import GradientProgress
+from aps.messages import GradientProgress, GradientsReduced
 from aps.pg.aggregate import AggregationRule, Malenia, Rennala
 from aps.pg.nigt import NIGTUpdate, flatten, unflatten
 
-__all__ = ["NIGT", "RoundStats"]
+__all__ = ["AGGREGATIONS", "NIGT", "RoundStats"]
+
+AGGREGATIONS = ("server", "allreduce")
+"""How a round's sums reach the learner: each worker sends its sum (``"server"``), or one
+all-reduce over the learner and the workers (``"allreduce"``)."""
 
 
 class _Portal(Protocol):
@@ -59,6 +68,14 @@ class RoundStats:
             is then sampled again).
         mean_return: mean undiscounted return of the trajectories used (NaN if none).
         direction_norm: the norm of the momentum direction after the step.
+        aggregation: ``"server"`` or ``"allreduce"`` (see :class:`NIGT`).
+        aggregation_bytes: the bytes the round's aggregations moved, all senders together.
+            Server: the workers' encoded sums (:class:`~aps.messages.GradientReport`,
+            framing excluded; also in ``bytes_received``). All-reduce: the payload of a ring
+            all-reduce of the float32 vector (the gradient plus one count per worker) over
+            the ``k`` ranks, ``2 (k - 1)`` vector sizes in all, computed from the model and
+            not measured on the wire (gloo's own handshakes and framing are not counted);
+            the rendezvous messages are in ``bytes_sent``.
     """
 
     iteration: int
@@ -73,6 +90,8 @@ class RoundStats:
     aggregations: int
     mean_return: float
     direction_norm: float
+    aggregation: str = "server"
+    aggregation_bytes: int = 0
 
 
 class NIGT:
@@ -94,6 +113,14 @@ class NIGT:
             :class:`~aps.errors.WorkerLost`. ``"continue"``: drop it and go on with the
             others (Rennala and Synchronous only: Malenia's objective is the average over
             all workers' environments, which a lost worker changes).
+        aggregation: ``"server"`` (default): when the rule holds each worker sends its sum
+            once, over its aps session. ``"allreduce"``: the learner and the workers run
+            one gloo all-reduce (``torch.distributed``) over the sums instead, rendezvoused
+            over the sessions (see :meth:`aps.Learner.reduce_gradients`); gloo's
+            connections are not authenticated or encrypted, so use it on a trusted
+            network, and the workers must reach the learner's host on a further port. A
+            worker lost during the all-reduce fails it (:class:`~aps.errors.Timeout`), so
+            it needs ``on_worker_lost="raise"``.
 
     Example:
         >>> trainer = NIGT(agent, aggregator=Rennala(batch=16), lr=0.02)  # doctest: +SKIP
@@ -112,7 +139,17 @@ class NIGT:
         gamma: float = 0.99,
         initial_batch: int | None = None,
         on_worker_lost: Literal["raise", "continue"] = "raise",
+        aggregation: Literal["server", "allreduce"] = "server",
     ) -> None:
+        if aggregation not in AGGREGATIONS:
+            raise ConfigError(f"aggregation must be 'server' or 'allreduce', got {aggregation!r}")
+        if aggregation == "allreduce" and on_worker_lost != "raise":
+            raise ConfigError(
+                f"aggregation='allreduce' needs on_worker_lost='raise', got {on_worker_lost!r}: "
+                "a worker lost during the all-reduce fails the whole group; use "
+                "aggregation='server' to train on without it"
+            )
+        self.aggregation = aggregation
         self.aggregator: AggregationRule = aggregator or Rennala(batch=8)
         self.update = NIGTUpdate(lr=lr, momentum=momentum)
         if not isinstance(horizon, int) or horizon < 1:
@@ -171,7 +208,7 @@ class NIGT:
                 sent = await learner.start_round(
                     state.t, point, horizon=self.horizon, gamma=self.gamma
                 )
-                received = messages = aggregations = 0
+                received = messages = aggregations = moved = 0
                 returns: list[float] = []
                 # The workers whose sum is awaited, once the rule held over the counts.
                 waiting: set[int] | None = None
@@ -179,12 +216,23 @@ class NIGT:
                     if waiting is None and round_.ready:
                         waiting = set(round_.active)
                         round_.begin_collection()
-                        sent += await learner.collect_gradients(state.t)
                         aggregations += 1
+                        if self.aggregation == "server":
+                            sent += await learner.collect_gradients(state.t)
+                        else:
+                            reduced_bytes, rendezvous = await self._reduce(
+                                learner, round_, layout.size
+                            )
+                            sent += rendezvous
+                            moved += reduced_bytes
                     if waiting is not None and not waiting:
                         round_.end_collection()
                         if round_.done:
                             break
+                        if self.aggregation == "allreduce":
+                            raise InvalidState(
+                                f"round {state.t} is not done after its all-reduce: {round_!r}"
+                            )
                         # A worker lost while collecting took gradients the rule counted:
                         # sample the same point again for the rest.
                         waiting = None
@@ -207,13 +255,21 @@ class NIGT:
                                 worker_id=exc.worker_id,
                             ) from exc
                         continue
-                    received += len(codec.encode(message))
+                    size = len(codec.encode(message))
+                    received += size
                     messages += 1
                     if worker_id not in round_.workers:
                         continue  # a replacement: it joins at the next round
                     if isinstance(message, GradientProgress):
                         round_.note(worker_id, message.round, message.count)
                         continue
+                    if isinstance(message, GradientsReduced):
+                        # Its sum is in the all-reduce already; this brings its returns.
+                        if waiting is not None and message.round == state.t:
+                            waiting.discard(worker_id)
+                            returns.extend(float(r) for r in message.episode_return)
+                        continue
+                    moved += size
                     if waiting is not None and message.round == state.t:
                         waiting.discard(worker_id)
                     if message.count == 0:
@@ -238,9 +294,28 @@ class NIGT:
                     aggregations=aggregations,
                     mean_return=float(np.mean(returns)) if returns else math.nan,
                     direction_norm=state.direction_norm,
+                    aggregation=self.aggregation,
+                    aggregation_bytes=moved,
                 )
         finally:
             await learner.stop_gradients()
+
+    async def _reduce(self, learner: Learner, round_: Any, size: int) -> tuple[int, int]:
+        """One all-reduce over the round's sums, handed to the round.
+
+        Returns the all-reduce's computed payload bytes and the rendezvous bytes sent.
+        """
+        workers = [w.worker_id for w in learner.gradient_workers]
+        reduced, rendezvous = await learner.reduce_gradients(
+            round_.round_id, size=size, mean=round_.reduces_means
+        )
+        counts = {
+            worker: round(float(c)) for worker, c in zip(workers, reduced[size:], strict=True)
+        }
+        round_.add_reduced(round_.round_id, np.asarray(reduced[:size], np.float64), counts)
+        ranks = len(workers) + 1
+        payload = ring_allreduce_bytes(int(reduced.nbytes), ranks) * ranks
+        return payload, rendezvous
 
     def run(self, envs: _Portal, iterations: int) -> list[RoundStats]:
         """The blocking form of :meth:`train`: on an :class:`aps.ClusterEnv`, return all stats."""

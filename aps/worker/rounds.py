@@ -5,26 +5,33 @@ the round's point and adds their gradients ``g_H`` to a local sum. Only the coun
 while the round runs (:class:`~aps.messages.GradientProgress`, a few bytes, whenever it
 grows), so that the learner can apply its aggregation rule; when the rule is met the learner
 sends :class:`~aps.messages.CollectGradients` and the worker sends its sum, once, as a
-:class:`~aps.messages.GradientReport`, then waits for the next round.
+:class:`~aps.messages.GradientReport`, then waits for the next round. Under all-reduce
+aggregation the learner sends :class:`~aps.messages.ReduceGradients` instead: the worker puts
+its sum into one gloo all-reduce with the learner and the other workers
+(:func:`~aps.gradients.allreduce_sum`, in a thread) and answers
+:class:`~aps.messages.GradientsReduced`, with its count and returns only.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-from aps.gradients import GradientSampler
+from aps.gradients import GradientSampler, allreduce_sum
 from aps.messages import (
     CollectGradients,
     ErrorReport,
     GradientProgress,
     GradientReport,
     GradientRound,
+    GradientsReduced,
     GradientsStopped,
     Message,
+    ReduceGradients,
     StopGradients,
 )
 from aps.session import Session
@@ -66,6 +73,44 @@ class RoundSum:
             episode_return=np.asarray(self._returns, dtype=np.float64),
         )
 
+    def reduced(self) -> GradientsReduced:
+        """What the worker answers once its sum went into the all-reduce."""
+        return GradientsReduced(
+            round=self.round,
+            count=self.count,
+            episode_return=np.asarray(self._returns, dtype=np.float64),
+        )
+
+    def vector(self, point: Mapping[str, Any], request: ReduceGradients) -> np.ndarray[Any, Any]:
+        """This worker's part of an all-reduce (see :class:`~aps.messages.ReduceGradients`).
+
+        The sum (or mean) is flattened in the order of ``point``, the round's arrays, with
+        zeros for parameters that got no gradient; the count goes into this rank's slot.
+
+        Raises:
+            ValueError: a gradient the point does not name, or a length other than the
+                learner's ``size``.
+        """
+        unknown = sorted(set(self._sums) - set(point))
+        if unknown:
+            raise ValueError(f"gradients {unknown} are not parameters of round {self.round}")
+        parts = []
+        for name, array in point.items():
+            shape = np.shape(array)
+            part = self._sums.get(name)
+            parts.append(np.zeros(int(np.prod(shape))) if part is None else part.reshape(-1))
+        flat = np.concatenate(parts) if parts else np.zeros(0)
+        if flat.size != request.size:
+            raise ValueError(
+                f"this worker's gradient has {flat.size} entries, the learner's layout "
+                f"{request.size}; the learner and the workers must build the same policy"
+            )
+        if request.mean and self.count:
+            flat = flat / self.count
+        counts = np.zeros(request.world_size - 1)
+        counts[request.rank - 1] = self.count
+        return np.concatenate([flat, counts]).astype(np.float32)
+
 
 async def serve_rounds(
     session: Session,
@@ -101,6 +146,7 @@ async def serve_rounds(
     reader = asyncio.create_task(_read_until_stop(session, inbox, heartbeat_timeout))
     sampler: GradientSampler | None = None
     summed: RoundSum | None = None
+    current: GradientRound | None = None
     message: Message | BaseException = first
     try:
         while True:
@@ -111,6 +157,7 @@ async def serve_rounds(
                 return
             if isinstance(message, GradientRound):
                 summed = None
+                current = message
                 try:
                     sampler = sampler or make_sampler()
                     sampler.start(message)
@@ -123,6 +170,14 @@ async def serve_rounds(
                 if comm_delay:
                     await asyncio.sleep(comm_delay)
                 await session.send(summed.report())
+                summed = None
+            elif isinstance(message, ReduceGradients):
+                if summed is None or summed.round != message.round:
+                    summed = RoundSum(message.round)  # nothing of that round here
+                if comm_delay:
+                    await asyncio.sleep(comm_delay)
+                point = current.arrays if current and current.round == message.round else {}
+                await session.send(await _reduce(session, summed, point, message))
                 summed = None
             while summed is not None and sampler is not None and inbox.empty():
                 report = _sample(sampler)
@@ -139,6 +194,34 @@ async def serve_rounds(
     finally:
         reader.cancel()
         await asyncio.wait([reader])
+
+
+async def _reduce(
+    session: Session, summed: RoundSum, point: Mapping[str, Any], request: ReduceGradients
+) -> GradientsReduced | ErrorReport:
+    """Run this worker's part of the round's all-reduce, in a thread (gloo blocks)."""
+    try:
+        if not point and summed.count:
+            raise ValueError(f"round {request.round} is not the round this worker sampled")
+        vector = summed.vector(point, request) if point else _zeros(request)
+        host = request.host or urlsplit(session.peer).hostname or "127.0.0.1"
+        await asyncio.to_thread(
+            allreduce_sum,
+            vector,
+            host=host,
+            port=request.port,
+            prefix=request.prefix,
+            rank=request.rank,
+            world_size=request.world_size,
+            timeout=request.timeout,
+        )
+    except Exception as exc:  # the learner hears why; its own part fails too
+        return ErrorReport.of(exc)
+    return summed.reduced()
+
+
+def _zeros(request: ReduceGradients) -> np.ndarray[Any, Any]:
+    return np.zeros(request.size + request.world_size - 1, dtype=np.float32)
 
 
 def _sample(sampler: GradientSampler) -> GradientReport | ErrorReport | None:
