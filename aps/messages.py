@@ -94,7 +94,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped on every incompatible change of the wire format; the handshake checks it.
 
 Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
@@ -102,7 +102,10 @@ Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResul
 differ from its own, so a version 4 peer could not even decode a version 5 Hello (nor the
 reverse): the bump makes the mismatch a :class:`~aps.errors.VersionMismatch` named at the
 Challenge instead of a malformed frame, and ``aps check`` stops at an older learner's
-Challenge before it could be taken for a worker."""
+Challenge before it could be taken for a worker.
+
+Version 6 added the all-reduce aggregation of gradient rounds (:class:`ReduceGradients`,
+:class:`GradientsReduced`), which a version 5 worker could not decode."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -157,3 +157,36 @@ def test_allreduce_and_server_training_over_worker_processes(rule: pg.Aggregatio
             assert 0 < s.aggregation_bytes < s.bytes_received
     finally:
         envs.close()
+
+
+async def test_a_worker_that_cannot_take_part_fails_the_all_reduce_clearly(
+    workers: WorkerTasks,
+) -> None:
+    """A worker whose part fails (here: a layout of the wrong size) reports why, and the
+    learner's all-reduce ends with a Timeout naming the fix instead of hanging."""
+    timeouts = aps.Timeouts(
+        connect=10.0, handshake=2.0, step=2.0, heartbeat_interval=0.2, heartbeat_timeout=10.0
+    )
+    async with aps.Learner(
+        "tcp://127.0.0.1:0",
+        num_workers=1,
+        policy=POLICY,
+        autoreset_mode="SameStep",
+        timeouts=timeouts,
+        token="t" * 32,
+    ) as learner:
+        workers.start(learner.url, env="Pendulum-v1", token="t" * 32)
+        await learner.wait_for_workers()
+        agent = ContinuousAgent(Spaces("Pendulum-v1"))
+        weights = {k: v.detach().numpy() for k, v in agent.state_dict().items()}
+        await learner.start_round(0, weights, horizon=5, gamma=0.9)
+        while True:
+            _, message = await learner.next_report()
+            if isinstance(message, aps.messages.GradientProgress) and message.count:
+                break
+        with pytest.raises(aps.Timeout, match="aggregation='server'"):
+            await learner.reduce_gradients(0, size=3)
+        with pytest.raises(aps.WorkerError, match="learner's layout 3"):
+            while True:
+                await learner.next_report()
+        await learner.stop_gradients()
