@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,44 @@ async def test_a_worker_that_cannot_take_part_fails_the_all_reduce_clearly(
             while True:
                 await learner.next_report()
         await learner.stop_gradients()
+
+
+def test_a_workers_part_is_its_report_flattened_in_the_learners_layout() -> None:
+    """What a worker puts into the all-reduce equals what the server path aggregates from its
+    report (the learner's layout, zeros for parameters without a gradient), plus its count."""
+    from aps.messages import GradientReport, ReduceGradients
+    from aps.worker.rounds import RoundSum
+
+    rng = np.random.default_rng(1)
+    point = {
+        "b": np.zeros((2, 3), np.float32),
+        "critic": np.zeros(4, np.float32),
+        "a": np.zeros(5, np.float32),
+    }
+    layout = pg.flatten(point)[1]
+    summed = RoundSum(3)
+    for count in (2, 1):
+        gradient = {n: rng.normal(size=point[n].shape).astype(np.float32) for n in ("a", "b")}
+        summed.add(
+            GradientReport(round=3, gradient=gradient, count=count, episode_return=np.ones(count))
+        )
+    report = summed.report()
+    expected = layout.flatten(report.gradient, fill_missing=True)
+    for mean in (False, True):
+        request = ReduceGradients(
+            round=3,
+            host="",
+            port=1,
+            prefix="p",
+            rank=2,
+            world_size=3,
+            size=15,
+            mean=mean,
+            timeout=1.0,
+        )
+        part = summed.vector(point, request)
+        assert part.dtype == np.float32 and part.shape == (17,)
+        np.testing.assert_allclose(part[:15], expected / (3 if mean else 1), rtol=1e-6)
+        assert part[15:].tolist() == [0.0, 3.0]
+    with pytest.raises(ValueError, match="learner's layout 9"):
+        summed.vector(point, dataclasses.replace(request, size=9))
