@@ -691,10 +691,12 @@ class WorkerPool:
         *,
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None = None,
+        after: Callable[[Remote], Awaitable[None]] | None = None,
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
-        ``before`` runs for each worker before any request is sent; ``redo`` gives the
+        ``before`` runs for each worker before any request is sent, ``after`` right after
+        its request was sent (weights that follow it); ``redo`` gives the
         answer when a replacement took a worker over before answering (its envs start afresh).
         While it runs the pool is busy; a failure that leaves the workers out of step marks
         the pool broken.
@@ -707,7 +709,7 @@ class WorkerPool:
         self.check(operation)
         self.busy = True
         try:
-            return await self._exchange(requests, operation, redo, before)
+            return await self._exchange(requests, operation, redo, before, after)
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self.broken = exc
             raise
@@ -726,6 +728,7 @@ class WorkerPool:
         operation: str,
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None,
+        after: Callable[[Remote], Awaitable[None]] | None = None,
     ) -> list[Message]:
         remotes = self.remotes
         if before is not None:
@@ -735,6 +738,8 @@ class WorkerPool:
                 await before(remote)
         for remote, request in zip(remotes, requests, strict=True):
             await self.send_request(remote, request)
+            if after is not None:
+                await after(remote)
         answers: list[Message] = []
         failure: WorkerError | None = None
         for remote, request in zip(remotes, requests, strict=True):
