@@ -10,7 +10,6 @@ policy of 11M parameters (44 MB a version, more than the sockets' buffers hold).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -85,7 +84,11 @@ class CountingRelay:
         return self.url
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self._target)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:  # the learner is gone: so is this connection
+            writer.transport.abort()
+            return
         self._writers += [writer, up_writer]
         await asyncio.gather(
             self._pipe(reader, up_writer, False), self._pipe(up_reader, writer, True)
@@ -94,13 +97,16 @@ class CountingRelay:
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counted: bool
     ) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        try:
             while data := await reader.read(1 << 16):
                 writer.write(data)
                 await writer.drain()
                 if counted:
                     self.to_worker += len(data)
-        writer.transport.abort()
+        except OSError:
+            writer.transport.abort()  # the link died: so does the other side
+        else:
+            writer.close()  # the peer closed: deliver what is left (a goodbye), then close
 
     def cut(self) -> None:
         """Reset every connection (both ends see the link die)."""
@@ -189,8 +195,11 @@ async def test_a_version_in_flight_is_read_while_the_worker_acts() -> None:
             assert learner.metrics.syncs == 3
     finally:
         await learner.aclose()
-        task.cancel()
-        await asyncio.wait([task], timeout=10)
+        # The learner said goodbye: the worker ends on its own (cancelled only if it hangs).
+        done, _ = await asyncio.wait([task], timeout=10)
+        if not done:
+            task.cancel()
+            await asyncio.wait([task], timeout=5)
         await relay.aclose()
 
 
