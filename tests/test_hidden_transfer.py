@@ -349,3 +349,8 @@ async def test_a_chunk_stream_acts_each_request_with_the_version_sent_before_it(
             assert learner.metrics.syncs == 6
     finally:
         await learner.aclose()
+
+
+def test_overlap_weights_must_be_a_bool() -> None:
+    with pytest.raises(aps.ConfigError, match="overlap_weights must be True or False, got 'yes'"):
+        aps.Learner("memory://", num_workers=1, overlap_weights="yes")  # type: ignore[arg-type]
