@@ -67,7 +67,6 @@ class Lockstep:
     ) -> tuple[Any, Info]:
         """:meth:`Learner.reset`, once the workers are admitted."""
         pool = self._pool
-        self._check("reset")
         requests: list[Request]
         if seed is None or isinstance(seed, int):
             requests = [
@@ -79,7 +78,7 @@ class Lockstep:
                 ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=options)
                 for offset, count in zip(pool.offsets, pool.counts, strict=True)
             ]
-        answers = await pool.exchange(requests, "reset", redo=self._redo)
+        answers = await pool.exchange(requests, "reset", redo=self._redo, running=self._running())
         results = [expect(a, ResetResult) for a in answers]
         for remote in pool.remotes:
             remote.envs_reset()
@@ -96,9 +95,8 @@ class Lockstep:
         pool = self._pool
         if not pool.was_reset:
             raise InvalidState("call reset() before step()")
-        self._check("step")
         requests = self._step_requests(pool.remotes, actions, pool.counts)
-        answers = await pool.exchange(requests, "step", redo=self._redo)
+        answers = await pool.exchange(requests, "step", redo=self._redo, running=self._running())
         return self._step_results(pool.remotes, answers)
 
     async def env_call(
@@ -121,7 +119,7 @@ class Lockstep:
             WorkerError: an env raised, or returned a value that is not plain data.
         """
         pool = self._pool
-        self._check(kind)
+        pool.check(kind, running=self._running())  # before the arguments are encoded
         chosen = range(sum(pool.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
         local: list[list[int]] = [[] for _ in pool.remotes]
@@ -143,7 +141,9 @@ class Lockstep:
                     f"the arguments of {kind}({name!r}) cannot travel to the workers: {exc}; "
                     "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
                 ) from None
-        answers = await pool.exchange(requests, kind, redo=self._redo_call)
+        answers = await pool.exchange(
+            requests, kind, redo=self._redo_call, running=self._running()
+        )
         result: list[Any] = [None] * len(chosen)
         for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
             got = expect(answer, EnvCallResult).values
@@ -160,11 +160,11 @@ class Lockstep:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
         return await self._pool.call_until_answered(remote, request, operation)
 
-    def _check(self, operation: str) -> None:
+    def _running(self) -> str:
+        """What keeps the pool busy, for :meth:`WorkerPool.check`'s error."""
         if self._partial:
-            self._pool.check(operation, running="sent steps are not all received; recv() first")
-        else:
-            self._pool.check(operation)
+            return "sent steps are not all received; recv() first"
+        return "another operation is running"
 
     async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
         """The answer to ``request`` from a replacement of the worker it was sent to.
