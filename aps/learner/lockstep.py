@@ -216,18 +216,18 @@ class Lockstep:
                     else expect(answer, StepResult)
                 )
             count = remote.info.num_envs
-            for name, array, kinds in (
-                ("reward", answer.reward, "fiu"),
-                ("terminated", answer.terminated, "b"),
-                ("truncated", answer.truncated, "b"),
+            shape = (count,)
+            # One test for the three arrays (this runs per worker and step); _bad_step says
+            # which one failed.
+            if not (
+                answer.reward.shape == shape
+                and answer.terminated.shape == shape
+                and answer.truncated.shape == shape
+                and answer.reward.dtype.kind in "fiu"
+                and answer.terminated.dtype.kind == "b"
+                and answer.truncated.dtype.kind == "b"
             ):
-                if array.shape != (count,) or array.dtype.kind not in kinds:
-                    raise ProtocolError(
-                        f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
-                        f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
-                        f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
-                        "a compatible aps worker"
-                    )
+                raise _bad_step(remote, answer)
             obs.append(answer.obs)
             reward.append(answer.reward)
             terminated.append(answer.terminated)
@@ -388,3 +388,21 @@ class Lockstep:
         if tasks:
             await asyncio.wait(tasks)
             self._pool.busy = False
+
+
+def _bad_step(remote: Remote, answer: StepResult) -> ProtocolError:
+    """The error for a step answer whose rewards, terminations or truncations do not fit."""
+    count = remote.info.num_envs
+    for name, array, kinds in (
+        ("reward", answer.reward, "fiu"),
+        ("terminated", answer.terminated, "b"),
+        ("truncated", answer.truncated, "b"),
+    ):
+        if array.shape != (count,) or array.dtype.kind not in kinds:
+            return ProtocolError(
+                f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
+                f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
+                f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
+                "a compatible aps worker"
+            )
+    raise AssertionError("called for a step that fits")
