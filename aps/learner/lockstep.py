@@ -141,9 +141,7 @@ class Lockstep:
                     f"the arguments of {kind}({name!r}) cannot travel to the workers: {exc}; "
                     "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
                 ) from None
-        answers = await pool.exchange(
-            requests, kind, redo=self._redo_call, running=self._running()
-        )
+        answers = await pool.exchange(requests, kind, redo=self._redo_call, running=self._running())
         result: list[Any] = [None] * len(chosen)
         for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
             got = expect(answer, EnvCallResult).values

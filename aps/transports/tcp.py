@@ -387,7 +387,7 @@ class TCPTransport:
             self._transport.write(frame_header(size) + data)
         else:
             self._transport.write(frame_header(size))
-            self._transport.write(data if type(data) is bytes else owned_payload(data))
+            self._transport.write(data if isinstance(data, bytes) else owned_payload(data))
         self._connection.handed_over(HEADER_SIZE + size)
 
     async def receive(self) -> bytes:
