@@ -13,6 +13,7 @@ policy version travels, Adaptive Policy Synchronization (:class:`aps.sync.APS`) 
 
 from __future__ import annotations
 
+from aps._version import __version__ as __version__
 from aps.cluster_env import ClusterEnv
 from aps.collect import Chunk, Metrics, Rollout, WorkerMetrics
 from aps.errors import (
@@ -38,8 +39,6 @@ from aps.errors import (
 from aps.learner import Learner, WorkerInfo
 from aps.session import Timeouts
 from aps.worker import Worker
-
-__version__ = "0.1.0"
 
 __all__ = [
     # Roles and the blocking facade.

@@ -1,14 +1,19 @@
 """``aps check URL``: dial a learner, prove the token, and leave without joining.
 
-The handshake has no probe of its own, so the check sends the learner a worker's ``Hello``
-that offers no envs (``num_envs=0``). A learner checks the protocol version and the token
-proof before anything else, then refuses a worker without envs, before it takes a slot: the
-answer says whether the token was accepted, and the check never counts as a worker. The
-learner logs it as a refused worker (``num_envs must be >= 1, got 0``).
+The check introduces itself with ``Hello(probe=True)``. A learner checks the protocol version
+and the token proof first, exactly as for a worker; a wrong or missing proof gets the
+refusal a worker would get, and nothing else. Once the proof checked out, the learner
+answers a probe instead of admitting it: a :class:`~aps.messages.ProbeResult` (its own
+proof, its aps version, how many workers it expects and has, its autoreset mode and policy)
+and, once the check asks with a :class:`~aps.messages.SpacesRequest`, a
+:class:`~aps.messages.ProbeSpaces` with its observation and action spaces, if a worker has
+joined. The probe never takes a worker's place and is not logged as a refusal.
 
-The check is mutual, as a worker's handshake is: with a token, the learner's refusal must
-carry the learner's own proof over both nonces, so a check that passes also shows that what
-answered at the URL holds the token.
+The check is mutual, as a worker's handshake is: with a token, the result must carry the
+learner's own proof over both nonces, so a check that passes also shows that what answered
+at the URL holds the token. Only after that proof is checked does the check read a frame
+larger than a handshake's: it raises its limit, then asks for the spaces, so no large frame
+is on its way before the limit is raised.
 """
 
 from __future__ import annotations
@@ -18,9 +23,20 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
 
 from aps.errors import AuthError, ConfigError, ProtocolError, Timeout, VersionMismatch
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Reject, Welcome
+from aps.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    Hello,
+    ProbeResult,
+    ProbeSpaces,
+    Reject,
+    SpacesRequest,
+)
 from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
 from aps.session import Session
 from aps.transports import connect
@@ -42,12 +58,31 @@ class CheckResult:
         connect_seconds: from dialing to an open connection (TLS included).
         round_trip_seconds: from the check's Hello to the learner's answer: one round trip
             plus the learner's check of the proof.
+        aps_version: the learner's aps release.
+        num_workers: the workers the learner was started for.
+        workers: the workers connected to it now.
+        spares: workers beyond ``num_workers`` waiting to replace a lost one.
+        num_envs: the envs of its admitted workers, together.
+        autoreset_mode: the autoreset mode its workers use.
+        policy: the policy import path its workers act with (``None``: the learner chooses
+            the actions).
+        observation_space, action_space: the learner's single-env spaces; ``None`` until a
+            worker has joined (a learner learns them from its first worker).
     """
 
     url: str
     protocol_version: int
     connect_seconds: float
     round_trip_seconds: float
+    aps_version: str
+    num_workers: int
+    workers: int
+    spares: int
+    num_envs: int
+    autoreset_mode: str
+    policy: str | None
+    observation_space: gym.Space[Any] | None
+    action_space: gym.Space[Any] | None
 
 
 async def check_learner(
@@ -57,7 +92,7 @@ async def check_learner(
     factory: TransportFactory | None = None,
     timeout: float = 10.0,
 ) -> CheckResult:
-    """Dial the learner at ``url``, prove ``token`` and leave before joining.
+    """Dial the learner at ``url``, prove ``token``, ask about the learner and leave.
 
     Args:
         url: the learner's address, as a worker dials it.
@@ -66,14 +101,15 @@ async def check_learner(
         timeout: the longest the whole check may take, in seconds.
 
     Returns:
-        The learner's protocol version and the times measured.
+        What the learner said about itself, and the times measured.
 
     Raises:
         AuthError: the learner refused the token (or needs one and none was given), or did
             not prove it knows the token itself.
         VersionMismatch: the learner speaks another protocol version.
         ConnectError | Timeout: nothing answered at ``url`` within ``timeout``.
-        ProtocolError: what answered is not an aps learner, or it admitted the check.
+        ProtocolError: what answered is not an aps learner this aps can check.
+        ConfigError: the learner is busy, or refused the check for another reason.
     """
     try:
         async with asyncio.timeout(timeout):
@@ -113,35 +149,50 @@ async def _check(url: str, token: str | None, factory: TransportFactory | None) 
                 nonce=nonce,
                 proof=b"" if secret is None else worker_proof(secret, challenge.nonce, nonce),
                 env_id="",
-                num_envs=0,  # refused after the token is checked, before a slot is taken
+                num_envs=0,
                 seed=None,
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 label=PROBE_LABEL,
+                probe=True,
             )
         )
         answer = await session.receive(timeout=None, operation="the learner's answer")
         answered = time.perf_counter()
+        if isinstance(answer, Reject):
+            if answer.kind == "AuthError":
+                raise AuthError(f"the learner refused the token: {answer.reason}")
+            if answer.kind == "VersionMismatch":
+                raise ProtocolError(f"the learner refused the protocol version: {answer.reason}")
+            raise ConfigError(f"the learner refused the check: {answer.kind}: {answer.reason}")
+        if not isinstance(answer, ProbeResult):
+            raise ProtocolError(
+                f"the learner at {url} answered the check with {type(answer).__name__}; it "
+                "is not a learner this aps version can check"
+            )
+        check_learner_proof(
+            answer.proof, token=secret, learner_nonce=challenge.nonce, worker_nonce=nonce, peer=url
+        )
+        # The learner proved the token (or neither side has one): its spaces may come in a
+        # frame of any allowed size, once this side reads such frames.
+        session.authenticated()
+        await session.send(SpacesRequest())
+        spaces = await session.receive(timeout=None, operation="the learner's spaces")
+        assert isinstance(spaces, ProbeSpaces)  # the protocol table allows nothing else
     finally:
         await session.aclose()
-    if isinstance(answer, Welcome):
-        raise ProtocolError(
-            f"the learner at {url} admitted a worker without envs; it is not a learner "
-            "this aps version can check"
-        )
-    assert isinstance(answer, Reject)
-    if answer.kind == "AuthError":
-        raise AuthError(f"the learner refused the token: {answer.reason}")
-    if answer.kind == "VersionMismatch":
-        raise ProtocolError(f"the learner refused the protocol version: {answer.reason}")
-    if answer.kind != "ConfigError" or "num_envs" not in answer.reason:
-        raise ConfigError(f"the learner refused the check: {answer.kind}: {answer.reason}")
-    check_learner_proof(
-        answer.proof, token=secret, learner_nonce=challenge.nonce, worker_nonce=nonce, peer=url
-    )
     return CheckResult(
         url=url,
         protocol_version=challenge.protocol_version,
         connect_seconds=connected - started,
         round_trip_seconds=answered - sent,
+        aps_version=answer.aps_version,
+        num_workers=answer.num_workers,
+        workers=answer.workers,
+        spares=answer.spares,
+        num_envs=answer.num_envs,
+        autoreset_mode=answer.autoreset_mode,
+        policy=answer.policy,
+        observation_space=spaces.observation_space,
+        action_space=spaces.action_space,
     )

@@ -2,13 +2,15 @@
 
 ``aps worker URL --env ENV --num-envs N`` hosts envs for a learner;
 ``aps slurm-script URL --env ENV --nodes N ...`` prints a Slurm batch script of workers;
-``aps token`` makes a token; ``aps check URL`` dials a learner and proves the token without
-joining; ``aps --version`` prints the version.
+``aps token`` makes a token; ``aps check URL`` dials a learner, proves the token and prints
+what the learner says about itself (workers, spaces), without joining; ``aps --version``
+prints the version.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import aps
 from aps._loop import run
-from aps._probe import check_learner
+from aps._probe import CheckResult, check_learner
 from aps.errors import ApsError, ConfigError
 from aps.launch.base import LOG_LEVELS, WorkerSpec, client_factory
 from aps.launch.local import TOKEN_ENV
@@ -219,10 +221,12 @@ def _make_token(output: Path | None) -> None:
 
 
 _CHECK_HELP = """\
-Dial the learner at URL as a worker would, prove the token and leave without joining: the
-learner refuses the check (it offers no envs) after checking the token and before giving it a
-worker's slot, and logs it as a refused worker. Prints the time to connect and one round trip.
-Exits 0 when a worker with this token could join, 1 otherwise, saying why.
+Dial the learner at URL as a worker would, prove the token and leave without joining. Once
+the token checked out (both ways), the learner answers the check instead of admitting it:
+its protocol and aps versions, the workers it expects and has, its autoreset mode and
+policy, and its observation and action spaces (known once a worker has joined). The check
+never takes a worker's slot. Prints these, the time to connect and one round trip (--json:
+one JSON object). Exits 0 when a worker with this token could join, 1 otherwise, saying why.
 """
 
 
@@ -246,6 +250,11 @@ def _add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="the longest the check may take (default %(default)s)",
     )
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (spaces as their repr, null until known) for scripts",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -262,10 +271,39 @@ def _check(args: argparse.Namespace) -> None:
         use_uvloop=False,
     )
     proof = "accepted" if token is not None else "none given, none needed"
-    print(f"learner:    {result.url}, protocol {result.protocol_version}")
-    print(f"token:      {proof}")
-    print(f"connect:    {result.connect_seconds * 1e3:.1f} ms")
-    print(f"round trip: {result.round_trip_seconds * 1e3:.1f} ms")
+    if args.json:
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        for name in ("observation_space", "action_space"):
+            fields[name] = None if fields[name] is None else repr(fields[name])
+        print(json.dumps({**fields, "token": proof}))
+    else:
+        print(_check_report(result, proof))
+
+
+_UNKNOWN_SPACE = "not known yet: no worker has joined"
+
+
+def _check_report(result: CheckResult, proof: str) -> str:
+    """The readable block ``aps check`` prints."""
+    workers = f"{result.workers} of {result.num_workers} connected, {result.num_envs} envs"
+    if result.spares:
+        workers += f", {result.spares} spares waiting"
+    policy = result.policy or "none: the learner chooses the actions"
+    lines = [
+        ("learner", f"{result.url}, protocol {result.protocol_version}, aps {result.aps_version}"),
+        ("token", proof),
+        ("workers", workers),
+        ("policy", policy),
+        ("autoreset", result.autoreset_mode),
+        (
+            "observations",
+            _UNKNOWN_SPACE if result.observation_space is None else repr(result.observation_space),
+        ),
+        ("actions", _UNKNOWN_SPACE if result.action_space is None else repr(result.action_space)),
+        ("connect", f"{result.connect_seconds * 1e3:.1f} ms"),
+        ("round trip", f"{result.round_trip_seconds * 1e3:.1f} ms"),
+    ]
+    return "\n".join(f"{name + ':':<14}{value}" for name, value in lines)
 
 
 _SLURM_HELP = """\

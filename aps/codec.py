@@ -1133,7 +1133,7 @@ A handshake message is a few hundred bytes (names, nonces, proofs); a policy or 
 path of a few KiB still fits.
 """
 
-HANDSHAKE_TAGS = frozenset({"challenge", "hello", "welcome", "reject", "goodbye"})
+HANDSHAKE_TAGS = frozenset({"challenge", "hello", "welcome", "reject", "goodbye", "probe_result"})
 """The messages that may arrive before the peer proved the token."""
 
 _HANDSHAKE_SPECS = {tag: spec for tag, spec in _SPECS_BY_TAG.items() if tag in HANDSHAKE_TAGS}

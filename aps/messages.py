@@ -8,10 +8,12 @@ The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
     W -> L  Hello(protocol_version, nonce, proof, env_id, num_envs, seed, host, pid, label,
-                  resume, served, version)
+                  resume, served, version, probe)
     L -> W  Welcome(worker_id, autoreset_mode, policy, session_id, resumed, policy_kwargs,
                     proof, resume_window)
             or  Reject(kind, reason, retry_after, proof)
+            or  ProbeResult(proof, aps_version, ...), to a Hello(probe=True); then
+    W -> L  SpacesRequest()               L -> W  ProbeSpaces(observation_space, action_space)
     W -> L  Ready(observation_space, action_space, num_envs)
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
@@ -73,10 +75,13 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Message",
+    "ProbeResult",
+    "ProbeSpaces",
     "Ready",
     "Reject",
     "ResetRequest",
     "ResetResult",
+    "SpacesRequest",
     "RolloutChunk",
     "RolloutRequest",
     "StepRequest",
@@ -86,8 +91,15 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 4
-"""Bumped on every incompatible change of the wire format; the handshake checks it."""
+PROTOCOL_VERSION = 5
+"""Bumped on every incompatible change of the wire format; the handshake checks it.
+
+Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
+:class:`SpacesRequest`, :class:`ProbeSpaces`). The codec refuses a message whose fields
+differ from its own, so a version 4 peer could not even decode a version 5 Hello (nor the
+reverse): the bump makes the mismatch a :class:`~aps.errors.VersionMismatch` named at the
+Challenge instead of a malformed frame, and ``aps check`` stops at an older learner's
+Challenge before it could be taken for a worker."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +146,10 @@ class Hello(Message):
     """The policy version the worker holds (-1: none)."""
     nonce: bytes = b""
     """The worker's random nonce, which the learner's proof covers too."""
+    probe: bool = False
+    """Not a worker: ``aps check`` asking about the learner. Once its proof is checked the
+    learner answers with a :class:`ProbeResult` (and its spaces when asked) and closes; the
+    probe takes no worker's place."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -436,6 +452,58 @@ class EnvCallResult(Message):
     seq: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult(Message):
+    """The learner's answer to a ``Hello(probe=True)`` whose token proof it checked.
+
+    It is sent only to a peer that proved the token (a wrong proof gets the usual
+    :class:`Reject`), and is handshake-sized. The spaces may be large: the probe asks for
+    them with a :class:`SpacesRequest` once it has checked ``proof`` and reads frames of any
+    size, and they come in a :class:`ProbeSpaces`.
+    """
+
+    TAG: ClassVar[str] = "probe_result"
+    proof: bytes
+    """:func:`aps.protocol.learner_proof` over both nonces (empty without a token)."""
+    aps_version: str
+    """The learner's aps release."""
+    num_workers: int
+    """The workers the learner was started for."""
+    workers: int
+    """The workers connected now, serving env slots."""
+    spares: int
+    """Workers admitted beyond ``num_workers``, waiting to replace a lost one."""
+    num_envs: int
+    """Envs of the admitted workers, together."""
+    autoreset_mode: str
+    """The autoreset mode the learner's workers use."""
+    policy: str | None
+    """The policy import path workers act with (``None``: the learner chooses the actions)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpacesRequest(Message):
+    """The probe checked the learner's proof and reads large frames now: send the spaces.
+
+    A learner sends nothing large to a peer before it says so (the peer's frame limit is a
+    handshake's until then), as it waits for a worker's Ready before its first request.
+    """
+
+    TAG: ClassVar[str] = "spaces_request"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeSpaces(Message):
+    """The learner's single-env spaces, the answer to a :class:`SpacesRequest`.
+
+    ``None`` until known: a learner learns its spaces from the first worker that joins.
+    """
+
+    TAG: ClassVar[str] = "probe_spaces"
+    observation_space: gym.Space[Any] | None
+    action_space: gym.Space[Any] | None
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TAG: cls
     for cls in (
@@ -462,6 +530,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Goodbye,
         EnvCall,
         EnvCallResult,
+        ProbeResult,
+        SpacesRequest,
+        ProbeSpaces,
     )
 }
 """Every message type by its wire tag."""

@@ -37,12 +37,15 @@ from aps.messages import (
     Heartbeat,
     Hello,
     Message,
+    ProbeResult,
+    ProbeSpaces,
     Ready,
     Reject,
     ResetRequest,
     ResetResult,
     RolloutChunk,
     RolloutRequest,
+    SpacesRequest,
     StepRequest,
     StepResult,
     StopGradients,
@@ -113,6 +116,8 @@ class State(enum.Enum):
     STEPPING = "stepping"
     CALLING = "calling"
     # Both.
+    PROBED = "probed"  # a probe's proofs were sent: it may ask for the spaces, then it ends
+    PROBE_SPACES = "probe_spaces"  # the probe asked for the spaces
     IDLE = "idle"
     CLOSED = "closed"
 
@@ -128,6 +133,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.SENT_CHALLENGE, _R, Hello): State.GOT_HELLO,
         (State.GOT_HELLO, _S, Welcome): State.AWAIT_READY,
         (State.GOT_HELLO, _S, Reject): State.CLOSED,
+        (State.GOT_HELLO, _S, ProbeResult): State.PROBED,
+        (State.PROBED, _R, SpacesRequest): State.PROBE_SPACES,
+        (State.PROBE_SPACES, _S, ProbeSpaces): State.CLOSED,
         (State.AWAIT_READY, _R, Ready): State.IDLE,
         (State.AWAIT_READY, _R, ErrorReport): State.CLOSED,
         (State.IDLE, _S, Reject): State.CLOSED,
@@ -168,6 +176,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.GOT_CHALLENGE, _S, Hello): State.AWAIT_WELCOME,
         (State.AWAIT_WELCOME, _R, Welcome): State.WELCOMED,
         (State.AWAIT_WELCOME, _R, Reject): State.CLOSED,
+        (State.AWAIT_WELCOME, _R, ProbeResult): State.PROBED,
+        (State.PROBED, _S, SpacesRequest): State.PROBE_SPACES,
+        (State.PROBE_SPACES, _R, ProbeSpaces): State.CLOSED,
         (State.WELCOMED, _S, Ready): State.IDLE,
         (State.WELCOMED, _S, ErrorReport): State.CLOSED,
         (State.IDLE, _R, Reject): State.CLOSED,
@@ -206,7 +217,15 @@ chunk (or error report) answers one, and the last answer returns the connection 
 """
 
 _HANDSHAKING = frozenset(
-    {State.START, State.SENT_CHALLENGE, State.GOT_HELLO, State.GOT_CHALLENGE, State.AWAIT_WELCOME}
+    {
+        State.START,
+        State.SENT_CHALLENGE,
+        State.GOT_HELLO,
+        State.GOT_CHALLENGE,
+        State.AWAIT_WELCOME,
+        State.PROBED,  # a probe's conversation is short and ends: no heartbeats
+        State.PROBE_SPACES,
+    }
 )
 """States in which heartbeats are not yet allowed: the peer has not proved who it is."""
 
@@ -298,7 +317,7 @@ def check_hello(hello: Hello, *, nonce: bytes, token: bytes | None) -> None:
     """Check a worker's Hello against this learner's version and token.
 
     The order is part of the contract (``aps check`` relies on it): version, then token,
-    and only then anything about the worker's envs.
+    and only then anything about the worker's envs, or an answer to a probe.
 
     Raises:
         VersionMismatch: the worker speaks another protocol version.

@@ -83,8 +83,8 @@ async def test_check_proves_the_token_without_taking_a_slot(
     ) as learner:
         code, out, err = await aps_cli_async("check", learner.url, "--token-file", str(token_file))
         assert code == 0, err
-        assert f"learner:    {learner.url}, protocol" in out
-        assert "token:      accepted" in out and "round trip:" in out
+        assert f"learner:      {learner.url}, protocol" in out
+        assert "token:        accepted" in out and "round trip:" in out
         assert len(learner.workers) == 0
         # The learner's one slot is still free: a real worker takes it.
         workers.start(learner.url, num_envs=2, token=token)
@@ -109,7 +109,7 @@ async def test_check_without_a_token_on_loopback() -> None:
     async with aps.Learner("tcp://127.0.0.1:0", num_workers=1, timeouts=FAST) as learner:
         code, out, err = await aps_cli_async("check", learner.url)
         assert code == 0, err
-        assert "token:      none given, none needed" in out
+        assert "token:        none given, none needed" in out
 
 
 async def test_check_of_something_that_is_not_a_learner() -> None:

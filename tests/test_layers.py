@@ -13,7 +13,7 @@ ROOT = Path(aps.__file__).parent
 
 # Lowest first. A module may import aps modules of its own layer or of a lower one.
 LAYERS: list[tuple[str, ...]] = [
-    ("aps.errors", "aps._typing", "aps._imports", "aps._buffers"),
+    ("aps.errors", "aps._typing", "aps._imports", "aps._buffers", "aps._version"),
     ("aps.messages", "aps.codec", "aps.spaces", "aps.batching", "aps.framing"),
     ("aps.transports",),
     ("aps.protocol", "aps.session", "aps._loop"),

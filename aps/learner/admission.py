@@ -5,6 +5,14 @@ challenge, waits (briefly) for the hello, checks the peer's proof of the token, 
 peer that proved it to the pool (``join``) together with this learner's own proof, which the
 worker checks before it believes anything (see ``docs/security.md``).
 
+A peer whose Hello says ``probe=True`` (``aps check``) is answered instead, once its proof
+checked out: a :class:`~aps.messages.ProbeResult` with this learner's proof and what a
+``describe`` callback says of the learner, then, when the probe asks for them (it has
+checked that proof and reads large frames), its spaces, then the end. A probe goes
+through the same limits and deadlines as any handshake, never reaches ``join`` and is never
+counted as a refusal; a probe with a wrong proof is refused like any worker, and learns
+nothing else.
+
 Nothing an unauthenticated peer does may cost the learner much or keep honest workers out:
 at most :data:`MAX_HANDSHAKES` handshakes run at once and :data:`MAX_HANDSHAKES_PER_HOST`
 idle ones per address, an idle one makes room for a newer connection, a learner that is busy
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -28,12 +37,21 @@ from aps.errors import (
     ApsError,
     AuthError,
     InvalidState,
+    ProtocolError,
     Timeout,
     TransportClosed,
     TransportError,
     VersionMismatch,
 )
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Reject
+from aps.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    Hello,
+    ProbeResult,
+    ProbeSpaces,
+    Reject,
+    SpacesRequest,
+)
 from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.session import Session, Timeouts
 from aps.transports.base import Listener, Transport
@@ -43,6 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "MAX_HANDSHAKES",
     "MAX_HANDSHAKES_PER_HOST",
+    "Describe",
     "Gate",
     "Join",
     "is_loopback",
@@ -156,6 +175,9 @@ async def reject(session: Session, error: ApsError, proof: bytes = b"") -> None:
 Join = Callable[[Session, Hello, bytes], Awaitable[None]]
 """What takes a peer that proved the token: ``join(session, hello, learner_proof)``."""
 
+Describe = Callable[[], tuple[ProbeResult, ProbeSpaces]]
+"""What a probe that proved the token is told; the Gate puts its own proof in the result."""
+
 
 class Gate:
     """Accepts connections on ``listener`` and admits those that prove the token.
@@ -167,15 +189,23 @@ class Gate:
             sessions'.
         join: takes each peer that proved the token; an :class:`ApsError` it raises refuses
             the peer (logged, remembered, and the peer told why).
+        describe: what a probe (``aps check``) that proved the token is told.
     """
 
     def __init__(
-        self, listener: Listener, *, token: bytes | None, timeouts: Timeouts, join: Join
+        self,
+        listener: Listener,
+        *,
+        token: bytes | None,
+        timeouts: Timeouts,
+        join: Join,
+        describe: Describe,
     ) -> None:
         self._listener = listener
         self._token = token
         self.timeouts = timeouts
         self._join = join
+        self._describe = describe
         self._accept_task: asyncio.Task[None] | None = None
         self._admissions: set[asyncio.Task[None]] = set()
         self._pending: dict[asyncio.Task[None], _Pending] = {}
@@ -294,8 +324,8 @@ class Gate:
         admitted = False
         reason = ""
         try:
-            await self._authenticate(session)
-            admitted = True
+            admitted = await self._authenticate(session)
+            reason = "" if admitted else "the check is over"
         except ApsError as exc:
             reason = self._refuse(session, exc)
         except asyncio.CancelledError:
@@ -318,8 +348,11 @@ class Gate:
         self._refusal_log.note(text)
         return reason[:200]
 
-    async def _authenticate(self, session: Session) -> None:
-        """Challenge the peer; once it proved the token, hand it to ``join`` with our proof."""
+    async def _authenticate(self, session: Session) -> bool:
+        """Challenge the peer; once it proved the token, hand it to ``join`` with our proof.
+
+        Returns whether the peer was handed to ``join``: ``False`` for a probe, answered.
+        """
         timeouts = self.timeouts
         nonce = os.urandom(NONCE_SIZE)
         try:
@@ -346,4 +379,28 @@ class Gate:
         # every answer carries this learner's proof, which the worker checks before acting.
         session.authenticated()
         proof = b"" if self._token is None else learner_proof(self._token, nonce, hello.nonce)
+        if hello.probe:
+            await self._answer_probe(session, proof)
+            return False
         await self._join(session, hello, proof)
+        return True
+
+    async def _answer_probe(self, session: Session, proof: bytes) -> None:
+        """Tell a probe that proved the token about this learner; the caller closes it.
+
+        The conversation is bounded by the handshake deadline like the rest of the handshake,
+        and a probe that leaves early (or breaks the protocol) is logged at debug level: it
+        is not a refused worker. The spaces are sent only when asked for: until then the
+        probe's frame limit is a handshake's.
+        """
+        result, spaces = self._describe()
+        try:
+            async with asyncio.timeout(self.timeouts.handshake):
+                await session.send(dataclasses.replace(result, proof=proof))
+                request = await session.receive(timeout=None, operation="the check's request")
+                assert isinstance(request, SpacesRequest)  # the protocol table allows no other
+                await session.send(spaces)
+        except (TransportError, ProtocolError, TimeoutError) as exc:
+            log.debug("a check from %s left before its answer: %r", session.peer, exc)
+            return
+        log.info("answered a check from %s", session.peer)

@@ -30,6 +30,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from aps import transports
+from aps._version import __version__
 from aps.collect import WorkerMetrics
 from aps.errors import (
     ApsError,
@@ -47,6 +48,8 @@ from aps.messages import (
     ErrorReport,
     Hello,
     Message,
+    ProbeResult,
+    ProbeSpaces,
     Ready,
     Request,
     StepRequest,
@@ -275,7 +278,13 @@ class WorkerPool:
             self._listener = await factory.listen(self._listen)
         else:
             self._listener = self._listen
-        self._gate = Gate(self._listener, token=self._token, timeouts=self.timeouts, join=self.join)
+        self._gate = Gate(
+            self._listener,
+            token=self._token,
+            timeouts=self.timeouts,
+            join=self.join,
+            describe=self.describe,
+        )
         self._gate.start()
         log.info("learner listening on %s for %d workers", self.url, self.num_workers)
         if self.launcher is not None and not self._launched:
@@ -337,6 +346,21 @@ class WorkerPool:
             await self.launcher.stop()
 
     # Admission.
+
+    def describe(self) -> tuple[ProbeResult, ProbeSpaces]:
+        """What ``aps check`` is told once it proved the token (the gate adds its proof)."""
+        observation_space, action_space = self.spaces or (None, None)
+        result = ProbeResult(
+            proof=b"",
+            aps_version=__version__,
+            num_workers=self.num_workers,
+            workers=sum(remote.attached.is_set() for remote in self.remotes),
+            spares=len(self._spares),
+            num_envs=sum(self.counts),
+            autoreset_mode=self.autoreset_mode.value,
+            policy=self._policy,
+        )
+        return result, ProbeSpaces(observation_space=observation_space, action_space=action_space)
 
     async def join(self, session: Session, hello: Hello, proof: bytes) -> None:
         """Take a worker that proved the token: resume its session, or admit it or a spare.

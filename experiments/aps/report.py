@@ -48,8 +48,18 @@ RUN_FIELDS = [
 CURVE_FIELDS = ["task", "objective", "strategy", "seed", "global_step", "seconds", "mean_return"]
 
 
+INT_FIELDS = {"seed", "timesteps", "syncs", "weight_bytes", "bytes_per_version", "versions"}
+INT_FIELDS |= {"lag_p95", "lag_max", "final_lag_max", "stalled", "global_step"}
+TEXT_FIELDS = {"task", "objective", "strategy", "env_id"}
+
+
 def collect(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Read ``out/runs/*.json`` into run rows and learning-curve rows (and write both CSVs)."""
+    """Read ``out/runs/*.json`` into run rows and learning-curve rows (and write both CSVs).
+
+    The per-run JSON files are kept for resuming but not committed; the CSVs are. A run in
+    ``out/runs.csv`` without a JSON file here (one run on another checkout) is kept as the
+    CSV has it, with its curve, so adding tasks to a suite never drops the results before.
+    """
     runs, curves = [], []
     for path in sorted((out / "runs").glob("*.json")):
         task, objective, strategy, seed = path.stem.split("__")
@@ -91,9 +101,36 @@ def collect(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                     "mean_return": point["mean_return"],
                 }
             )
+    fresh = {_key(row) for row in runs}
+    runs += [row for row in read_csv(out / "runs.csv") if _key(row) not in fresh]
+    curves += [row for row in read_csv(out / "curves.csv") if _key(row) not in fresh]
+    runs.sort(key=_key)
+    curves.sort(key=lambda row: (*_key(row), row["global_step"]))
     write_csv(out / "runs.csv", RUN_FIELDS, runs)
     write_csv(out / "curves.csv", CURVE_FIELDS, curves)
     return runs, curves
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (row["task"], row["objective"], row["strategy"], int(row["seed"]))
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV this module wrote, with its numbers typed back ([] without one)."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as file:
+        return [
+            {
+                name: value
+                if name in TEXT_FIELDS
+                else int(value)
+                if name in INT_FIELDS
+                else float(value)
+                for name, value in row.items()
+            }
+            for row in csv.DictReader(file)
+        ]
 
 
 def write_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
