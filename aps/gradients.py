@@ -73,8 +73,25 @@ class GradientSampler:
         """The round being sampled (-1 before the first)."""
         return -1 if self._round is None else self._round.round
 
-    def step(self) -> GradientReport | None:
-        """Step every env once; return the report of the trajectories that ended, if any."""
+    def step(self, limit: int | None = None) -> GradientReport | None:
+        """Step every env once; return the report of the trajectories that ended, if any.
+
+        Args:
+            limit: report at most this many of the trajectories that ended in this step, the
+                first ones in env order; the others are dropped (their envs start afresh like
+                every env whose trajectory ended). ``None`` (the default) reports them all.
+                Which ones are dropped depends on the env index only, never on a return, so
+                the sum stays an unbiased sum of ``limit`` trajectory gradients when the
+                episodes have a fixed length (every env ends in the same step). A driver that
+                needs exactly ``k`` gradients passes the number still missing.
+
+        Raises:
+            ConfigError: ``limit`` is not ``None`` or an int ``>= 1``.
+        """
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ConfigError(f"limit must be None or an int >= 1, got {limit!r}")
         import torch
 
         from aps.pg.reinforce import surrogate
@@ -103,6 +120,12 @@ class GradientSampler:
             reset_obs, _ = self._envs.reset(options={"reset_mask": cut})
             next_obs = np.where(cut.reshape(-1, *([1] * (next_obs.ndim - 1))), reset_obs, next_obs)
         self._obs = next_obs
+        if limit is not None and len(ended) > limit:
+            for env in ended[limit:]:
+                self._traj_obs[env].clear()
+                self._traj_actions[env].clear()
+                self._traj_rewards[env].clear()
+            ended = ended[:limit]
         if not ended:
             return None
         module = self._policy.module

@@ -305,13 +305,19 @@ class Session:
         if self._watchdog is not None:
             self._watchdog.cancel()  # it holds this session alive until it fires
             self._watchdog = None
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
-            # wait() rather than await: a cancellation of *this* task must not be swallowed.
-            await asyncio.wait([self._heartbeat_task])
-        if goodbye and self._connection.state not in (State.CLOSED, State.START):
-            with contextlib.suppress(TransportError, InvalidState, WireError, TimeoutError):
-                # A peer that stopped reading must not hold this close up.
-                async with asyncio.timeout(1.0):
-                    await self._send(Goodbye(reason=reason))  # past the closed check
-        await self._transport.aclose()
+        try:
+            if self._heartbeat_task is not None:
+                self._heartbeat_task.cancel()
+                # wait() rather than await: a cancellation of *this* task must not be
+                # swallowed.
+                await asyncio.wait([self._heartbeat_task])
+            if goodbye and self._connection.state not in (State.CLOSED, State.START):
+                with contextlib.suppress(TransportError, InvalidState, WireError, TimeoutError):
+                    # A peer that stopped reading must not hold this close up.
+                    async with asyncio.timeout(1.0):
+                        await self._send(Goodbye(reason=reason))  # past the closed check
+        finally:
+            # Even when cancelled above: the session counts as closed from the first call,
+            # so this is the only chance to close the connection (the transport aborts it
+            # if cancelled again).
+            await self._transport.aclose()

@@ -77,6 +77,13 @@ def test_surrogate_gradient_is_the_reward_to_go() -> None:
     assert torch.allclose(log_probs.grad, torch.tensor([2.75, 1.75, 0.75], dtype=torch.float64))
 
 
+def test_surrogate_of_a_one_step_trajectory() -> None:
+    # A reversed one-entry array keeps a negative stride that torch refuses.
+    log_probs = torch.zeros(1, requires_grad=True)
+    surrogate(log_probs, np.array([2.0]), 0.9).backward()  # type: ignore[no-untyped-call]
+    assert log_probs.grad is not None and log_probs.grad.tolist() == [2.0]
+
+
 def test_surrogate_keeps_dtype_and_detaches_tensor_rewards() -> None:
     log_probs = torch.tensor([-0.5, -1.0], requires_grad=True)
     rewards = torch.tensor([1.0, 1.0], requires_grad=True)

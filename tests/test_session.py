@@ -99,3 +99,25 @@ async def test_closing_stops_the_watchdog() -> None:
     await asyncio.wait([waiting])
     await worker.aclose()
     assert worker._watchdog is None
+
+
+async def test_a_close_cancelled_halfway_still_closes_the_connection() -> None:
+    """The session counts as closed from aclose's first call, so a cancelled first call must
+    still close the connection: a second call returns at once and nothing else would."""
+    from aps.transports.tcp import TCPFactory
+
+    factory = TCPFactory()
+    async with await factory.listen("tcp://127.0.0.1:0") as listener:
+        dialed = await factory.connect(listener.url, timeout=10)
+        accepted = await listener.accept()
+        session = Session(accepted, Role.LEARNER)
+        session.start_heartbeats()
+        await asyncio.sleep(0)  # the heartbeat task is running: aclose must wait for it
+        closing = asyncio.create_task(session.aclose(goodbye=False))
+        await asyncio.sleep(0)  # aclose now waits for the heartbeat task to end
+        closing.cancel()
+        await asyncio.wait([closing])
+        await session.aclose()  # returns at once
+        with pytest.raises(EndOfStream):
+            await asyncio.wait_for(dialed.receive(), 10)
+        await dialed.aclose()

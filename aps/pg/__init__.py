@@ -16,9 +16,10 @@ pure functions of data (no event loop, no sockets, no clock reads), tested with 
 - :mod:`aps.pg.reinforce` (``reward_to_go``, ``surrogate``): the estimator ``g_H`` with
   absolute discount. It needs torch, so it is a submodule to import explicitly
   (``from aps.pg.reinforce import surrogate``): ``import aps.pg`` never imports torch.
-- :mod:`aps.pg.simulate` (``simulate``): the same rounds and update in virtual time, with
-  per-worker gradient times ``h_i`` and aggregation times ``kappa_i``, real envs stepped in
-  one process (the paper's experimental model).
+- :mod:`aps.pg.simulate` (``simulate``, ``afedpg``): the same rounds and update in virtual
+  time, with per-worker gradient times ``h_i`` and aggregation times ``kappa_i``, real envs
+  stepped in one process (the paper's experimental model), and the AFedPG baseline (every
+  gradient applied on arrival) in the same time model.
 """
 
 from __future__ import annotations

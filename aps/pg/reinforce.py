@@ -68,7 +68,9 @@ def reward_to_go(rewards: npt.ArrayLike, gamma: float) -> npt.NDArray[np.float64
         )
     r = array.astype(np.float64)
     discounted = np.power(discount, np.arange(r.shape[0], dtype=np.float64)) * r
-    return np.ascontiguousarray(np.cumsum(discounted[::-1])[::-1])
+    # A fresh copy: a reversed view of one entry counts as contiguous but keeps its negative
+    # stride, which torch.as_tensor refuses.
+    return np.cumsum(discounted[::-1])[::-1].copy()
 
 
 def surrogate(

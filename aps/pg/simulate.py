@@ -13,9 +13,15 @@ vector env in this process) and added with :meth:`~aps.pg.Round.add`, the aggreg
 follows.
 
 What is simulated and what is real: the clock is the model's; the environments, the
-trajectories, the gradients, the aggregation and the update are real. A worker's sum is drawn
-from its env's sampler in whole vector steps, so it may hold a few more trajectories than the
-count the rule saw (at most ``envs_per_worker - 1``); the estimator stays unbiased.
+trajectories, the gradients, the aggregation and the update are real. A worker's sum holds
+exactly the count the rule saw: it is drawn from its env's sampler in vector steps, and the
+trajectories beyond the count that end in the last step are dropped by env index
+(:meth:`~aps.gradients.GradientSampler.step` with ``limit``), which keeps the sum unbiased
+when episodes have a fixed length.
+
+:func:`afedpg` runs the paper's main baseline, AFedPG (asynchronous federated policy
+gradient), in the same time model: every worker's gradient is applied the moment it arrives,
+each one costs its worker ``h[i]`` to compute and ``kappa[i]`` to send.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from aps.errors import ConfigError
 from aps.pg.aggregate import AggregationRule, Malenia, Rennala
 from aps.pg.nigt import NIGTUpdate, flatten, unflatten
 
-__all__ = ["SimRound", "simulate"]
+__all__ = ["SimRound", "afedpg", "simulate"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,14 +48,20 @@ class SimRound:
 
     Attributes:
         iteration: 0, 1, ... (0 is the initial batch).
-        time: the virtual time at the end of the round (aggregation included).
-        compute: the virtual time the round's gradients took (until the rule held).
+        time: the virtual time at the end of the round (aggregation included); for
+            :func:`afedpg`, when the step's gradient reached the server.
+        compute: the virtual time the round's gradients took (until the rule held); for
+            :func:`afedpg`, ``h`` of the worker whose gradient was applied.
         communication: the virtual time of the round's aggregation (``max kappa`` of the
-            workers that sent a sum).
+            workers that sent a sum); for :func:`afedpg`, ``kappa`` of that worker.
         contributions: gradients used per worker index.
         used: gradients aggregated.
         mean_return: the mean undiscounted return of the trajectories sampled at the point.
         direction_norm: the norm of the momentum direction after the step.
+        delay: :func:`afedpg` only: the number of server steps taken between the version the
+            gradient was computed at and the step that applied it (0 for NIGT rounds).
+        discarded: :func:`afedpg` only: gradients refused as too stale (``max_delay``) since
+            the previous step (0 for NIGT rounds).
     """
 
     iteration: int
@@ -60,6 +72,8 @@ class SimRound:
     used: int
     mean_return: float
     direction_norm: float
+    delay: int = 0
+    discarded: int = 0
 
 
 def _times(name: str, values: Sequence[float] | float, n: int, *, positive: bool) -> list[float]:
@@ -107,58 +121,24 @@ def simulate(
         initial_batch: as for :class:`aps.pg.NIGT`.
         iterations: stop after this many rounds.
         time_budget: stop after the round that passes this virtual time.
-        envs_per_worker: envs stepped together per distinct env (vectorized sampling).
-            With 1 (the default) every worker's sum holds exactly the gradients the rule
-            counted; more is faster but may add up to ``envs_per_worker - 1`` per worker.
+        envs_per_worker: envs stepped together per distinct env (vectorized sampling):
+            faster with more; every worker's sum holds exactly the gradients the rule
+            counted either way (see the module docstring for what is dropped).
         seed: seeds the env resets and the policy's sampling.
 
     Raises:
         ConfigError: times of the wrong length or sign, no stopping criterion, or env
             factories that do not match the workers.
     """
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
-
-    from aps.gradients import GradientSampler
     from aps.messages import GradientRound
-    from aps.policy import Policy
 
-    n = len(h)
-    if n < 1:
-        raise ConfigError("h needs one time per worker, got none")
-    times = _times("h", h, n, positive=True)
-    comm = _times("kappa", kappa, n, positive=False)
-    if iterations is None and time_budget is None:
-        raise ConfigError("give iterations=..., time_budget=... or both, or it never stops")
-    factories = [envs] * n if callable(envs) else list(envs)
-    if len(factories) != n:
-        raise ConfigError(f"envs has {len(factories)} factories for {n} workers; give 1 or {n}")
+    n, times, comm = _check(h, kappa, iterations, time_budget)
     rule: AggregationRule = aggregator or Rennala(batch=8)
     initial = rule
     if initial_batch is not None and isinstance(rule, Rennala | Malenia):
         initial = dataclasses.replace(rule, batch=initial_batch)
     update = NIGTUpdate(lr=lr, momentum=momentum)
-
-    # One sampler per distinct factory: homogeneous workers share one vector env.
-    samplers: dict[int, GradientSampler] = {}
-    sampler_of: list[GradientSampler] = []
-    module_policy: Any = None
-    for index, factory in enumerate(factories):
-        key = id(factory)
-        if key not in samplers:
-            vector = SyncVectorEnv(
-                [factory] * envs_per_worker, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
-            )
-            vector.reset(seed=seed + 1000 * index)
-            wrapped = (
-                policy
-                if isinstance(policy, Policy)
-                else Policy(policy, vector.single_observation_space, vector.single_action_space)
-            )
-            wrapped.seed(seed + index)
-            module_policy = module_policy or wrapped
-            samplers[key] = GradientSampler(vector, wrapped)
-        sampler_of.append(samplers[key])
-    assert isinstance(module_policy, Policy)
+    samplers, sampler_of, module_policy = _samplers(policy, envs, n, envs_per_worker, seed)
 
     vector0, layout = flatten(module_policy.get_weights())
     state = update.start(vector0)
@@ -210,12 +190,196 @@ def simulate(
         iteration += 1
 
 
+def _check(
+    h: Sequence[float],
+    kappa: Sequence[float] | float,
+    iterations: int | None,
+    time_budget: float | None,
+) -> tuple[int, list[float], list[float]]:
+    """The number of workers and their checked times, or ConfigError."""
+    n = len(h)
+    if n < 1:
+        raise ConfigError("h needs one time per worker, got none")
+    times = _times("h", h, n, positive=True)
+    comm = _times("kappa", kappa, n, positive=False)
+    if iterations is None and time_budget is None:
+        raise ConfigError("give iterations=..., time_budget=... or both, or it never stops")
+    return n, times, comm
+
+
+def _samplers(
+    policy: Any,
+    envs: Sequence[Callable[[], Any]] | Callable[[], Any],
+    n: int,
+    envs_per_worker: int,
+    seed: int,
+) -> tuple[dict[int, Any], list[Any], Any]:
+    """One sampler per distinct env factory (homogeneous workers share one vector env).
+
+    Returns ``(samplers by factory id, each worker's sampler, the policy adapter)``.
+    """
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from aps.gradients import GradientSampler
+    from aps.policy import Policy
+
+    factories = [envs] * n if callable(envs) else list(envs)
+    if len(factories) != n:
+        raise ConfigError(f"envs has {len(factories)} factories for {n} workers; give 1 or {n}")
+    if isinstance(envs_per_worker, bool) or not isinstance(envs_per_worker, int):
+        raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
+    if envs_per_worker < 1:
+        raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
+    samplers: dict[int, GradientSampler] = {}
+    sampler_of: list[GradientSampler] = []
+    module_policy: Any = None
+    for index, factory in enumerate(factories):
+        key = id(factory)
+        if key not in samplers:
+            vector = SyncVectorEnv(
+                [factory] * envs_per_worker, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+            )
+            vector.reset(seed=seed + 1000 * index)
+            wrapped = (
+                policy
+                if isinstance(policy, Policy)
+                else Policy(policy, vector.single_observation_space, vector.single_action_space)
+            )
+            wrapped.seed(seed + index)
+            module_policy = module_policy or wrapped
+            samplers[key] = GradientSampler(vector, wrapped)
+        sampler_of.append(samplers[key])
+    assert isinstance(module_policy, Policy)
+    return samplers, sampler_of, module_policy
+
+
+def afedpg(
+    policy: Any,
+    envs: Sequence[Callable[[], Any]] | Callable[[], Any],
+    *,
+    h: Sequence[float],
+    kappa: Sequence[float] | float = 0.0,
+    lr: float = 0.01,
+    momentum: float = 0.1,
+    horizon: int = 200,
+    gamma: float = 0.99,
+    max_delay: int | None = None,
+    iterations: int | None = None,
+    time_budget: float | None = None,
+    seed: int = 0,
+) -> Iterator[SimRound]:
+    """Run AFedPG (Lan et al., ICLR 2025) in virtual time, yielding each server step.
+
+    What is implemented, exactly. The server holds ``theta_k``, ``theta_{k-1}`` and a
+    momentum direction ``d`` (an :class:`~aps.pg.NIGTState`). A worker that received version
+    ``j`` samples *one* trajectory and differentiates ``g_H`` at its lookahead point::
+
+        theta~_j = theta_j + ((1 - alpha) / alpha) (theta_j - theta_{j-1})
+
+    and sends that single gradient. The server applies every gradient the moment it arrives,
+    whatever its delay ``k - j``::
+
+        d           = g                          (the first gradient)
+        d           = (1 - alpha) d + alpha g    (afterwards)
+        theta_{k+1} = theta_k + eta d / ||d||
+
+    and sends ``(theta_{k+1}, theta_k)`` back to that worker only, which starts its next
+    trajectory at the new lookahead point. That is one :meth:`~aps.pg.NIGTUpdate.step` per
+    arriving gradient, with ``eta = lr`` and ``alpha = momentum``.
+
+    Deviations from the published method, both because its readable description does not
+    give them: ``alpha`` and ``eta`` are constants (the paper's delay-adaptive ``alpha_k``
+    and decaying ``eta_k`` schedules are not implemented), and a worker's lookahead uses the
+    same ``alpha`` as the server. The comparison paper (arXiv 2509.24305) tunes AFedPG on the
+    same constant grids as Rennala NIGT.
+
+    Time: worker ``i``'s gradient is ready ``h[i]`` after it received its point and reaches
+    the server ``kappa[i]`` later (one vector sent per gradient); the server's step and the
+    reply cost no time (the NIGT rounds of :func:`simulate` do not charge the broadcast
+    either). Ties are broken by worker index.
+
+    Args:
+        policy: as for :func:`simulate`.
+        envs: as for :func:`simulate` (one factory per worker: each worker samples its own
+            env; AFedPG has no rule against over-weighting fast workers).
+        h: virtual time per trajectory gradient, one per worker.
+        kappa: virtual time to send one gradient, one per worker or one for all.
+        lr: the step length ``eta``.
+        momentum: ``alpha`` in ``(0, 1]``.
+        horizon: as for :func:`simulate`.
+        gamma: as for :func:`simulate`.
+        max_delay: refuse a gradient computed more than this many server steps ago (it is
+            counted in :attr:`SimRound.discarded`, and its worker gets the current point);
+            ``None`` (AFedPG as published) applies every gradient.
+        iterations: stop after this many server steps.
+        time_budget: stop after the step that passes this virtual time.
+        seed: as for :func:`simulate`.
+
+    Raises:
+        ConfigError: bad times, no stopping criterion, env factories that do not match the
+            workers, or a ``max_delay`` that is not ``None`` or an int ``>= 0``.
+    """
+    from aps.messages import GradientRound
+
+    n, times, comm = _check(h, kappa, iterations, time_budget)
+    if max_delay is not None and (
+        isinstance(max_delay, bool) or not isinstance(max_delay, int) or max_delay < 0
+    ):
+        raise ConfigError(f"max_delay must be None or an int >= 0, got {max_delay!r}")
+    update = NIGTUpdate(lr=lr, momentum=momentum)
+    _, sampler_of, module_policy = _samplers(policy, envs, n, 1, seed)
+    vector0, layout = flatten(module_policy.get_weights())
+    state = update.start(vector0)
+    # Each worker's point and the server step it was sent at.
+    points: list[tuple[Any, int]] = [(state.point, 0)] * n
+    events = [(times[i] + comm[i], i) for i in range(n)]
+    heapq.heapify(events)
+    discarded = 0
+    step = 0
+    clock = 0.0
+    while (iterations is None or step < iterations) and (
+        time_budget is None or clock < time_budget
+    ):
+        clock, worker = heapq.heappop(events)
+        point, sent_at = points[worker]
+        delay = state.t - sent_at
+        if max_delay is not None and delay > max_delay:
+            discarded += 1
+        else:
+            sampler = sampler_of[worker]
+            sampler.start(
+                GradientRound(
+                    round=sent_at, arrays=unflatten(point, layout), horizon=horizon, gamma=gamma
+                )
+            )
+            returns: list[float] = []
+            gradient, _ = _draw(sampler, 1, layout, returns)
+            state = update.step(state, gradient)
+            module_policy.set_weights(unflatten(state.theta, layout))
+            yield SimRound(
+                iteration=step,
+                time=clock,
+                compute=times[worker],
+                communication=comm[worker],
+                contributions={worker: 1},
+                used=1,
+                mean_return=returns[0],
+                direction_norm=state.direction_norm,
+                delay=delay,
+                discarded=discarded,
+            )
+            discarded = 0
+            step += 1
+        points[worker] = (state.point, state.t)
+        heapq.heappush(events, (clock + times[worker] + comm[worker], worker))
+
+
 def _draw(sampler: Any, count: int, layout: Any, returns: list[float]) -> tuple[Any, int]:
-    """Step ``sampler`` until ``count`` trajectories ended: their gradient sum and count."""
+    """Step ``sampler`` until exactly ``count`` trajectories ended: their gradient sum, count."""
     total = np.zeros(layout.size, dtype=np.float64)
     got = 0
     while got < count:
-        report = sampler.step()
+        report = sampler.step(limit=count - got)
         if report is None:
             continue
         total += layout.flatten(report.gradient, fill_missing=True)

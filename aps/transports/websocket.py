@@ -316,6 +316,7 @@ class WebSocketListener:
         """Connections not accepted yet (opening handshakes and the accept queue)."""
         self.refused = 0
         """Connections closed at once because :data:`MAX_OPENING` were waiting."""
+        self._waiting: set[ServerConnection] = set()
 
     def _connection_class(self) -> type[ServerConnection]:
         """The ServerConnection that counts this listener's unaccepted connections."""
@@ -331,6 +332,7 @@ class WebSocketListener:
                     cast(asyncio.Transport, transport).abort()
                     return
                 listener.opening += 1
+                listener._waiting.add(self)
                 self.aps_waiting = True
 
             def connection_lost(self, exc: Exception | None) -> None:
@@ -344,6 +346,7 @@ class WebSocketListener:
         if getattr(connection, "aps_waiting", False):
             connection.aps_waiting = False  # type: ignore[attr-defined]
             self.opening -= 1
+            self._waiting.discard(connection)
 
     @property
     def url(self) -> str:
@@ -377,6 +380,10 @@ class WebSocketListener:
             self._server.close(close_connections=False)
         for transport in self._queue.close():
             await transport.aclose()
+        # Connections still in their opening handshake would otherwise live on until
+        # websockets' opening timeout, after their listener (and perhaps their loop) ended.
+        for connection in list(self._waiting):
+            connection.transport.abort()
 
     async def __aenter__(self) -> Self:
         return self

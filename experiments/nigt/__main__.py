@@ -1,22 +1,29 @@
-"""Rennala, Malenia and synchronized NIGT in the paper's time model on MuJoCo (aps.pg.simulate).
+"""Rennala, Malenia, synchronized NIGT and AFedPG in the paper's time model (aps.pg.simulate).
 
-    python -m experiments.nigt                 # every scenario, 3 seeds (resumes finished runs)
-    python -m experiments.nigt --quick         # a smoke run, a minute
-    python -m experiments.nigt --replot        # the figures and summary from the saved runs
+    python -m experiments.nigt                       # equal, sqrt, comm on Reacher, 3 seeds
+    python -m experiments.nigt --scenarios hetero    # the heterogeneous-environment experiment
+    python -m experiments.nigt --quick               # a smoke run, a minute
+    python -m experiments.nigt --replot              # the figures and summary from saved runs
 
 Worker i (i = 1..n) needs ``h_i`` virtual time units per env step, so ``horizon * h_i`` per
-trajectory gradient (Reacher's episodes all last 50 steps), and ``kappa_i`` per aggregation
-of its sum. Scenarios, as in the paper's section 6 (n = 10):
+trajectory gradient, and ``kappa_i`` per aggregation of its sum (NIGT) or per gradient sent
+(AFedPG). Scenarios, as in the paper's section 6 and appendix H.3:
 
-- ``equal``: h_i = 1, kappa_i = 0;
-- ``sqrt``: h_i = sqrt(i), kappa_i = sqrt(i);
-- ``comm``: h_i = sqrt(i), kappa_i = sqrt(i) * d^(1/4) (d = the policy's parameter count).
+- ``equal`` (n workers): h_i = 1, kappa_i = 0;
+- ``sqrt`` (n workers): h_i = sqrt(i), kappa_i = sqrt(i);
+- ``comm`` (n workers): h_i = sqrt(i), kappa_i = sqrt(i) * d^(1/4) (d = the policy's
+  parameter count);
+- ``hetero`` (always 2 workers): h = (1, 10), kappa = 0, and each worker has its own env:
+  worker 1 observes ``(s, 0)`` and worker 2 ``(-s, 1)`` (the paper's construction). The
+  objective is the average of the two envs' returns, measured off the clock: the policy
+  ``theta`` is evaluated on both envs (``--eval-episodes`` episodes each, fixed reset seeds,
+  sampled actions, ``horizon`` steps) at ``--eval-points`` evenly spaced virtual times.
 
 Each run stops at the same virtual-time budget. Every finished run is saved to
-``<out>/runs/<env>_<scenario>_<method>_s<seed>.csv`` and skipped on the next call, so an
-interrupted call resumes. Then ``<out>/nigt_sim_<env>.csv`` (all rounds of all runs),
-``<out>/nigt_sim_<env>.png`` (reward against virtual time, median and (20%, 80%) band over
-seeds) and the time-to-reward ratios are written.
+``<out>/runs/<tag>_<scenario>_<method>_s<seed>.csv`` and skipped on the next call, so an
+interrupted call resumes. Then ``<out>/nigt_sim_<env>[_<scenarios>].csv`` (all rounds of all
+runs), ``.png`` (median and (20%, 80%) band over seeds against virtual time) and ``.txt``
+(final values and time-to-reward ratios) are written.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +41,10 @@ import torch
 from torch import nn
 
 from aps import pg
-from aps.pg.simulate import simulate
+from aps.pg.simulate import afedpg, simulate
 
-METHODS = ("rennala", "malenia", "synchronous")
-SCENARIOS = ("equal", "sqrt", "comm")
+METHODS = ("rennala", "malenia", "synchronous", "afedpg")
+SCENARIOS = ("equal", "sqrt", "comm", "hetero")
 
 
 class Agent(nn.Module):
@@ -58,10 +66,42 @@ class Agent(nn.Module):
         self.actor_logstd = nn.Parameter(torch.full((1, actions), -0.5))
 
 
+class Flagged(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
+    """The paper's heterogeneous envs: observe ``(sign * s, flag)``."""
+
+    def __init__(self, env: gym.Env[Any, Any], sign: float, flag: float) -> None:
+        super().__init__(env)
+        low = np.asarray(env.observation_space.low, dtype=np.float32)  # type: ignore[attr-defined]
+        high = np.asarray(env.observation_space.high, dtype=np.float32)  # type: ignore[attr-defined]
+        low, high = (low, high) if sign > 0 else (-high, -low)
+        self.observation_space = gym.spaces.Box(
+            np.append(low, 0.0).astype(np.float32), np.append(high, 1.0).astype(np.float32)
+        )
+        self.sign, self.flag = sign, flag
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.append(self.sign * observation, self.flag).astype(np.float32)
+
+
+def make(env: str, worker: int | None = None, **kwargs: Any) -> Callable[[], gym.Env[Any, Any]]:
+    """An env factory: the plain env, or worker ``worker``'s flagged env (hetero)."""
+    if worker is None:
+        return lambda: gym.make(env, **kwargs)
+    sign, flag = (1.0, 0.0) if worker == 0 else (-1.0, 1.0)
+    return lambda: Flagged(gym.make(env, **kwargs), sign, flag)
+
+
+def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments for gym.make (``--gravity`` for Pendulum)."""
+    return {} if args.gravity is None else {"g": args.gravity}
+
+
 def times(scenario: str, n: int, horizon: int, d: int) -> tuple[list[float], list[float]]:
     """Per-worker virtual times per gradient (h) and per aggregation (kappa)."""
     if scenario == "equal":
         return [float(horizon)] * n, [0.0] * n
+    if scenario == "hetero":
+        return [float(horizon), 10.0 * horizon], [0.0, 0.0]
     h = [horizon * math.sqrt(i) for i in range(1, n + 1)]
     kappa = [math.sqrt(i) for i in range(1, n + 1)]
     if scenario == "comm":
@@ -70,7 +110,7 @@ def times(scenario: str, n: int, horizon: int, d: int) -> tuple[list[float], lis
 
 
 def rule(method: str, batch: int) -> Any:
-    """The aggregation rule of a method."""
+    """The aggregation rule of a NIGT method."""
     if method == "rennala":
         return pg.Rennala(batch=batch)
     if method == "malenia":
@@ -78,44 +118,99 @@ def rule(method: str, batch: int) -> Any:
     return pg.Synchronous()
 
 
+def evaluate(agent: nn.Module, factories: list[Any], args: argparse.Namespace) -> list[float]:
+    """The mean return of ``agent`` on each env: fixed reset seeds, sampled actions."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from aps.policy import Policy
+
+    means = []
+    for index, factory in enumerate(factories):
+        envs = SyncVectorEnv([factory] * args.eval_episodes, autoreset_mode=AutoresetMode.SAME_STEP)
+        policy = Policy(agent, envs.single_observation_space, envs.single_action_space)
+        policy.seed(10_000 + index)
+        obs, _ = envs.reset(seed=[10_000 + k for k in range(args.eval_episodes)])
+        total = np.zeros(args.eval_episodes)
+        alive = np.ones(args.eval_episodes, dtype=bool)
+        for _ in range(args.horizon):
+            actions, _, _ = policy.act(obs)
+            obs, reward, terminated, truncated, _ = envs.step(policy.env_actions(actions))
+            total += np.where(alive, reward, 0.0)
+            alive &= ~(terminated | truncated)
+            if not alive.any():
+                break
+        envs.close()
+        means.append(float(total.mean()))
+    return means
+
+
 def one_run(
     args: argparse.Namespace, scenario: str, method: str, seed: int
 ) -> list[dict[str, Any]]:
-    """One simulated training run: a row per round."""
+    """One simulated training run: a row per round (NIGT) or per server step (AFedPG)."""
     torch.manual_seed(seed)
-    probe = gym.make(args.env)
+    n = 2 if scenario == "hetero" else args.workers
+    kwargs = env_kwargs(args)
+    factories = [make(args.env, i, **kwargs) for i in range(n)] if scenario == "hetero" else []
+    probe = factories[0]() if factories else gym.make(args.env, **kwargs)
     agent = Agent(probe.observation_space, probe.action_space)
     d = sum(p.numel() for p in agent.parameters())
-    h, kappa = times(scenario, args.workers, args.horizon, d)
-    rows = []
-    for r in simulate(
-        agent,
-        lambda: gym.make(args.env),
-        h=h,
-        kappa=kappa,
-        aggregator=rule(method, args.batch),
-        lr=args.lr,
-        momentum=args.momentum,
-        horizon=args.horizon,
-        gamma=args.gamma,
-        time_budget=args.budget,
-        envs_per_worker=args.envs_per_worker,
-        seed=seed,
-    ):
-        rows.append(
-            {
-                "env": args.env,
-                "scenario": scenario,
-                "method": method,
-                "seed": seed,
-                "iteration": r.iteration,
-                "time": r.time,
-                "compute": r.compute,
-                "communication": r.communication,
-                "used": r.used,
-                "mean_return": r.mean_return,
-            }
+    h, kappa = times(scenario, n, args.horizon, d)
+    envs: Any = factories or make(args.env, **kwargs)
+    common = {
+        "h": h,
+        "kappa": kappa,
+        "lr": args.lr,
+        "momentum": args.momentum,
+        "horizon": args.horizon,
+        "gamma": args.gamma,
+        "time_budget": args.budget,
+        "seed": seed,
+    }
+    if method == "afedpg":
+        steps = afedpg(agent, envs, **common)
+    else:
+        steps = simulate(
+            agent,
+            envs,
+            aggregator=rule(method, args.batch),
+            envs_per_worker=args.envs_per_worker,
+            **common,
         )
+    grid = list(np.linspace(0.0, args.budget, args.eval_points + 1))[1:] if factories else []
+    rows = []
+    initial_evals = evaluate(agent, factories, args) if factories else []
+    evals = initial_evals
+    for r in steps:
+        row = {
+            "env": args.env,
+            "scenario": scenario,
+            "method": method,
+            "seed": seed,
+            "iteration": r.iteration,
+            "time": r.time,
+            "compute": r.compute,
+            "communication": r.communication,
+            "used": r.used,
+            "delay": r.delay,
+            "mean_return": r.mean_return,
+        }
+        if factories:
+            # Evaluate theta after the first round that ends at or past each grid time.
+            passed = [t for t in grid if t <= r.time]
+            grid = [t for t in grid if t > r.time]
+            if passed:
+                evals = evaluate(agent, factories, args)
+            for i, value in enumerate(evals):
+                row[f"eval_{i}"] = value if passed else math.nan
+            row["eval_avg"] = float(np.mean(evals)) if passed else math.nan
+        rows.append(row)
+    if factories:
+        initial = {**rows[0], "iteration": -1, "time": 0.0, "used": 0, "mean_return": math.nan}
+        for i, value in enumerate(initial_evals):
+            initial[f"eval_{i}"] = value
+        initial["eval_avg"] = float(np.mean(initial_evals))
+        rows.insert(0, initial)
     return rows
 
 
@@ -123,8 +218,9 @@ def write(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write rows as CSV, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    fields = list(dict.fromkeys(key for row in rows for key in row))
     with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)  # a run is saved whole or not at all: resuming never sees half a run
@@ -136,61 +232,115 @@ def read(path: Path) -> list[dict[str, Any]]:
         return list(csv.DictReader(handle))
 
 
-def curve(rows: list[dict[str, Any]], grid: np.ndarray, smooth: int = 5) -> np.ndarray:
-    """The run's reward (running mean of ``smooth`` rounds) at each grid time (step function)."""
+def _number(value: Any) -> float:
+    return math.nan if value in (None, "") else float(value)
+
+
+def series(rows: list[dict[str, Any]], metric: str, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(times, values) of a run's metric.
+
+    ``mean_return``: the mean training return of the last ``window`` trajectories used (a
+    round of M trajectories counts M times, so rounds and single AFedPG steps compare);
+    ``eval_*``: the evaluations, held until the next one.
+    """
+    rows = [r for r in rows if int(r["iteration"]) >= 0 or metric != "mean_return"]
     t = np.array([float(r["time"]) for r in rows])
-    y = np.array([float(r["mean_return"]) for r in rows])
-    y = np.convolve(y, np.ones(smooth) / smooth, mode="full")[: len(y)] * smooth
-    y /= np.minimum(np.arange(1, len(y) + 1), smooth)
+    if metric == "mean_return":
+        used = np.array([float(r["used"]) for r in rows])
+        total = np.cumsum(used * np.array([_number(r["mean_return"]) for r in rows]))
+        count = np.cumsum(used)
+        start = np.searchsorted(count, count - window, side="right")
+        before_total = np.where(start > 0, total[np.maximum(start - 1, 0)], 0.0)
+        before_count = np.where(start > 0, count[np.maximum(start - 1, 0)], 0.0)
+        return t, (total - before_total) / (count - before_count)
+    values = np.array([_number(r.get(metric)) for r in rows])
+    keep = np.isfinite(values)
+    return t[keep], values[keep]
+
+
+def curve(rows: list[dict[str, Any]], grid: np.ndarray, metric: str, window: int) -> np.ndarray:
+    """A run's metric at each grid time (a step function of virtual time)."""
+    t, y = series(rows, metric, window)
     index = np.searchsorted(t, grid, side="right") - 1
     return np.where(index >= 0, y[np.clip(index, 0, None)], np.nan)
 
 
-def time_to(rows: list[dict[str, Any]], target: float, smooth: int = 5) -> float:
-    """The first virtual time at which the smoothed reward reaches ``target`` (inf: never)."""
-    grid = np.array([float(r["time"]) for r in rows])
-    values = curve(rows, grid, smooth)
-    hit = np.flatnonzero(values >= target)
-    return float(grid[hit[0]]) if hit.size else math.inf
+def time_to(rows: list[dict[str, Any]], target: float, metric: str, window: int) -> float:
+    """The first virtual time at which the metric reaches ``target`` (inf: never)."""
+    t, y = series(rows, metric, window)
+    hit = np.flatnonzero(y >= target)
+    return float(t[hit[0]]) if hit.size else math.inf
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b`` for times to a target (inf: never reached); nan when neither reached it."""
+    if math.isinf(a) and math.isinf(b):
+        return math.nan
+    if a == b:
+        return 1.0
+    return math.inf if b == 0.0 or math.isinf(a) else a / b
+
+
+def quantiles(values: list[float]) -> str:
+    """'median (20%: a, 80%: b)' of finite or infinite values."""
+    if not values:
+        return "no runs"
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return "undefined (no run reached the target)"
+    array = np.asarray(known, dtype=float)
+    # Linear interpolation, as the figures' bands; observed values when one is infinite (a
+    # run that never reached the target), where interpolating gives nan.
+    method = "linear" if np.isfinite(array).all() else "inverted_cdf"
+    q = np.quantile(array, [0.2, 0.5, 0.8], method=method)
+    return f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f})"
 
 
 def summarize(
-    args: argparse.Namespace, runs: dict[tuple[str, str, int], list[dict[str, Any]]]
+    args: argparse.Namespace,
+    runs: dict[tuple[str, str, int], list[dict[str, Any]]],
+    stem: str,
 ) -> None:
-    """Write the combined CSV, the time-to-reward ratios and the figure."""
+    """Write the combined CSV, the final values, the time-to-reward ratios and the figure."""
     out = Path(args.out)
     everything = [row for rows in runs.values() for row in rows]
-    write(out / f"nigt_sim_{args.env.split('-')[0].lower()}.csv", everything)
+    write(out / f"{stem}.csv", everything)
     grid = np.linspace(0, args.budget, 200)
     lines = []
-    for scenario in SCENARIOS:
-        finals = []
-        for method in METHODS:
-            for seed in args.seeds:
-                if (scenario, method, seed) in runs:
-                    finals.append(curve(runs[scenario, method, seed], grid)[-1])
-        if not finals:
-            continue
-        first = [float(rows[0]["mean_return"]) for (s, _, _), rows in runs.items() if s == scenario]
-        # The target: 80% of the way from the initial reward to the median final reward.
-        target = float(np.median(first) + 0.8 * (np.median(finals) - np.median(first)))
-        for method in ("malenia", "synchronous"):
+    scenarios = [s for s in args.scenarios if any(k[0] == s for k in runs)]
+    for scenario in scenarios:
+        metric = "eval_avg" if scenario == "hetero" else "mean_return"
+        proposed = "malenia" if scenario == "hetero" else "rennala"
+        keys = [k for k in runs if k[0] == scenario]
+        finals = {
+            m: [curve(runs[k], grid, metric, args.window)[-1] for k in keys if k[1] == m]
+            for m in args.methods
+        }
+        for method in args.methods:
+            lines.append(
+                f"{args.env} {scenario} {method}: final {metric} "
+                f"{quantiles(finals[method])} over {len(finals[method])} seeds"
+            )
+        first = [series(runs[k], metric, args.window)[1][0] for k in keys]
+        every = [v for values in finals.values() for v in values]
+        # The target: 80% of the way from the initial value to the median final value.
+        target = float(np.nanmedian(first) + 0.8 * (np.nanmedian(every) - np.nanmedian(first)))
+        for method in args.methods:
+            if method == proposed:
+                continue
             ratios = []
             for seed in args.seeds:
-                if (scenario, "rennala", seed) in runs and (scenario, method, seed) in runs:
-                    a = time_to(runs[scenario, "rennala", seed], target)
-                    b = time_to(runs[scenario, method, seed], target)
-                    ratios.append(
-                        a / b if math.isfinite(b) else (0.0 if math.isfinite(a) else math.nan)
-                    )
-            q = np.nanquantile(ratios, [0.2, 0.5, 0.8]) if ratios else [math.nan] * 3
+                if (scenario, proposed, seed) in runs and (scenario, method, seed) in runs:
+                    a = time_to(runs[scenario, proposed, seed], target, metric, args.window)
+                    b = time_to(runs[scenario, method, seed], target, metric, args.window)
+                    ratios.append(ratio(a, b))
             lines.append(
-                f"{args.env} {scenario}: time to reward {target:.1f}, Rennala / {method}: "
-                f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f}) over {len(ratios)} seeds"
+                f"{args.env} {scenario}: time to {metric} {target:.1f}, {proposed} / {method}: "
+                f"{quantiles(ratios)} over {len(ratios)} seeds"
             )
     text = "\n".join(lines)
     print(text)
-    (out / f"nigt_sim_{args.env.split('-')[0].lower()}.txt").write_text(text + "\n")
+    (out / f"{stem}.txt").write_text(text + "\n")
     try:
         import matplotlib
 
@@ -199,29 +349,43 @@ def summarize(
     except ImportError:
         print("matplotlib is not installed: no figure")
         return
-    fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 3.6), sharey=True)
-    for ax, scenario in zip(axes, SCENARIOS, strict=True):
-        for method in METHODS:
-            curves = [curve(runs[k], grid) for k in runs if k[0] == scenario and k[1] == method]
+    panels = [(s, "mean_return") for s in scenarios if s != "hetero"]
+    if "hetero" in scenarios:
+        panels += [("hetero", "eval_avg"), ("hetero", "eval_0"), ("hetero", "eval_1")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (scenario, metric) in zip(axes[0], panels, strict=True):
+        for method in args.methods:
+            curves = [
+                curve(runs[k], grid, metric, args.window)
+                for k in runs
+                if k[0] == scenario and k[1] == method
+            ]
             if not curves:
                 continue
-            stack = np.stack(curves)
-            low, mid, high = np.nanquantile(stack, [0.2, 0.5, 0.8], axis=0)
+            low, mid, high = np.nanquantile(np.stack(curves), [0.2, 0.5, 0.8], axis=0)
             ax.plot(grid, mid, label=method)
             ax.fill_between(grid, low, high, alpha=0.2)
-        ax.set_title(f"{args.env}, n={args.workers}, {scenario}")
+        n = 2 if scenario == "hetero" else args.workers
+        label = {
+            "mean_return": f"training return (last {args.window} trajectories)",
+            "eval_avg": "average objective (both envs)",
+            "eval_0": "worker 1's env (s, 0), h = 1",
+            "eval_1": "worker 2's env (-s, 1), h = 10",
+        }[metric]
+        ax.set_title(f"{args.env}, n={n}, {scenario}\n{label}", fontsize=9)
         ax.set_xlabel("virtual time")
-    axes[0].set_ylabel("episode return (5-round mean)")
-    axes[0].legend()
+    axes[0][0].set_ylabel("episode return")
+    axes[0][0].legend()
     fig.tight_layout()
-    fig.savefig(out / f"nigt_sim_{args.env.split('-')[0].lower()}.png", dpi=120)
+    fig.savefig(out / f"{stem}.png", dpi=120)
 
 
 def main() -> None:
     """Run what is missing, then summarize."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Reacher-v5")
-    parser.add_argument("--workers", type=int, default=10)
+    parser.add_argument("--gravity", type=float, default=None, help="Pendulum's g")
+    parser.add_argument("--workers", type=int, default=10, help="n (not for hetero: 2)")
     parser.add_argument("--batch", type=int, default=20, help="M = M_init (Rennala, Malenia)")
     parser.add_argument("--lr", type=float, default=2**-5)
     parser.add_argument("--momentum", type=float, default=0.1)
@@ -229,20 +393,33 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=0.99)
     parser.add_argument("--budget", type=float, default=40_000.0, help="virtual time per run")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
+    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(SCENARIOS[:3]))
+    parser.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
     parser.add_argument(
         "--envs-per-worker", type=int, default=1, help="vectorized sampling (see simulate)"
     )
+    parser.add_argument("--window", type=int, default=100, help="trajectories per return mean")
+    parser.add_argument("--eval-points", type=int, default=20, help="evaluations (hetero)")
+    parser.add_argument("--eval-episodes", type=int, default=16, help="per env (hetero)")
     parser.add_argument("--out", default="docs/results")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--replot", action="store_true")
     args = parser.parse_args()
+    for name, values, known in (
+        ("scenarios", args.scenarios, SCENARIOS),
+        ("methods", args.methods, METHODS),
+    ):
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            parser.error(f"unknown {name} {unknown}; choose from {', '.join(known)}")
     if args.quick:
         args.budget, args.seeds = 2_000.0, [0]
     from tqdm import tqdm
 
     runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    todo = [(s, m, seed) for s in SCENARIOS for m in METHODS for seed in args.seeds]
-    tag = f"{args.env}_n{args.workers}_b{args.budget:g}_e{args.envs_per_worker}"
+    todo = [(s, m, seed) for s in args.scenarios for m in args.methods for seed in args.seeds]
+    g = "" if args.gravity is None else f"_g{args.gravity:g}"
+    tag = f"{args.env}{g}_n{args.workers}_b{args.budget:g}_e{args.envs_per_worker}"
     for scenario, method, seed in tqdm(todo, desc="runs"):
         path = Path(args.out) / "runs" / f"{tag}_{scenario}_{method}_s{seed}.csv"
         if path.exists():
@@ -251,7 +428,10 @@ def main() -> None:
             rows = one_run(args, scenario, method, seed)
             write(path, rows)
             runs[scenario, method, seed] = read(path)
-    summarize(args, runs)
+    stem = f"nigt_sim_{args.env.split('-')[0].lower()}"
+    if args.scenarios != list(SCENARIOS[:3]):
+        stem += "_" + "_".join(args.scenarios)
+    summarize(args, runs, stem)
 
 
 if __name__ == "__main__":
