@@ -216,6 +216,8 @@ class ClusterEnv(VectorEnv):
         policy_kwargs: keyword arguments for the ``policy`` factory; see :class:`aps.Learner`.
         weight_precision: how published weights travel (``"exact"`` or ``"float16"``); see
             :class:`aps.Learner`.
+        overlap_weights: let a chosen version travel while the worker keeps acting with the
+            one it holds; see :class:`aps.Learner`.
 
     Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
     vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
@@ -253,6 +255,7 @@ class ClusterEnv(VectorEnv):
         on_listening: Callable[[str], object] | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         weight_precision: WeightPrecision = "exact",
+        overlap_weights: bool = False,
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
@@ -272,6 +275,7 @@ class ClusterEnv(VectorEnv):
             reconnect_timeout=reconnect_timeout,
             policy_kwargs=policy_kwargs,
             weight_precision=weight_precision,
+            overlap_weights=overlap_weights,
         )
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
@@ -316,6 +320,7 @@ class ClusterEnv(VectorEnv):
         vector: str = "sync",
         policy_kwargs: dict[str, Any] | None = None,
         weight_precision: WeightPrecision = "exact",
+        overlap_weights: bool = False,
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -354,6 +359,7 @@ class ClusterEnv(VectorEnv):
                 (EnvPool's envs); see :mod:`aps.vector`.
             policy_kwargs: see the class.
             weight_precision: see the class.
+            overlap_weights: see the class.
         """
         chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
         if chosen not in _LOCAL_URLS:
@@ -398,6 +404,7 @@ class ClusterEnv(VectorEnv):
                 reconnect_timeout=reconnect_timeout,
                 policy_kwargs=policy_kwargs,
                 weight_precision=weight_precision,
+                overlap_weights=overlap_weights,
                 _seed=seed,
             )
 

@@ -459,7 +459,8 @@ class _Spec:
     fields: tuple[_Field, ...]
     names: frozenset[str]
     head: bytes  # the packed map header, "t" and the tag: how every frame of the type starts
-    keys: tuple[tuple[str, bytes], ...]  # each field's name and its packed bytes
+    # Per field, in order: its name, its packed name, its kind and its check (_pack_small's).
+    plan: tuple[tuple[str, bytes, int, Callable[[Any], bool]], ...]
 
 
 def _is_array(value: Any) -> bool:
@@ -517,8 +518,8 @@ def _spec_for(cls: type[Message]) -> _Spec:
     count = len(fields) + 1
     head = bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
     head += _packb("t") + _packb(cls.TAG)
-    keys = tuple((f.name, _packb(f.name)) for f in fields)
-    return _Spec(cls, cls.TAG, fields, names, head, keys)
+    plan = tuple((f.name, _packb(f.name), f.kind, f.check) for f in fields)
+    return _Spec(cls, cls.TAG, fields, names, head, plan)
 
 
 _SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
@@ -556,10 +557,10 @@ def encode(message: Message) -> bytes:
             f"cannot encode {type(message).__qualname__}: not an aps message type; "
             f"known tags: {_KNOWN_TAGS}"
         )
-    body = _body(spec, message)
-    frame = _pack_small(spec, body)
+    frame = _pack_small(spec, message)
     if frame is not None:
         return frame
+    body = _body(spec, message)
     try:
         return _pack_frame(body)
     except Exception as exc:
@@ -615,22 +616,27 @@ def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
 # The fast path for small messages. A step's messages hold a few ints and small arrays, and
 # msgpack reaches every array through a Python default() that builds an ExtType: most of the
 # cost of encoding them. _pack_small writes such a message directly, in Python, from bytes
-# prepared once per message type and once per array dtype and shape.
+# prepared once per message type and once per array dtype and shape, in one pass over the
+# fields: no body map is built unless the generic path takes over.
 
 
-def _pack_small(spec: _Spec, body: dict[str, Any]) -> bytes | None:
-    """The frame of ``body`` when every value is simple, else ``None``.
+def _pack_small(spec: _Spec, message: Message) -> bytes | None:
+    """The frame of ``message`` when every field holds a simple value that fits it, else ``None``.
 
     Simple values: ``None``, ``bool``, ``int`` and ``float`` (exact types), ``str``,
     ``bytes``, the empty dict, and numpy arrays of a wire dtype in native or little-endian
-    order whose payload is under :data:`_LARGE_ARRAY` bytes. The frame is byte for byte what
-    :func:`_pack_frame` makes of the same body (the tests compare them); for anything else,
-    including every value msgpack would refuse, ``None`` leaves the work and the error to it.
+    order whose payload is under :data:`_LARGE_ARRAY` bytes. A field's value must also pass
+    the field's check (as in :func:`_body`). The frame is byte for byte what
+    :func:`_pack_frame` makes of the message's body (the tests compare them); for anything
+    else, including every value that fails its check or that msgpack would refuse, ``None``
+    leaves the work and the error to the generic path.
     """
     parts = [spec.head]
     append = parts.append
-    for name, key in spec.keys:
-        value = body[name]
+    for name, key, field_kind, check in spec.plan:
+        value = getattr(message, name)
+        if field_kind != _ANY and not check(value):
+            return None  # a space to describe, or a value of the wrong type: _body's work
         append(key)
         kind = type(value)
         if kind is np.ndarray:

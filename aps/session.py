@@ -164,9 +164,15 @@ class Session:
             # Closed by this side or after the peer's goodbye: a connection that is gone,
             # not a protocol misuse.
             raise TransportClosed(f"cannot send to {self.peer}: the session is closed")
-        await self._send(message, frame)
+        # _send's body, written out: this runs for every message, one coroutine fewer.
+        if frame is None:
+            frame = codec.encode(message)
+        self._connection.send(message)
+        self._last_send = time.monotonic()
+        await self._transport.send(frame)
 
     async def _send(self, message: Message, frame: bytes | None = None) -> None:
+        """:meth:`send` without the closed check (the goodbye of :meth:`aclose`)."""
         if frame is None:
             frame = codec.encode(message)
         self._connection.send(message)
@@ -190,7 +196,23 @@ class Session:
         Cancellation: safe; no message is lost.
         """
         while True:
-            frame = await self._next_frame(timeout, operation)
+            # The deadline's bookkeeping is written out here rather than in a coroutine of
+            # its own: this runs for every message at both ends.
+            wait = None if timeout is None else self._arm(timeout)
+            try:
+                frame = await self._transport.receive()
+            except asyncio.CancelledError:
+                if wait is not None and wait.expired and wait.task.uncancel() <= wait.cancelling:
+                    raise Timeout(
+                        f"nothing from {self.peer} for {timeout} s while waiting for "
+                        f"{operation}; the peer is stuck or the network is down (raise the "
+                        "matching Timeouts field if it is only slow)",
+                        operation=operation,
+                        seconds=timeout,
+                    ) from None
+                raise
+            finally:
+                self._waiting = None
             try:
                 if self._authenticated:
                     message = codec.decode(frame, max_frame_size=self._max_frame_size)
@@ -210,8 +232,8 @@ class Session:
                 raise EndOfStream(f"{self.peer} closed the session: {message.reason or 'bye'}")
             return message
 
-    async def _next_frame(self, timeout: float | None, operation: str) -> bytes:
-        """The transport's next frame; :class:`Timeout` after ``timeout`` s of waiting.
+    def _arm(self, timeout: float) -> _Wait:
+        """Note the deadline of the receive() call that begins: ``timeout`` s from now.
 
         ``asyncio.timeout`` by hand, and without a timer per call: this runs for every
         message at both ends, and arming and cancelling a loop timer costs about 2 us each
@@ -219,10 +241,8 @@ class Session:
         timer per session (see :meth:`_watch`) fires no later than the deadline of the call
         that is waiting; a watchdog that fires early re-arms for that deadline. The rule is
         that of ``asyncio.timeout``: the deadline's cancellation becomes :class:`Timeout`
-        only if nothing else cancelled the task meanwhile.
+        only if nothing else cancelled the task meanwhile (see :meth:`receive`).
         """
-        if timeout is None:
-            return await self._transport.receive()
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -235,20 +255,7 @@ class Session:
             if watchdog is not None:
                 watchdog.cancel()
             self._watchdog = loop.call_at(wait.deadline, self._watch)
-        try:
-            return await self._transport.receive()
-        except asyncio.CancelledError:
-            if wait.expired and task.uncancel() <= wait.cancelling:
-                raise Timeout(
-                    f"nothing from {self.peer} for {timeout} s while waiting for {operation}; "
-                    "the peer is stuck or the network is down (raise the matching Timeouts "
-                    "field if it is only slow)",
-                    operation=operation,
-                    seconds=timeout,
-                ) from None
-            raise
-        finally:
-            self._waiting = None
+        return wait
 
     def _watch(self) -> None:
         """The watchdog: expire the waiting call if its deadline passed, else wait for it."""

@@ -31,6 +31,7 @@ Needs Linux, root, ``ip`` and ``tc``; otherwise it says why and exits 0 (skipped
 
     sudo .venv/bin/python benchmarks/cluster.py                # 1gbit, 100mbit, 20mbit
     sudo .venv/bin/python benchmarks/cluster.py --rates 20mbit --total-timesteps 20480
+    sudo .venv/bin/python benchmarks/cluster.py --overlap-weights  # transfers hidden
 """
 
 from __future__ import annotations
@@ -227,6 +228,8 @@ def detach_run(
         "--seed", str(args.seed), "--torch-threads", "1", "--no-progress", "--json", str(out),
         *STRATEGIES[strategy],
     ]  # fmt: skip
+    if args.overlap_weights:
+        command.append("--overlap-weights")
     # The learner names its agent by this path (examples/ppo_cluster.py's policy_path).
     policy = f"{ROOT / 'examples' / 'ppo_cluster.py'}:sized.h{args.hidden_size}x2"
     run_hosts(cluster, command, args, logs, f"{cluster.rate}-{strategy}", policy)
@@ -351,6 +354,11 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=int, default=40_960)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--target", type=float, default=None, help="default: always's final")
+    parser.add_argument(
+        "--overlap-weights",
+        action="store_true",
+        help="a chosen version travels while the workers act with theirs (Learner's option)",
+    )
     parser.add_argument("--lockstep-steps", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=RESULTS / "cluster.json")

@@ -109,6 +109,9 @@ class Args:
     sync: str = arg("aps", "aps, fixed or always")
     kl_threshold: float = arg(0.05, "APS: sync a worker when its KL to the learner exceeds this")
     weight_precision: str = arg("exact", "how weights travel: exact, or float16 (half the bytes)")
+    overlap_weights: bool = arg(
+        False, "a chosen version travels while workers act with theirs (applies a chunk later)"
+    )
     max_lag: int | None = arg(
         None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
     )
@@ -323,6 +326,7 @@ def make_envs(args: Args) -> Any:
             policy=policy_path(args),
             sync=make_sync(args),
             weight_precision=args.weight_precision,  # type: ignore[arg-type]
+            overlap_weights=args.overlap_weights,
         )
     # aps: a token guards a learner other machines can reach; workers read it from a file.
     token = os.environ.get("APS_TOKEN")
@@ -359,6 +363,7 @@ def make_envs(args: Args) -> Any:
         policy=policy,
         sync=make_sync(args),
         weight_precision=args.weight_precision,  # type: ignore[arg-type]
+        overlap_weights=args.overlap_weights,
         on_listening=announce,
     )
 
@@ -643,6 +648,7 @@ def train(
         "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
         "max_lag": make_sync(args).max_lag if args.sync == "aps" else None,
         "weight_precision": args.weight_precision,
+        "overlap_weights": args.overlap_weights,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,

@@ -441,8 +441,8 @@ class TamperingServer(StepServer):
         super().__init__(*args)
         self.tamper = tamper
 
-    def _rollout(self, request: Any) -> Any:
-        chunk = super()._rollout(request)
+    async def _rollout(self, request: Any) -> Any:
+        chunk = await super()._rollout(request)
         if self.tamper == "obs":  # one step short
             return dataclasses.replace(chunk, obs=chunk.obs[:-1])
         if self.tamper == "next_obs":  # one env too many

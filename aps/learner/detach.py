@@ -7,6 +7,13 @@ whether a worker gets the newest one (measuring the worker's divergence only whe
 strategy asks for it), and checks and accounts for every chunk: its shapes, the version it was
 acted with, and the policy lag of its transitions.
 
+With ``overlap`` a version the strategy chose goes right *after* the request it was decided
+for, not before: the worker acts that request with the version it holds while the new one
+travels, and applies it between chunks, from its next request on (TCP keeps the order). Only a
+worker that holds no version yet waits for one. So the learner always knows which version a
+request is acted with (the one sent before it), chunks stay stamped with exactly one version,
+and APS measures the divergence of the version the worker holds.
+
 Per worker slot it keeps what the sync decision needs (steps and seconds since the last sync,
 the states the worker acted on last); as the pool's :class:`~aps.learner.pool.SlotHooks`
 it rehydrates a worker that resumed without the newest weights, and asks a replacement for the
@@ -77,6 +84,8 @@ class Detach:
         policy: the policy import path the workers act with (``None``: no DETACH).
         sync: the sync strategy.
         precision: how weights travel (see :class:`~aps.collect.PolicyVersions`).
+        overlap: send a chosen version after the request it was decided for, so the worker
+            keeps acting while it travels (see the module's docstring).
     """
 
     def __init__(
@@ -85,8 +94,11 @@ class Detach:
         policy: str | None,
         sync: SyncStrategy,
         precision: WeightPrecision = "exact",
+        overlap: bool = False,
     ) -> None:
         self._pool = pool
+        self.overlap = overlap
+        self._late: set[Remote] = set()  # rollout(): workers whose version follows the request
         self._policy = policy
         self.sync = sync
         self._precision: WeightPrecision = precision
@@ -156,16 +168,24 @@ class Detach:
         self._prune()
         return version
 
-    async def _maybe_sync(self, remote: Remote) -> None:
+    async def _maybe_sync(self, remote: Remote, *, overlap: bool = False) -> bool:
+        """Ask the strategy whether ``remote`` gets the newest version, and send it if so.
+
+        With ``overlap`` a chosen version is not sent: the caller sends it (``True``) right
+        after the request it was decided for. A worker that holds no version gets one now.
+        ``remote.metrics.version`` (``held``) is the version the worker acts the next request
+        with, since every version sent to it so far precedes that request on the wire: the
+        divergence is measured against it.
+        """
         versions = self.versions
         if versions is None or versions.current == 0:
             raise InvalidState("publish(agent) before the first rollout")
         held = remote.metrics.version
         if held == versions.current:
-            return
+            return False
         if held < 0:
             await self._send_weights(remote)
-            return
+            return False
         slot = self._slot(remote)
         measured: list[float] = []
 
@@ -191,13 +211,16 @@ class Detach:
             measure_divergence=divergence,
         )
         if self.sync.should_sync(context):
+            if overlap:
+                return True
             await self._send_weights(remote)
             self._prune()
-            return
+            return False
         slot.declined_all &= bool(measured)
         lag = versions.current - held
         if slot.declined_all and lag >= STALL_LAG and not remote.metrics.stalled:
             self._stalled(remote, held, versions.current, measured[0])
+        return False
 
     def _stalled(self, remote: Remote, held: int, current: int, divergence: float) -> None:
         metrics = remote.metrics
@@ -347,7 +370,10 @@ class Detach:
         if not pool.was_reset:
             raise InvalidState("call reset() before rollout()")
         requests = [RolloutRequest(num_steps=num_steps)] * len(pool.remotes)
-        answers = await pool.exchange(requests, "rollout", redo=self._redo, before=self._before)
+        self._late.clear()
+        answers = await pool.exchange(
+            requests, "rollout", redo=self._redo, before=self._before, after=self._after
+        )
         results = [expect(a, RolloutChunk) for a in answers]
         try:
             chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
@@ -358,7 +384,15 @@ class Detach:
 
     async def _before(self, remote: Remote) -> None:
         await self._prepare(remote, "rollout")
-        await self._maybe_sync(remote)
+        if await self._maybe_sync(remote, overlap=self.overlap):
+            self._late.add(remote)
+
+    async def _after(self, remote: Remote) -> None:
+        """Send the version chosen for ``remote`` behind its request (``overlap``)."""
+        if remote in self._late:
+            self._late.discard(remote)
+            await self._send_weights(remote)
+            self._prune()
 
     async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
         """A rollout asked of a worker that was replaced: reset the new one's envs, ask again."""
@@ -466,8 +500,11 @@ class Detach:
             # A reset is outstanding (lockstep on the wire): ask once it is answered.
             slot.lost += 1
             return
-        await self._maybe_sync(remote)
+        late = await self._maybe_sync(remote, overlap=self.overlap)
         await self._pool.send_request(remote, RolloutRequest(num_steps=num_steps))
+        if late:
+            await self._send_weights(remote)
+            self._prune()
 
     async def _chunk_pump(self, remote: Remote, inbox: _Inbox, num_steps: int) -> None:
         """Move one worker's chunks into a shared inbox until cancelled.

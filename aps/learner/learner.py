@@ -72,6 +72,12 @@ class Learner:
             bytes). Workers then act with the rounded weights, and APS measures divergence
             against them; behaviour log-probabilities stay the workers' own, so PPO's
             correction stays exact.
+        overlap_weights: let a version the sync strategy chose travel while the worker acts
+            the request it was decided for with the version it holds (``False``, default:
+            the version goes first and the worker waits for it). It applies between chunks,
+            from the worker's next request on, so each synced worker acts one request more
+            with its older version; chunks still carry the version they were acted with, and
+            a worker that holds none still waits for its first. See DETACH in the docs.
         policy_kwargs: keyword arguments for the ``policy`` factory (``hidden_size=256``), so
             one factory builds every network size. Plain data: workers receive them in their
             welcome, never code.
@@ -104,6 +110,7 @@ class Learner:
         reconnect_timeout: float = 60.0,
         weight_precision: WeightPrecision = "exact",
         policy_kwargs: dict[str, Any] | None = None,
+        overlap_weights: bool = False,
     ) -> None:
         if isinstance(listen, str) and factory is None:
             # The scheme first: a URL aps cannot listen on says so, before anything is
@@ -173,7 +180,9 @@ class Learner:
             raise ConfigError(
                 f"weight_precision must be 'exact' or 'float16', got {weight_precision!r}"
             )
-        self._detach = Detach(self._pool, policy, sync, weight_precision)
+        if not isinstance(overlap_weights, bool):
+            raise ConfigError(f"overlap_weights must be True or False, got {overlap_weights!r}")
+        self._detach = Detach(self._pool, policy, sync, weight_precision, overlap_weights)
         self._rounds = GradientRounds(self._pool)
         self._pool.hooks += [self._detach, self._rounds]
 

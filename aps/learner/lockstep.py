@@ -67,7 +67,6 @@ class Lockstep:
     ) -> tuple[Any, Info]:
         """:meth:`Learner.reset`, once the workers are admitted."""
         pool = self._pool
-        self._check("reset")
         requests: list[Request]
         if seed is None or isinstance(seed, int):
             requests = [
@@ -79,7 +78,7 @@ class Lockstep:
                 ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=options)
                 for offset, count in zip(pool.offsets, pool.counts, strict=True)
             ]
-        answers = await pool.exchange(requests, "reset", redo=self._redo)
+        answers = await pool.exchange(requests, "reset", redo=self._redo, running=self._running())
         results = [expect(a, ResetResult) for a in answers]
         for remote in pool.remotes:
             remote.envs_reset()
@@ -96,9 +95,8 @@ class Lockstep:
         pool = self._pool
         if not pool.was_reset:
             raise InvalidState("call reset() before step()")
-        self._check("step")
         requests = self._step_requests(pool.remotes, actions, pool.counts)
-        answers = await pool.exchange(requests, "step", redo=self._redo)
+        answers = await pool.exchange(requests, "step", redo=self._redo, running=self._running())
         return self._step_results(pool.remotes, answers)
 
     async def env_call(
@@ -121,7 +119,7 @@ class Lockstep:
             WorkerError: an env raised, or returned a value that is not plain data.
         """
         pool = self._pool
-        self._check(kind)
+        pool.check(kind, running=self._running())  # before the arguments are encoded
         chosen = range(sum(pool.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
         local: list[list[int]] = [[] for _ in pool.remotes]
@@ -143,7 +141,7 @@ class Lockstep:
                     f"the arguments of {kind}({name!r}) cannot travel to the workers: {exc}; "
                     "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
                 ) from None
-        answers = await pool.exchange(requests, kind, redo=self._redo_call)
+        answers = await pool.exchange(requests, kind, redo=self._redo_call, running=self._running())
         result: list[Any] = [None] * len(chosen)
         for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
             got = expect(answer, EnvCallResult).values
@@ -160,11 +158,11 @@ class Lockstep:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
         return await self._pool.call_until_answered(remote, request, operation)
 
-    def _check(self, operation: str) -> None:
+    def _running(self) -> str:
+        """What keeps the pool busy, for :meth:`WorkerPool.check`'s error."""
         if self._partial:
-            self._pool.check(operation, running="sent steps are not all received; recv() first")
-        else:
-            self._pool.check(operation)
+            return "sent steps are not all received; recv() first"
+        return "another operation is running"
 
     async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
         """The answer to ``request`` from a replacement of the worker it was sent to.
@@ -216,18 +214,18 @@ class Lockstep:
                     else expect(answer, StepResult)
                 )
             count = remote.info.num_envs
-            for name, array, kinds in (
-                ("reward", answer.reward, "fiu"),
-                ("terminated", answer.terminated, "b"),
-                ("truncated", answer.truncated, "b"),
+            shape = (count,)
+            # One test for the three arrays (this runs per worker and step); _bad_step says
+            # which one failed.
+            if not (
+                answer.reward.shape == shape
+                and answer.terminated.shape == shape
+                and answer.truncated.shape == shape
+                and answer.reward.dtype.kind in "fiu"
+                and answer.terminated.dtype.kind == "b"
+                and answer.truncated.dtype.kind == "b"
             ):
-                if array.shape != (count,) or array.dtype.kind not in kinds:
-                    raise ProtocolError(
-                        f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
-                        f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
-                        f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
-                        "a compatible aps worker"
-                    )
+                raise _bad_step(remote, answer)
             obs.append(answer.obs)
             reward.append(answer.reward)
             terminated.append(answer.terminated)
@@ -388,3 +386,21 @@ class Lockstep:
         if tasks:
             await asyncio.wait(tasks)
             self._pool.busy = False
+
+
+def _bad_step(remote: Remote, answer: StepResult) -> ProtocolError:
+    """The error for a step answer whose rewards, terminations or truncations do not fit."""
+    count = remote.info.num_envs
+    for name, array, kinds in (
+        ("reward", answer.reward, "fiu"),
+        ("terminated", answer.terminated, "b"),
+        ("truncated", answer.truncated, "b"),
+    ):
+        if array.shape != (count,) or array.dtype.kind not in kinds:
+            return ProtocolError(
+                f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
+                f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
+                f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
+                "a compatible aps worker"
+            )
+    raise AssertionError("called for a step that fits")

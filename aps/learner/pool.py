@@ -715,23 +715,27 @@ class WorkerPool:
         *,
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None = None,
+        after: Callable[[Remote], Awaitable[None]] | None = None,
+        running: str = "another operation is running",
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
-        ``before`` runs for each worker before any request is sent; ``redo`` gives the
-        answer when a replacement took a worker over before answering (its envs start afresh).
-        While it runs the pool is busy; a failure that leaves the workers out of step marks
-        the pool broken.
+        ``before`` runs for each worker before any request is sent, ``after`` right after
+        its request was sent (weights that follow it); ``redo`` gives the answer when a
+        replacement took a worker over before answering (its envs start afresh). The pool is
+        checked first (:meth:`check`, with ``running``): callers do not check it again. While
+        it runs the pool is busy; a failure that leaves the workers out of step marks the pool
+        broken.
 
         Raises:
             InvalidState: see :meth:`check`.
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        self.check(operation)
+        self.check(operation, running=running)
         self.busy = True
         try:
-            return await self._exchange(requests, operation, redo, before)
+            return await self._exchange(requests, operation, redo, before, after)
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self.broken = exc
             raise
@@ -750,6 +754,7 @@ class WorkerPool:
         operation: str,
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None,
+        after: Callable[[Remote], Awaitable[None]] | None = None,
     ) -> list[Message]:
         remotes = self.remotes
         if before is not None:
@@ -759,6 +764,8 @@ class WorkerPool:
                 await before(remote)
         for remote, request in zip(remotes, requests, strict=True):
             await self.send_request(remote, request)
+            if after is not None:
+                await after(remote)
         answers: list[Message] = []
         failure: WorkerError | None = None
         for remote, request in zip(remotes, requests, strict=True):

@@ -345,23 +345,26 @@ class TCPTransport:
         """
         if self._closed:
             raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
-        view = frame_view(frame)
-        size = view.nbytes
-        if size > self.max_frame_size:
-            raise FrameTooLarge(size, self.max_frame_size)
-        connection = self._connection
-        if not self._senders and connection.writable():
+        data: bytes | memoryview
+        if type(frame) is bytes:
+            data, size = frame, len(frame)  # what the codec makes: no view needed
+        else:
+            data = frame_view(frame)
+            size = data.nbytes
+        if size > self._max_frame_size:
+            raise FrameTooLarge(size, self._max_frame_size)
+        if not self._senders and self._connection.writable():
             # Nobody queued and nothing to wait for (the common case): hand the frame over
             # at once, without the lock's awaits.
-            self._write(view, size)
+            self._write(data, size)
             return
         self._senders += 1
         try:
-            await self._send_in_turn(view, size)
+            await self._send_in_turn(data, size)
         finally:
             self._senders -= 1
 
-    async def _send_in_turn(self, view: memoryview, size: int) -> None:
+    async def _send_in_turn(self, data: bytes | memoryview, size: int) -> None:
         connection = self._connection
         async with self._send_lock:
             try:
@@ -377,14 +380,14 @@ class TCPTransport:
                     ) from exc
             if self._closed:
                 raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
-            self._write(view, size)
+            self._write(data, size)
 
-    def _write(self, view: memoryview, size: int) -> None:
+    def _write(self, data: bytes | memoryview, size: int) -> None:
         if size <= _COALESCE_LIMIT:
-            self._transport.write(frame_header(size) + view)
+            self._transport.write(frame_header(size) + data)
         else:
             self._transport.write(frame_header(size))
-            self._transport.write(owned_payload(view))
+            self._transport.write(data if isinstance(data, bytes) else owned_payload(data))
         self._connection.handed_over(HEADER_SIZE + size)
 
     async def receive(self) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,10 @@ class Collector:
     too), the policy version in use, and per-env episode returns and lengths. Under the
     ``NextStep`` autoreset mode the step after an episode's end only resets that env; it is
     recorded like any other (reward 0, not done) and not counted in episode lengths.
+
+    :meth:`collect_async` acts in a thread of its own, so the worker's event loop keeps
+    reading frames (a new version on its way, heartbeats) while a chunk is acted; the caller
+    loads a new version only between chunks.
     """
 
     def __init__(
@@ -55,6 +61,9 @@ class Collector:
         self._pending_reset = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        # One thread, always the same: torch's per-thread state (grad mode) stays put, and
+        # chunks cannot overlap.
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def policy(self) -> Any:
@@ -83,6 +92,29 @@ class Collector:
         else:
             self._pending_reset = done.copy() if self._next_step_reset else self._pending_reset
 
+    async def collect_async(self, num_steps: int, seq: int = 0) -> RolloutChunk:
+        """:meth:`collect` in the collector's thread, leaving the event loop free meanwhile.
+
+        Cancelling the caller does not stop the chunk: it waits for the thread to finish
+        before the cancellation goes on, so nothing else touches the envs or the policy
+        while a chunk is being acted (a chunk is bounded by ``num_steps``).
+        """
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, "aps-collector")
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._thread, self.collect, num_steps, seq)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future])
+            raise
+
+    def close(self) -> None:
+        """Stop the collector's thread (after the chunk it is acting, if any)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
     def collect(self, num_steps: int, seq: int = 0) -> RolloutChunk:
         """Act ``num_steps`` times on every env and return the chunk (answering ``seq``)."""
         if not 1 <= num_steps <= MAX_ROLLOUT_STEPS:
@@ -92,6 +124,7 @@ class Collector:
         if self._obs is None:
             raise InvalidState("reset the envs before the first rollout")
         envs, policy = self._envs, self._policy
+        version = self.version  # the one version this chunk is acted with, and stamped with
         num_envs = envs.num_envs
         obs = self._obs
         obs_buf = np.empty((num_steps, *obs.shape), dtype=obs.dtype)
@@ -124,7 +157,7 @@ class Collector:
         self._obs = obs
         returns, lengths, env_ids = zip(*ended, strict=True) if ended else ((), (), ())
         return RolloutChunk(
-            version=self.version,
+            version=version,
             obs=obs_buf,
             actions=actions_buf,
             logprob=logprob,

@@ -116,7 +116,7 @@ class StepServer:
             answer = self._env_call(request)
         else:
             assert isinstance(request, RolloutRequest)
-            answer = self._rollout(request)
+            answer = await self._rollout(request)
         # Encoded once: the frame is what is sent, and what is kept for a resend.
         try:
             frame = codec.encode(answer)
@@ -154,7 +154,7 @@ class StepServer:
         except ApsError as exc:
             self._weights_error = exc
 
-    def _rollout(self, request: RolloutRequest) -> RolloutChunk | ErrorReport:
+    async def _rollout(self, request: RolloutRequest) -> RolloutChunk | ErrorReport:
         seq = request.seq
         if self.collector is None:
             return ErrorReport.of(
@@ -167,7 +167,8 @@ class StepServer:
         if self._weights_error is not None:
             return ErrorReport.of(self._weights_error, seq)
         try:
-            return self.collector.collect(request.num_steps, seq)
+            # Acted off the event loop: a new version keeps arriving meanwhile.
+            return await self.collector.collect_async(request.num_steps, seq)
         except Exception as exc:
             return ErrorReport.of(exc, seq)
 

@@ -480,6 +480,8 @@ class Worker:
     def _forget_session(self) -> None:
         """Start over as a new worker: fresh envs, no answers kept."""
         if self._server is not None:
+            if self._server.collector is not None:
+                self._server.collector.close()  # its thread, before the envs it steps
             self._server.close()
             self._server = None
 
@@ -536,6 +538,8 @@ class Worker:
                 if await server.answer(session, request):
                     self.replayed += 1
             elif isinstance(request, Weights):
+                # Between chunks: a version that arrived while a chunk was acted (in the
+                # collector's thread) was read meanwhile and applies from the next request.
                 server.load_weights(request)
             elif isinstance(request, GradientRound):
                 await serve_rounds(
