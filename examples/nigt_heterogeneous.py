@@ -154,6 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--comm-base", type=float, default=0.0, help="seconds per aggregation (a worker's sum), k=1"
     )
+    p.add_argument(
+        "--aggregation",
+        choices=("server", "allreduce"),
+        default="server",
+        help="how a round's sums meet: sent to the learner, or one gloo all-reduce",
+    )
     p.add_argument("--gravity", type=float, default=2.0, help="Pendulum's g on every worker")
     p.add_argument("--offset", type=float, default=1.0, help="envs: motor torque offset")
     p.add_argument("--budget", type=int, default=2400, help="trajectory gradients per run")
@@ -297,6 +303,7 @@ async def one_run(
         momentum=args.momentum,
         horizon=args.horizon,
         gamma=args.gamma,
+        aggregation=args.aggregation,
     )
     base = {"setting": setting, "method": method, "seed": seed}
     snapshots = [(0, {k: v.clone() for k, v in agent.state_dict().items()})]
@@ -319,6 +326,7 @@ async def one_run(
                 "mean_return": stats.mean_return,
                 "bytes_sent": stats.bytes_sent,
                 "bytes_received": stats.bytes_received,
+                "aggregation_bytes": stats.aggregation_bytes,
                 "direction_norm": stats.direction_norm,
             }
             for worker in range(args.workers):
