@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -75,3 +78,49 @@ def test_the_heterogeneous_experiment_evaluates_both_envs(tmp_path: Path) -> Non
             assert all(float(r["compute"]) >= 500 for r in runs if int(r["iteration"]) >= 0)
     initial = {r["method"]: r["eval_avg"] for r in rows if r["iteration"] == "-1"}
     assert initial["malenia"] == initial["afedpg"]
+
+
+def test_tanh_squashing_maps_any_sample_into_the_bounds() -> None:
+    from experiments.nigt.__main__ import make
+
+    env = make("Pendulum-v1", squash="tanh")()
+    assert env.action_space.shape == (1,) and not env.action_space.is_bounded()
+    wrapped: Any = env
+    assert wrapped.action(np.array([0.0], dtype=np.float32)) == pytest.approx([0.0])
+    assert wrapped.action(np.array([50.0], dtype=np.float32)) == pytest.approx([2.0])
+    assert wrapped.action(np.array([-50.0], dtype=np.float32)) == pytest.approx([-2.0])
+    assert wrapped.action(np.array([1.0], dtype=np.float32)) == pytest.approx([2 * np.tanh(1.0)])
+    env.close()
+
+
+def test_a_step_size_grid_keeps_the_best_per_method() -> None:
+    from experiments.nigt.__main__ import step_sizes, tune
+
+    assert step_sizes("2^-5,0.5") == [2**-5, 0.5]
+    with pytest.raises(argparse.ArgumentTypeError):
+        step_sizes("0")
+
+    def run(method: str, lr: float, seed: int, level: float) -> list[dict[str, Any]]:
+        return [
+            {"iteration": i, "time": 10.0 * (i + 1), "used": 1, "mean_return": level + i}
+            for i in range(10)
+        ]
+
+    args = argparse.Namespace(
+        env="X", budget=100.0, window=1, scenarios=["equal"], methods=["rennala", "afedpg"],
+        lr=[0.1, 0.2],
+    )  # fmt: skip
+    # Rennala is best at lr 0.2, AFedPG at 0.1: each method keeps its own best.
+    levels = {("rennala", 0.1): 0.0, ("rennala", 0.2): 5.0, ("afedpg", 0.1): 3.0}
+    levels[("afedpg", 0.2)] = -3.0
+    every = {
+        ("equal", m, seed, lr): run(m, lr, seed, level)
+        for (m, lr), level in levels.items()
+        for seed in (0, 1)
+    }
+    chosen, lines = tune(args, every)
+    assert set(chosen) == {("equal", m, s) for m in ("rennala", "afedpg") for s in (0, 1)}
+    assert chosen["equal", "rennala", 0] is every["equal", "rennala", 0, 0.2]
+    assert chosen["equal", "afedpg", 1] is every["equal", "afedpg", 1, 0.1]
+    assert any("rennala: lr 0.2 chosen" in line for line in lines)
+    assert any("afedpg: lr 0.1 chosen" in line for line in lines)

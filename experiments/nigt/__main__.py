@@ -4,6 +4,7 @@
     python -m experiments.nigt --scenarios hetero    # the heterogeneous-environment experiment
     python -m experiments.nigt --quick               # a smoke run, a minute
     python -m experiments.nigt --replot              # the figures and summary from saved runs
+    python -m experiments.nigt --lr 2^-7,2^-5,2^-3   # a step-size grid: the best per method
 
 Worker i (i = 1..n) needs ``h_i`` virtual time units per env step, so ``horizon * h_i`` per
 trajectory gradient, and ``kappa_i`` per aggregation of its sum (NIGT) or per gradient sent
@@ -19,6 +20,23 @@ trajectory gradient, and ``kappa_i`` per aggregation of its sum (NIGT) or per gr
   ``theta`` is evaluated on both envs (``--eval-episodes`` episodes each, fixed reset seeds,
   sampled actions, ``horizon`` steps) at ``--eval-points`` evenly spaced virtual times.
 
+The policy is the paper's: a Gaussian over ``u`` (a 2x64 tanh MLP for the mean, a learned
+state-independent log-std) and the env gets ``tanh(u)`` scaled to the action bounds
+(``--squash tanh``, the default; ``--squash clip`` clips ``u`` to the bounds instead). The
+squashing is an env wrapper: the policy's action space is unbounded, and REINFORCE's
+gradient of ``log p(u)`` is that of ``log p(a)``, since the Jacobian of the squashing does
+not depend on ``theta``.
+
+``--lr`` takes one step size or a grid (``2^-7,2^-5``: powers of two as the paper writes
+them). With a grid every (scenario, method) runs every step size, and the summary and figure
+use, per (scenario, method), the one whose median curve over the seeds has the highest mean
+over virtual time (area under the curve: it rewards learning early and ending high); the
+``.txt`` names the choice. The paper tunes per algorithm and per figure in the same way,
+on its grid ``2^-10 .. 2^-1``.
+
+Synchronized NIGT is the paper's baseline: every worker computes ``--sync-share`` gradients
+(1 by default) and waits for the slowest; fast workers idle.
+
 Each run stops at the same virtual-time budget. Every finished run is saved to
 ``<out>/runs/<tag>_<scenario>_<method>_s<seed>.csv`` and skipped on the next call, so an
 interrupted call resumes. Then ``<out>/nigt_sim_<env>[_<scenarios>].csv`` (all rounds of all
@@ -31,6 +49,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,6 +85,22 @@ class Agent(nn.Module):
         self.actor_logstd = nn.Parameter(torch.full((1, actions), -0.5))
 
 
+class TanhSquashed(gym.ActionWrapper[Any, np.ndarray, np.ndarray]):
+    """The paper's action map: the policy samples ``u``, the env gets ``tanh(u)`` in its bounds."""
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        super().__init__(env)
+        space = env.action_space
+        assert isinstance(space, gym.spaces.Box), "tanh squashing needs a Box action space"
+        self.low = np.asarray(space.low, dtype=np.float64)
+        self.high = np.asarray(space.high, dtype=np.float64)
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, space.shape, np.float32)
+
+    def action(self, action: np.ndarray) -> np.ndarray:
+        unit = (np.tanh(np.asarray(action, dtype=np.float64)) + 1.0) / 2.0
+        return (self.low + unit * (self.high - self.low)).astype(np.float32)
+
+
 class Flagged(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
     """The paper's heterogeneous envs: observe ``(sign * s, flag)``."""
 
@@ -83,12 +118,23 @@ class Flagged(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
         return np.append(self.sign * observation, self.flag).astype(np.float32)
 
 
-def make(env: str, worker: int | None = None, **kwargs: Any) -> Callable[[], gym.Env[Any, Any]]:
-    """An env factory: the plain env, or worker ``worker``'s flagged env (hetero)."""
+def make(
+    env: str, worker: int | None = None, *, squash: str = "tanh", **kwargs: Any
+) -> Callable[[], gym.Env[Any, Any]]:
+    """An env factory: the plain env, or worker ``worker``'s flagged env (hetero).
+
+    ``squash="tanh"`` wraps it in :class:`TanhSquashed`; ``"clip"`` leaves the actions to
+    the policy's clipping.
+    """
+
+    def plain() -> gym.Env[Any, Any]:
+        made = gym.make(env, **kwargs)
+        return TanhSquashed(made) if squash == "tanh" else made
+
     if worker is None:
-        return lambda: gym.make(env, **kwargs)
+        return plain
     sign, flag = (1.0, 0.0) if worker == 0 else (-1.0, 1.0)
-    return lambda: Flagged(gym.make(env, **kwargs), sign, flag)
+    return lambda: Flagged(plain(), sign, flag)
 
 
 def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,13 +155,24 @@ def times(scenario: str, n: int, horizon: int, d: int) -> tuple[list[float], lis
     return h, kappa
 
 
-def rule(method: str, batch: int) -> Any:
+def rule(method: str, batch: int, share: int) -> Any:
     """The aggregation rule of a NIGT method."""
     if method == "rennala":
         return pg.Rennala(batch=batch)
     if method == "malenia":
         return pg.Malenia(batch=batch)
-    return pg.Synchronous()
+    return pg.Synchronous(share=share)
+
+
+def step_sizes(text: str) -> list[float]:
+    """``"2^-7,0.01"`` -> ``[0.0078125, 0.01]``: a step size or a grid of them."""
+    values = []
+    for part in text.split(","):
+        base, _, power = part.strip().partition("^")
+        values.append(float(base) ** float(power) if power else float(base))
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        raise argparse.ArgumentTypeError(f"--lr needs positive step sizes, got {text!r}")
+    return values
 
 
 def evaluate(agent: nn.Module, factories: list[Any], args: argparse.Namespace) -> list[float]:
@@ -145,14 +202,14 @@ def evaluate(agent: nn.Module, factories: list[Any], args: argparse.Namespace) -
 
 
 def one_run(
-    args: argparse.Namespace, scenario: str, method: str, seed: int
+    args: argparse.Namespace, scenario: str, method: str, seed: int, lr: float
 ) -> list[dict[str, Any]]:
     """One simulated training run: a row per round (NIGT) or per server step (AFedPG)."""
     torch.manual_seed(seed)
     n = 2 if scenario == "hetero" else args.workers
-    kwargs = env_kwargs(args)
+    kwargs = {**env_kwargs(args), "squash": args.squash}
     factories = [make(args.env, i, **kwargs) for i in range(n)] if scenario == "hetero" else []
-    probe = factories[0]() if factories else gym.make(args.env, **kwargs)
+    probe = (factories[0] if factories else make(args.env, **kwargs))()
     agent = Agent(probe.observation_space, probe.action_space)
     d = sum(p.numel() for p in agent.parameters())
     h, kappa = times(scenario, n, args.horizon, d)
@@ -160,7 +217,7 @@ def one_run(
     common = {
         "h": h,
         "kappa": kappa,
-        "lr": args.lr,
+        "lr": lr,
         "momentum": args.momentum,
         "horizon": args.horizon,
         "gamma": args.gamma,
@@ -173,7 +230,7 @@ def one_run(
         steps = simulate(
             agent,
             envs,
-            aggregator=rule(method, args.batch),
+            aggregator=rule(method, args.batch, args.sync_share),
             envs_per_worker=args.envs_per_worker,
             **common,
         )
@@ -187,6 +244,7 @@ def one_run(
             "scenario": scenario,
             "method": method,
             "seed": seed,
+            "lr": lr,
             "iteration": r.iteration,
             "time": r.time,
             "compute": r.compute,
@@ -296,17 +354,60 @@ def quantiles(values: list[float]) -> str:
     return f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f})"
 
 
+Runs = dict[tuple[str, str, int], list[dict[str, Any]]]
+
+
+def tune(
+    args: argparse.Namespace, every: dict[tuple[str, str, int, float], list[dict[str, Any]]]
+) -> tuple[Runs, list[str]]:
+    """Per (scenario, method), the runs of the best step size, and lines that say why.
+
+    The best step size has the highest mean over virtual time of its median curve over the
+    seeds (the area under the curve); a single step size is chosen trivially.
+    """
+    grid = np.linspace(0, args.budget, 200)
+    chosen: Runs = {}
+    lines = []
+    for scenario in args.scenarios:
+        metric = "eval_avg" if scenario == "hetero" else "mean_return"
+        for method in args.methods:
+            scores = {}
+            for lr in args.lr:
+                curves = [
+                    curve(rows, grid, metric, args.window)
+                    for (s, m, _, r), rows in every.items()
+                    if (s, m, r) == (scenario, method, lr)
+                ]
+                if curves:
+                    with warnings.catch_warnings():  # before a run's first round: nan
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        median = np.nanmedian(np.stack(curves), axis=0)
+                    scores[lr] = float(np.nanmean(median))
+            if not scores:
+                continue
+            best = max(scores, key=lambda lr: scores[lr])
+            for (s, m, seed, r), rows in every.items():
+                if (s, m, r) == (scenario, method, best):
+                    chosen[s, m, seed] = rows
+            if len(args.lr) > 1:
+                listed = ", ".join(f"{lr:g}: {score:.1f}" for lr, score in sorted(scores.items()))
+                lines.append(
+                    f"{args.env} {scenario} {method}: lr {best:g} chosen "
+                    f"(mean of the median {metric} over time, by lr: {listed})"
+                )
+    return chosen, lines
+
+
 def summarize(
     args: argparse.Namespace,
-    runs: dict[tuple[str, str, int], list[dict[str, Any]]],
+    every: dict[tuple[str, str, int, float], list[dict[str, Any]]],
     stem: str,
 ) -> None:
     """Write the combined CSV, the final values, the time-to-reward ratios and the figure."""
     out = Path(args.out)
-    everything = [row for rows in runs.values() for row in rows]
-    write(out / f"{stem}.csv", everything)
+    write(out / f"{stem}.csv", [row for rows in every.values() for row in rows])
+    runs, lines = tune(args, every)
     grid = np.linspace(0, args.budget, 200)
-    lines = []
     scenarios = [s for s in args.scenarios if any(k[0] == s for k in runs)]
     for scenario in scenarios:
         metric = "eval_avg" if scenario == "hetero" else "mean_return"
@@ -362,7 +463,9 @@ def summarize(
             ]
             if not curves:
                 continue
-            low, mid, high = np.nanquantile(np.stack(curves), [0.2, 0.5, 0.8], axis=0)
+            with warnings.catch_warnings():  # before a run's first round: nan
+                warnings.simplefilter("ignore", RuntimeWarning)
+                low, mid, high = np.nanquantile(np.stack(curves), [0.2, 0.5, 0.8], axis=0)
             ax.plot(grid, mid, label=method)
             ax.fill_between(grid, low, high, alpha=0.2)
         n = 2 if scenario == "hetero" else args.workers
@@ -387,7 +490,13 @@ def main() -> None:
     parser.add_argument("--gravity", type=float, default=None, help="Pendulum's g")
     parser.add_argument("--workers", type=int, default=10, help="n (not for hetero: 2)")
     parser.add_argument("--batch", type=int, default=20, help="M = M_init (Rennala, Malenia)")
-    parser.add_argument("--lr", type=float, default=2**-5)
+    parser.add_argument(
+        "--lr", type=step_sizes, default=[2**-5], help="a step size or a grid: 2^-7,2^-5"
+    )
+    parser.add_argument("--squash", choices=("tanh", "clip"), default="tanh")
+    parser.add_argument(
+        "--sync-share", type=int, default=1, help="gradients per worker per synchronized round"
+    )
     parser.add_argument("--momentum", type=float, default=0.1)
     parser.add_argument("--horizon", type=int, default=50)
     parser.add_argument("--gamma", type=float, default=0.99)
@@ -416,22 +525,33 @@ def main() -> None:
         args.budget, args.seeds = 2_000.0, [0]
     from tqdm import tqdm
 
-    runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    todo = [(s, m, seed) for s in args.scenarios for m in args.methods for seed in args.seeds]
+    every: dict[tuple[str, str, int, float], list[dict[str, Any]]] = {}
+    todo = [
+        (s, m, seed, lr)
+        for s in args.scenarios
+        for m in args.methods
+        for lr in args.lr
+        for seed in args.seeds
+    ]
     g = "" if args.gravity is None else f"_g{args.gravity:g}"
-    tag = f"{args.env}{g}_n{args.workers}_b{args.budget:g}_e{args.envs_per_worker}"
-    for scenario, method, seed in tqdm(todo, desc="runs"):
-        path = Path(args.out) / "runs" / f"{tag}_{scenario}_{method}_s{seed}.csv"
+    tag = (
+        f"{args.env}{g}_n{args.workers}_b{args.budget:g}_e{args.envs_per_worker}"
+        f"_{args.squash}_M{args.batch}_k{args.sync_share}"
+    )
+    for scenario, method, seed, lr in tqdm(todo, desc="runs"):
+        path = Path(args.out) / "runs" / f"{tag}_{scenario}_{method}_lr{lr:g}_s{seed}.csv"
         if path.exists():
-            runs[scenario, method, seed] = read(path)
+            every[scenario, method, seed, lr] = read(path)
         elif not args.replot:
-            rows = one_run(args, scenario, method, seed)
+            rows = one_run(args, scenario, method, seed, lr)
             write(path, rows)
-            runs[scenario, method, seed] = read(path)
+            every[scenario, method, seed, lr] = read(path)
     stem = f"nigt_sim_{args.env.split('-')[0].lower()}"
+    if args.workers != 10 and args.scenarios != ["hetero"]:
+        stem += f"_n{args.workers}"
     if args.scenarios != list(SCENARIOS[:3]):
         stem += "_" + "_".join(args.scenarios)
-    summarize(args, runs, stem)
+    summarize(args, every, stem)
 
 
 if __name__ == "__main__":
