@@ -108,7 +108,7 @@ def test_a_step_size_grid_keeps_the_best_per_method() -> None:
 
     args = argparse.Namespace(
         env="X", budget=100.0, window=1, scenarios=["equal"], methods=["rennala", "afedpg"],
-        lr=[0.1, 0.2],
+        lr=[0.1, 0.2], seeds=[0, 1], tune_seeds=None,
     )  # fmt: skip
     # Rennala is best at lr 0.2, AFedPG at 0.1: each method keeps its own best.
     levels = {("rennala", 0.1): 0.0, ("rennala", 0.2): 5.0, ("afedpg", 0.1): 3.0}
@@ -124,3 +124,11 @@ def test_a_step_size_grid_keeps_the_best_per_method() -> None:
     assert chosen["equal", "afedpg", 1] is every["equal", "afedpg", 1, 0.1]
     assert any("rennala: lr 0.2 chosen" in line for line in lines)
     assert any("afedpg: lr 0.1 chosen" in line for line in lines)
+    # Tuning seeds: only they decide. Seed 1 alone prefers Rennala's lr 0.1.
+    every["equal", "rennala", 1, 0.1] = run("rennala", 0.1, 1, 50.0)
+    args.tune_seeds = [1]
+    chosen, _ = tune(args, every)
+    assert chosen["equal", "rennala", 0] is every["equal", "rennala", 0, 0.1]
+    args.tune_seeds = [0]
+    chosen, _ = tune(args, every)
+    assert chosen["equal", "rennala", 0] is every["equal", "rennala", 0, 0.2]

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -363,8 +364,10 @@ def tune(
     """Per (scenario, method), the runs of the best step size, and lines that say why.
 
     The best step size has the highest mean over virtual time of its median curve over the
-    seeds (the area under the curve); a single step size is chosen trivially.
+    tuning seeds (``args.tune_seeds``, or every seed): the area under the curve. A single
+    step size is chosen trivially. The chosen runs are those of every seed at that size.
     """
+    tuning = set(args.tune_seeds or args.seeds)
     grid = np.linspace(0, args.budget, 200)
     chosen: Runs = {}
     lines = []
@@ -375,8 +378,8 @@ def tune(
             for lr in args.lr:
                 curves = [
                     curve(rows, grid, metric, args.window)
-                    for (s, m, _, r), rows in every.items()
-                    if (s, m, r) == (scenario, method, lr)
+                    for (s, m, seed, r), rows in every.items()
+                    if (s, m, r) == (scenario, method, lr) and seed in tuning
                 ]
                 if curves:
                     with warnings.catch_warnings():  # before a run's first round: nan
@@ -423,9 +426,9 @@ def summarize(
                 f"{quantiles(finals[method])} over {len(finals[method])} seeds"
             )
         first = [series(runs[k], metric, args.window)[1][0] for k in keys]
-        every = [v for values in finals.values() for v in values]
+        last = [v for values in finals.values() for v in values]
         # The target: 80% of the way from the initial value to the median final value.
-        target = float(np.nanmedian(first) + 0.8 * (np.nanmedian(every) - np.nanmedian(first)))
+        target = float(np.nanmedian(first) + 0.8 * (np.nanmedian(last) - np.nanmedian(first)))
         for method in args.methods:
             if method == proposed:
                 continue
@@ -483,8 +486,28 @@ def summarize(
     fig.savefig(out / f"{stem}.png", dpi=120)
 
 
-def main() -> None:
-    """Run what is missing, then summarize."""
+# What docs/results/nigt_simulated.md reports: ``python -m experiments.nigt --suite`` runs each
+# configuration in turn (arguments after --suite apply to every one, e.g. --seeds 0,1).
+SUITE: tuple[tuple[str, ...], ...] = (
+    ("--env", "Reacher-v5", "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4"),
+    ("--env", "Reacher-v5", "--workers", "100", "--budget", "15000", "--lr", "2^-7,2^-5,2^-3",
+     "--seeds", "0,1,2,3,4"),
+    ("--env", "Hopper-v5", "--horizon", "200", "--scenarios", "comm", "--budget", "150000",
+     "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4"),
+    ("--env", "Pendulum-v1", "--gravity", "2", "--scenarios", "hetero", "--budget", "30000",
+     "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4"),
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run what is missing, then summarize (``--suite``: every configuration of SUITE)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--suite" in argv:
+        rest = [a for a in argv if a != "--suite"]
+        for number, config in enumerate(SUITE, 1):
+            print(f"configuration {number} of {len(SUITE)}: {' '.join(config)}", flush=True)
+            main([*config, *rest])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Reacher-v5")
     parser.add_argument("--gravity", type=float, default=None, help="Pendulum's g")
@@ -502,6 +525,12 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=0.99)
     parser.add_argument("--budget", type=float, default=40_000.0, help="virtual time per run")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
+    parser.add_argument(
+        "--tune-seeds",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="with an --lr grid: tune on these seeds, run the rest at each method's best",
+    )
     parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(SCENARIOS[:3]))
     parser.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
     parser.add_argument(
@@ -513,7 +542,8 @@ def main() -> None:
     parser.add_argument("--out", default="docs/results")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--replot", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--suite", action="store_true", help="every configuration of SUITE")
+    args = parser.parse_args(argv)
     for name, values, known in (
         ("scenarios", args.scenarios, SCENARIOS),
         ("methods", args.methods, METHODS),
@@ -523,29 +553,36 @@ def main() -> None:
             parser.error(f"unknown {name} {unknown}; choose from {', '.join(known)}")
     if args.quick:
         args.budget, args.seeds = 2_000.0, [0]
+    # The policies are tiny: torch's intra-op threads only contend (measured: 2-4x slower
+    # per trajectory on 2 cores, benchmarks/simulate_speed.py --threads).
+    torch.set_num_threads(1)
     from tqdm import tqdm
 
     every: dict[tuple[str, str, int, float], list[dict[str, Any]]] = {}
-    todo = [
-        (s, m, seed, lr)
-        for s in args.scenarios
-        for m in args.methods
-        for lr in args.lr
-        for seed in args.seeds
-    ]
     g = "" if args.gravity is None else f"_g{args.gravity:g}"
     tag = (
         f"{args.env}{g}_n{args.workers}_b{args.budget:g}_e{args.envs_per_worker}"
         f"_{args.squash}_M{args.batch}_k{args.sync_share}"
     )
-    for scenario, method, seed, lr in tqdm(todo, desc="runs"):
-        path = Path(args.out) / "runs" / f"{tag}_{scenario}_{method}_lr{lr:g}_s{seed}.csv"
-        if path.exists():
-            every[scenario, method, seed, lr] = read(path)
-        elif not args.replot:
-            rows = one_run(args, scenario, method, seed, lr)
-            write(path, rows)
-            every[scenario, method, seed, lr] = read(path)
+
+    def run_all(todo: list[tuple[str, str, int, float]], desc: str) -> None:
+        for scenario, method, seed, lr in tqdm(todo, desc=desc):
+            path = Path(args.out) / "runs" / f"{tag}_{scenario}_{method}_lr{lr:g}_s{seed}.csv"
+            if path.exists():
+                every[scenario, method, seed, lr] = read(path)
+            elif not args.replot:
+                rows = one_run(args, scenario, method, seed, lr)
+                write(path, rows)
+                every[scenario, method, seed, lr] = read(path)
+
+    pairs = [(s, m) for s in args.scenarios for m in args.methods]
+    # Every step size on the tuning seeds, then the other seeds at each method's best.
+    tuning = args.tune_seeds if args.tune_seeds and len(args.lr) > 1 else args.seeds
+    run_all([(s, m, seed, lr) for s, m in pairs for lr in args.lr for seed in tuning], "runs")
+    chosen, _ = tune(args, every)
+    best = {(s, m): float(chosen[s, m, seed][0]["lr"]) for s, m, seed in chosen}
+    others = [seed for seed in args.seeds if seed not in tuning]
+    run_all([(s, m, seed, best[s, m]) for s, m in best for seed in others], "rest")
     stem = f"nigt_sim_{args.env.split('-')[0].lower()}"
     if args.workers != 10 and args.scenarios != ["hetero"]:
         stem += f"_n{args.workers}"
