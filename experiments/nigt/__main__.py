@@ -489,13 +489,15 @@ def summarize(
 # What docs/results/nigt_simulated.md reports: ``python -m experiments.nigt --suite`` runs each
 # configuration in turn (arguments after --suite apply to every one, e.g. --seeds 0,1).
 SUITE: tuple[tuple[str, ...], ...] = (
-    ("--env", "Reacher-v5", "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4"),
-    ("--env", "Reacher-v5", "--workers", "100", "--budget", "15000", "--lr", "2^-7,2^-5,2^-3",
-     "--seeds", "0,1,2,3,4"),
-    ("--env", "Hopper-v5", "--horizon", "200", "--scenarios", "comm", "--budget", "150000",
-     "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4"),
+    ("--env", "Reacher-v5", "--lr", "2^-9,2^-7,2^-5", "--seeds", "0,1,2,3,4",
+     "--tune-seeds", "0,1"),
+    ("--env", "Reacher-v5", "--workers", "100", "--budget", "10000", "--lr", "2^-9,2^-7,2^-5",
+     "--seeds", "0,1,2,3,4", "--tune-seeds", "0,1"),
     ("--env", "Pendulum-v1", "--gravity", "2", "--scenarios", "hetero", "--budget", "30000",
-     "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4"),
+     "--envs-per-worker", "8", "--lr", "2^-7,2^-5,2^-3", "--seeds", "0,1,2,3,4",
+     "--tune-seeds", "0,1"),
+    ("--env", "Hopper-v5", "--horizon", "200", "--scenarios", "comm", "--budget", "150000",
+     "--lr", "2^-9,2^-7,2^-5", "--seeds", "0,1,2,3,4", "--tune-seeds", "0,1"),
 )  # fmt: skip
 
 
