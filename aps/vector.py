@@ -147,7 +147,6 @@ class LeanSyncVectorEnv(SyncVectorEnv):
         # Whether an env ended on the last step (NextStep resets it on this one): a Python
         # bool, so a step where none did reads no numpy array for it.
         self._pending = False
-        self._none_ended = np.zeros(self.num_envs, dtype=np.bool_)
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         """Reset the envs; see :meth:`gymnasium.vector.SyncVectorEnv.reset`."""
@@ -195,15 +194,10 @@ class LeanSyncVectorEnv(SyncVectorEnv):
             # Gymnasium's own batching: its casting rules, and its error for a bad env.
             obs = concatenate(self.single_observation_space, env_obs, self._observations)
         reward_array = np.array(rewards, dtype=np.float64)
-        # Both flags in one array (its two rows are returned: they share no element).
-        flags = np.array((terminations, truncations), dtype=np.bool_)
-        terminated_array, truncated_array = flags
+        terminated_array = np.array(terminations, dtype=np.bool_)
+        truncated_array = np.array(truncations, dtype=np.bool_)
+        self._autoreset_envs = np.logical_or(terminated_array, truncated_array)
         self._pending = any(terminations) or any(truncations)
-        # When no env ended, the all-false array of the last such step serves again: reset()
-        # only ever clears its elements, and step() reads it only when _pending says so.
-        self._autoreset_envs = (
-            np.logical_or(terminated_array, truncated_array) if self._pending else self._none_ended
-        )
         return obs, reward_array, terminated_array, truncated_array, infos
 
 

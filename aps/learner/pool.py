@@ -797,19 +797,7 @@ class WorkerPool:
         remote.sent += 1
         remote.unanswered.append(request)
         if remote.delivered == remote.generation and remote.attached.is_set():
-            # send()'s body, written out: this runs for every request, one coroutine fewer.
-            try:
-                await remote.session.send(request)
-            except TransportError as exc:
-                await self._send_failed(remote, request, exc)
-
-    async def _send_failed(self, remote: Remote, message: Message, exc: TransportError) -> None:
-        """What :meth:`send` does when sending ``message`` to ``remote`` failed."""
-        if self.on_worker_lost == "raise":
-            raise self.lost(remote, type(message).__name__, exc) from exc
-        # Whatever was unanswered goes again on the connection that takes over.
-        remote.delivered = -1
-        await remote.session.aclose("sending failed")
+            await self.send(remote, request)
 
     async def send(self, remote: Remote, message: Message, frame: bytes | None = None) -> None:
         """Send an unnumbered message to ``remote``; a broken connection is noticed later.
@@ -821,7 +809,11 @@ class WorkerPool:
         try:
             await remote.session.send(message, frame=frame)
         except TransportError as exc:
-            await self._send_failed(remote, message, exc)
+            if self.on_worker_lost == "raise":
+                raise self.lost(remote, type(message).__name__, exc) from exc
+            # Whatever was unanswered goes again on the connection that takes over.
+            remote.delivered = -1
+            await remote.session.aclose("sending failed")
 
     async def answer_from(self, remote: Remote, operation: str) -> Message | None:
         """Receive ``remote``'s next answer, exactly once.
