@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
+from aps._buffers import allocate, seal
 from aps._typing import Frame
 from aps.errors import (
     ConfigError,
@@ -62,7 +63,8 @@ try:
         PayloadTooBig,
         WebSocketException,
     )
-    from websockets.frames import CloseCode
+    from websockets.frames import CloseCode, Frame as WsFrame, Opcode
+    from websockets.protocol import Event
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
         "the ws:// and wss:// transports need the websockets package (version 13 or newer); "
@@ -86,8 +88,99 @@ FRAGMENT_SIZE = 1 << 20
 websockets buffers and slices each incoming WebSocket frame whole: one 40 MB frame costs the
 receiver three fresh 40 MB buffers (its stream buffer, the slice, the message), and fresh
 memory is what large transfers pay for. In 1 MiB fragments the first two stay small and are
-reused, and only the assembled message is new (as over TCP). The peer sees one message.
+reused; the receiving end copies each fragment into the message as it arrives (see
+:class:`_Gatherer`). The peer sees one message.
 """
+
+
+class _Gatherer:
+    """Assembles a fragmented binary message as its fragments arrive.
+
+    websockets itself keeps every fragment until the last one and then joins them: a 40 MB
+    message holds 40 MB of fragments and a fresh 40 MB ``bytes``, all memory the process has
+    not touched for a while. Here each fragment is copied into the message when it arrives
+    and freed at once, so the fragments' memory is reused. The message itself goes into a
+    buffer of the size the previous fragmented message had, from :mod:`aps._buffers`, which
+    reuses one that nothing refers to any more (weights arrive at the same size every time).
+    A message of another size is joined from its fragments, as websockets would.
+
+    Nothing larger than the connection's message limit is allocated: the guess is taken only
+    within the limit, and websockets refuses a message whose fragments exceed the limit
+    before it reads the fragment that would.
+    """
+
+    def __init__(self) -> None:
+        self.expected = 0  # the size of the last fragmented message
+        self._buffer: bytes | bytearray | None = None
+        self._view: memoryview | None = None
+        self._pieces: list[bytes | bytearray | memoryview] = []
+        self._size = 0
+        self._gathering = False
+
+    def add(self, frame: WsFrame, limit: int | None) -> WsFrame | None:
+        """Return the frame to hand on: ``frame``, a whole message, or ``None`` for now.
+
+        ``limit``: the connection's largest message in bytes (``None``: no limit).
+        """
+        if frame.opcode is Opcode.BINARY and not frame.fin:
+            self._gathering = True
+            self._size = 0
+            guess = self.expected
+            if len(frame.data) <= guess and (limit is None or guess <= limit):
+                self._buffer, self._view = allocate(guess)
+        elif frame.opcode is not Opcode.CONT or not self._gathering:
+            return frame  # a whole message, or a fragment of a text message
+        data = frame.data
+        end = self._size + len(data)
+        view = self._view
+        if view is not None and end <= view.nbytes:
+            view[self._size : end] = data
+        else:
+            if view is not None:  # longer than the previous one: join it instead
+                self._pieces.append(bytes(view[: self._size]))
+                self._drop_buffer()
+            self._pieces.append(data)
+        self._size = end
+        if not frame.fin:
+            return None
+        return WsFrame(Opcode.BINARY, self._finish())
+
+    def _finish(self) -> bytes:
+        self._gathering = False
+        self.expected = size = self._size
+        view, buffer = self._view, self._buffer
+        if view is None or buffer is None:
+            message = b"".join(self._pieces)
+            self._pieces.clear()
+            return message
+        self._view = self._buffer = None
+        if size == view.nbytes:
+            view.release()
+            return seal(buffer)
+        message = bytes(view[:size])  # shorter than the previous one
+        view.release()
+        return message
+
+    def _drop_buffer(self) -> None:
+        if self._view is not None:
+            self._view.release()
+        self._view = self._buffer = None
+
+
+class _GatheringClient(ClientConnection):
+    """A client connection that gathers fragmented messages with a :class:`_Gatherer`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aps_gatherer = _Gatherer()
+
+    def process_event(self, event: Event) -> None:
+        if isinstance(event, WsFrame):
+            passed = self.aps_gatherer.add(event, self.protocol.max_message_size)
+            if passed is None:
+                return
+            event = passed
+        super().process_event(event)
 
 
 def _fragments(view: memoryview) -> Iterator[memoryview]:
@@ -325,6 +418,19 @@ class WebSocketListener:
         class _Counted(ServerConnection):
             aps_waiting = False
 
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.aps_gatherer = _Gatherer()
+
+            def process_event(self, event: Event) -> None:
+                # As _GatheringClient does.
+                if isinstance(event, WsFrame):
+                    passed = self.aps_gatherer.add(event, self.protocol.max_message_size)
+                    if passed is None:
+                        return
+                    event = passed
+                super().process_event(event)
+
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 super().connection_made(transport)
                 if listener.opening >= MAX_OPENING:
@@ -462,6 +568,7 @@ class WebSocketFactory:
                     compression=None,
                     ping_interval=None,
                     close_timeout=_CLOSE_TIMEOUT,
+                    create_connection=_GatheringClient,
                     **_DIRECT,
                 )
         except TimeoutError as exc:
