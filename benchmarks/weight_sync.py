@@ -30,8 +30,8 @@ ratio of medians with the min-max of the per-round ratios. Nothing here asserts 
 wall-clock numbers.
 
 Next to each wall time the run records CPU time, so that results from a loaded machine can
-be read: ``cpu here`` is this process's (``time.process_time``: the learner, or the raw
-sending threads), ``cpu workers`` the receiver processes' together (user + system time from
+be read: ``cpu here`` is this process's (the learner, or the raw sending threads),
+``cpu workers`` the receiver processes' together (user + system time; theirs from
 ``/proc/PID/stat``, in clock ticks, usually 10 ms; Linux only, blank elsewhere). The table
 gives both as means per sample (the ticks are too coarse for one sample's median).
 
@@ -79,6 +79,7 @@ from throughput import (  # noqa: E402
     START_TIMEOUT,
     STOP_GRACE,
     check_alive,
+    cpu_seconds,
     fmt_ratio,
     machine,
     name_list,
@@ -129,26 +130,6 @@ def make_agent(observation_space: gym.Space[Any], action_space: gym.Space[Any]) 
 
 def state_dict_nbytes(agent: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in agent.state_dict().values())
-
-
-# CPU time of the receiver processes.
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def process_cpu(pids: Sequence[int]) -> float | None:
-    """User + system seconds the processes ``pids`` used so far; ``None`` without /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        # Fields after the command name (which may hold spaces) start at the state, field 3;
-        # utime and stime are fields 14 and 15.
-        fields = stat.rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICK
 
 
 # The contenders.
@@ -431,14 +412,12 @@ def measure(
 
 def timed(once: Any, pids: Sequence[int]) -> tuple[float, float, float | None]:
     """Run ``once()``: its wall seconds, this process's CPU seconds, the receivers'."""
-    workers_before = process_cpu(pids)
-    here_before = time.process_time()
+    here_before, workers_before = cpu_seconds(pids)
     seconds = once()
-    here = time.process_time() - here_before
-    workers_after = process_cpu(pids)
+    here_after, workers_after = cpu_seconds(pids)
     if workers_before is None or workers_after is None:
-        return seconds, here, None
-    return seconds, here, workers_after - workers_before
+        return seconds, here_after - here_before, None
+    return seconds, here_after - here_before, workers_after - workers_before
 
 
 def ratio(series: dict[str, Series], top: str, bottom: str) -> dict[str, float] | None:
@@ -543,6 +522,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-uvloop", action="store_true", help="run aps on asyncio's own loop (APS_UVLOOP=0)"
     )
+    p.add_argument(
+        "--ws-fragment-size",
+        type=int,
+        default=None,
+        help="the learner's WebSocket fragment size in bytes (default: aps's FRAGMENT_SIZE)",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     # A raw receiver process (started by the raw contender, not by hand).
     p.add_argument("--raw-receiver", metavar="HOST:PORT", help=argparse.SUPPRESS)
@@ -558,6 +543,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.no_uvloop:
         os.environ["APS_UVLOOP"] = "0"  # read by aps in this process and in its workers
+    if args.ws_fragment_size is not None and importlib.util.find_spec("websockets") is not None:
+        # The sender cuts the fragments (the learner, here): the workers need no setting.
+        import aps.transports.websocket as websocket
+
+        websocket.FRAGMENT_SIZE = args.ws_fragment_size
     params = args.params or (2_000_000 if args.quick else DEFAULT_PARAMS)
     rounds = args.rounds or (2 if args.quick else 5)
     samples = args.samples or (2 if args.quick else 3)
@@ -605,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "params": params,
             "rounds": rounds,
             "samples": samples,
+            "ws_fragment_size": args.ws_fragment_size,
             **info,
         },
         "skipped": skipped,
