@@ -64,7 +64,7 @@ try:
         WebSocketException,
     )
     from websockets.frames import CloseCode, Frame as WsFrame, Opcode
-    from websockets.protocol import Event
+    from websockets.protocol import Event, Protocol, Side
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
         "the ws:// and wss:// transports need the websockets package (version 13 or newer); "
@@ -77,6 +77,10 @@ __all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]
 _DIRECT: dict[str, Any] = (
     {"proxy": None} if "proxy" in inspect.signature(ws_connect.__init__).parameters else {}
 )
+
+# The protocol's limit on incoming messages: max_message_size in current websockets (beside
+# a limit per fragment), max_size in older releases such as 13.
+_LIMIT = "max_message_size" if hasattr(Protocol(Side.SERVER), "max_message_size") else "max_size"
 
 # Seconds websockets waits for the peer's half of the closing handshake before it drops the
 # TCP connection. A live peer answers in milliseconds.
@@ -175,7 +179,7 @@ def _gathered(
     """What a connection hands on to websockets for ``event``: ``None`` while gathering."""
     if not isinstance(event, WsFrame):
         return event  # the opening handshake
-    return gatherer.add(event, connection.protocol.max_message_size)
+    return gatherer.add(event, getattr(connection.protocol, _LIMIT))
 
 
 class _GatheringClient(ClientConnection):
@@ -242,7 +246,7 @@ class WebSocketTransport:
     @max_frame_size.setter
     def max_frame_size(self, value: int) -> None:
         value = check_max_frame_size(value, ceiling=2**63 - 1)
-        self._connection.protocol.max_message_size = value
+        setattr(self._connection.protocol, _LIMIT, value)
         self._max_frame_size = value
 
     async def send(self, frame: Frame) -> None:
