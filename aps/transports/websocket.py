@@ -93,7 +93,8 @@ websockets buffers and slices each incoming WebSocket frame whole: one 40 MB fra
 receiver three fresh 40 MB buffers (its stream buffer, the slice, the message), and fresh
 memory is what large transfers pay for. In 1 MiB fragments the first two stay small and are
 reused, and the receiving end copies each fragment into the message as it arrives (see
-:class:`_Gatherer`). The peer sees one message. (Fragments of 64 KiB to 2 MiB measured alike.)
+:class:`_Gatherer`). The peer sees one message. (256 KiB fragments cost a weight sync the
+same CPU, 64 KiB ones more: see benchmarks/README.md.)
 """
 
 
