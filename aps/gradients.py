@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import secrets
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -103,8 +104,11 @@ class GradientSampler:
 
         from aps.pg.reinforce import surrogate
 
-        round_, obs = self._round, self._obs
-        assert round_ is not None and obs is not None, "start() a round first"
+        round_ = self._round
+        assert round_ is not None, "start() a round first"
+        if self._obs is None:  # after sample(): every env starts afresh
+            self._obs, _ = self._envs.reset()
+        obs = self._obs
         actions, _, _ = self._policy.act(obs)
         # Record the states acted on before stepping: the vector env reuses its observation
         # buffer, so ``obs`` changes in place when it steps.
@@ -161,6 +165,138 @@ class GradientSampler:
             count=len(ended),
             episode_return=np.asarray(returns, dtype=np.float64),
         )
+
+    def sample(self, counts: Sequence[int]) -> list[GradientReport | None]:
+        """Sample ``sum(counts)`` trajectories at the round's point: one report per group.
+
+        The batch form of :meth:`step` for a driver that knows in advance how many
+        trajectories it needs (the virtual-time simulator, where every worker that samples
+        this env samples at the same broadcast point). Every env starts afresh (a reset) and
+        is given a *quota*, fixed before any step: the ``C = sum(counts)`` trajectories are
+        spread over ``min(C, num_envs)`` envs as evenly as possible, and an env runs exactly
+        its quota of consecutive trajectories, then idles (it is still stepped with the
+        others, its transitions are ignored) until every env met its quota. Every trajectory
+        started is kept, so none is selected by its length or return: with episodes that end
+        early (Hopper) a fast-ending env does not produce extra trajectories, and the sum is
+        an unbiased sum of ``C`` i.i.d. trajectory gradients at the point.
+
+        Trajectories go to groups by a fixed order of ``(k-th trajectory of an env, env)``
+        set before sampling: group 0 gets the first ``counts[0]``, group 1 the next
+        ``counts[1]``, and so on. Each group's gradients are summed and differentiated
+        apart, so report ``g`` holds exactly ``counts[g]`` gradients.
+
+        Args:
+            counts: trajectories per group, ints ``>= 0``.
+
+        Returns:
+            One report per group, ``None`` for a count of 0.
+
+        Raises:
+            ConfigError: a count that is not an int ``>= 0``.
+        """
+        checked: list[int] = []
+        for count in counts:
+            if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
+                raise ConfigError(f"counts must be ints >= 0, got {count!r} in {list(counts)}")
+            checked.append(int(count))
+        round_ = self._round
+        assert round_ is not None, "start() a round first"
+        total = sum(checked)
+        reports: list[GradientReport | None] = [None] * len(checked)
+        if total == 0:
+            return reports
+        n = self._envs.num_envs
+        used = min(n, total)
+        quota = np.zeros(n, dtype=np.int64)
+        quota[:used] = total // used
+        quota[: total % used] += 1
+        # The fixed order of trajectories, (k, env) -> group, decided before any step.
+        group_of: dict[tuple[int, int], int] = {}
+        order = [(k, env) for k in range(int(quota.max())) for env in range(used) if k < quota[env]]
+        bounds = np.cumsum(checked)
+        for index, key in enumerate(order):
+            group_of[key] = int(np.searchsorted(bounds, index, side="right"))
+        for buffers in (self._traj_obs, self._traj_actions, self._traj_rewards):
+            for buffer in buffers:
+                buffer.clear()
+        obs, _ = self._envs.reset()
+        active = quota > 0
+        done = np.zeros(n, dtype=np.int64)
+        begin = np.zeros(n, dtype=np.int64)
+        step_obs: list[np.ndarray[Any, Any]] = []
+        step_actions: list[np.ndarray[Any, Any]] = []
+        step_rewards: list[np.ndarray[Any, Any]] = []
+        # (group, env, first step, end step) of every trajectory, in the order they ended.
+        trajectories: list[tuple[int, int, int, int]] = []
+        t = 0
+        while active.any():
+            actions, _, _ = self._policy.act(obs)
+            # Copies: the vector env reuses its observation buffer.
+            step_obs.append(np.array(obs, copy=True))
+            step_actions.append(np.array(actions, copy=True))
+            next_obs, reward, terminated, truncated, _ = self._envs.step(
+                self._policy.env_actions(actions)
+            )
+            step_rewards.append(np.asarray(reward, dtype=np.float64).copy())
+            over = np.asarray(terminated) | np.asarray(truncated)
+            ended = active & (over | (t + 1 - begin >= round_.horizon))
+            cut = ended & ~over
+            if cut.any():
+                # Reached the horizon without ending: start that env's next trajectory afresh.
+                reset_obs, _ = self._envs.reset(options={"reset_mask": cut})
+                shape = (-1, *([1] * (next_obs.ndim - 1)))
+                next_obs = np.where(cut.reshape(shape), reset_obs, next_obs)
+            for slot in map(int, np.flatnonzero(ended)):
+                trajectories.append(
+                    (group_of[(int(done[slot]), slot)], slot, int(begin[slot]), t + 1)
+                )
+                done[slot] += 1
+                begin[slot] = t + 1
+                if done[slot] >= quota[slot]:
+                    active[slot] = False
+            obs = next_obs
+            t += 1
+        import torch
+
+        from aps.pg.reinforce import surrogate
+
+        all_obs, all_actions = np.stack(step_obs), np.stack(step_actions)
+        all_rewards = np.stack(step_rewards)
+        module = self._policy.module
+        for group in range(len(checked)):
+            mine = [tr for tr in trajectories if tr[0] == group]
+            if not mine:
+                continue
+            log_probs = self._policy.log_prob(
+                np.concatenate([all_obs[a:b, env] for _, env, a, b in mine]),
+                np.concatenate([all_actions[a:b, env] for _, env, a, b in mine]),
+            )
+            module.zero_grad(set_to_none=True)
+            total_surrogate: Any = 0.0
+            offset = 0
+            for _, env, a, b in mine:
+                rewards = all_rewards[a:b, env]
+                piece = log_probs[offset : offset + b - a]
+                total_surrogate = total_surrogate + surrogate(piece, rewards, round_.gamma)
+                offset += b - a
+            assert isinstance(total_surrogate, torch.Tensor)
+            total_surrogate.backward()  # type: ignore[no-untyped-call]
+            reports[group] = GradientReport(
+                round=round_.round,
+                gradient={
+                    name: parameter.grad.detach().cpu().numpy().copy()
+                    for name, parameter in module.named_parameters()
+                    if parameter.grad is not None
+                },
+                count=len(mine),
+                episode_return=np.asarray(
+                    [float(all_rewards[a:b, env].sum()) for _, env, a, b in mine],
+                    dtype=np.float64,
+                ),
+            )
+        # The envs are mid-trajectory or idle: a later step() starts from a reset.
+        self._obs = None
+        return reports
 
 
 # -- all-reduce aggregation ------------------------------------------------------------------

@@ -587,11 +587,19 @@ class MaleniaRound(Round):
 class SynchronousRound(Round):
     """A :class:`Synchronous` round: the first report of every active worker."""
 
+    def __init__(
+        self, round_id: int, workers: Sequence[int], *, share: int = 1, size: int | None = None
+    ) -> None:
+        super().__init__(round_id, workers, size=size)
+        self.share = share
+
     def _wants(self, worker: int) -> bool:
-        return self._counts[worker] == 0
+        # Reports until the share is met (the first one only, with the default share of 1).
+        return self._counts[worker] < self.share
 
     def _holds(self, counts: dict[int, int]) -> bool:
-        return all(counts[worker] > 0 for worker in self.active) and sum(counts.values()) > 0
+        share = self.share
+        return all(counts[worker] >= share for worker in self.active) and sum(counts.values()) > 0
 
     def _estimate(self) -> FloatVector:
         return self._pooled_mean()
@@ -725,12 +733,35 @@ class Synchronous:
 
     Removing a worker keeps its report if it sent one; the round then waits only for the
     others (removing the last worker it waited on closes it).
+
+    Args:
+        share: ``None`` (the default): the round ends when every worker has at least one
+            gradient, and takes each worker's first report whole, however many gradients it
+            holds (a fast worker keeps sampling until asked). An int ``k >= 1``: the paper's
+            minibatch NIGT, where each worker computes a fixed share of the batch
+            (``M = k n``): the round waits until every worker noted or reported ``k``
+            gradients, takes a worker's reports until they hold ``k``, and
+            :func:`aps.pg.simulate.simulate` stops each worker at exactly ``k`` (it idles),
+            so a round takes ``max_i k h_i``. The networked trainer does not stop its
+            workers at ``k``: a worker's sum may hold more, and is taken whole.
+
+    Raises:
+        ConfigError: ``share`` is not ``None`` or an int ``>= 1``.
     """
 
+    share: int | None = None
     survives_worker_loss: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.share is not None:
+            if not _is_int(self.share) or self.share < 1:
+                raise ConfigError(
+                    f"Synchronous(share=...) must be None or an int >= 1, got {self.share!r}"
+                )
+            object.__setattr__(self, "share", int(self.share))
 
     def start(
         self, round_id: int, workers: Sequence[int], *, size: int | None = None
     ) -> SynchronousRound:
         """A fresh round (see :meth:`AggregationRule.start`)."""
-        return SynchronousRound(round_id, workers, size=size)
+        return SynchronousRound(round_id, workers, share=self.share or 1, size=size)

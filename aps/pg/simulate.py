@@ -13,11 +13,18 @@ vector env in this process) and added with :meth:`~aps.pg.Round.add`, the aggreg
 follows.
 
 What is simulated and what is real: the clock is the model's; the environments, the
-trajectories, the gradients, the aggregation and the update are real. A worker's sum holds
-exactly the count the rule saw: it is drawn from its env's sampler in vector steps, and the
-trajectories beyond the count that end in the last step are dropped by env index
-(:meth:`~aps.gradients.GradientSampler.step` with ``limit``), which keeps the sum unbiased
-when episodes have a fixed length.
+trajectories, the gradients, the aggregation and the update are real. Every worker samples
+at the same broadcast point, so a round's trajectories for all the workers that share one env
+factory are sampled together, on one vector env of up to ``pool`` envs
+(:meth:`~aps.gradients.GradientSampler.sample`), with each worker's gradient sum and count
+kept apart: a worker's sum holds exactly the count the rule noted. Each env is given a fixed
+number of consecutive trajectories before any step and idles once it has run them, so no
+trajectory is dropped or selected by its length: with episodes that end early (Hopper) the
+sums stay unbiased sums of i.i.d. trajectory gradients at the point.
+
+:class:`~aps.pg.Synchronous` with a ``share`` of ``k`` is the paper's synchronized (minibatch)
+NIGT: every worker computes exactly ``k`` gradients and then idles, so a round takes
+``max_i k h[i]``. Without a share, fast workers keep sampling until the slowest has one.
 
 :func:`afedpg` runs the paper's main baseline, AFedPG (asynchronous federated policy
 gradient), in the same time model: every worker's gradient is applied the moment it arrives,
@@ -36,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from aps.errors import ConfigError
-from aps.pg.aggregate import AggregationRule, Malenia, Rennala
+from aps.pg.aggregate import AggregationRule, Malenia, Rennala, Synchronous
 from aps.pg.nigt import NIGTUpdate, flatten, unflatten
 
 __all__ = ["SimRound", "afedpg", "simulate"]
@@ -103,6 +110,7 @@ def simulate(
     time_budget: float | None = None,
     envs_per_worker: int = 1,
     seed: int = 0,
+    pool: int = 64,
 ) -> Iterator[SimRound]:
     """Run Rennala, Malenia or synchronized NIGT in virtual time, yielding each round.
 
@@ -121,10 +129,14 @@ def simulate(
         initial_batch: as for :class:`aps.pg.NIGT`.
         iterations: stop after this many rounds.
         time_budget: stop after the round that passes this virtual time.
-        envs_per_worker: envs stepped together per distinct env (vectorized sampling):
-            faster with more; every worker's sum holds exactly the gradients the rule
-            counted either way (see the module docstring for what is dropped).
+        envs_per_worker: kept for callers of earlier versions: raises ``pool`` to at least
+            this many envs.
         seed: seeds the env resets and the policy's sampling.
+        pool: the most envs stepped together per distinct env factory, an int ``>= 1``.
+            A round's trajectories for every worker of one factory are sampled together on
+            one vector env of a power-of-two size up to ``pool`` (see the module
+            docstring); more is faster up to the round's count, and the statistics do not
+            depend on it.
 
     Raises:
         ConfigError: times of the wrong length or sign, no stopping criterion, or env
@@ -138,7 +150,11 @@ def simulate(
     if initial_batch is not None and isinstance(rule, Rennala | Malenia):
         initial = dataclasses.replace(rule, batch=initial_batch)
     update = NIGTUpdate(lr=lr, momentum=momentum)
-    samplers, sampler_of, module_policy = _samplers(policy, envs, n, envs_per_worker, seed)
+    share = rule.share if isinstance(rule, Synchronous) else None
+    for name, value in (("pool", pool), ("envs_per_worker", envs_per_worker)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    pools, pool_of, module_policy = _pools(policy, envs, n, max(pool, envs_per_worker), seed)
 
     vector0, layout = flatten(module_policy.get_weights())
     state = update.start(vector0)
@@ -159,18 +175,19 @@ def simulate(
             ready_at, worker, k = heapq.heappop(events)
             counts[worker] = k
             round_.note(worker, state.t, k)
-            heapq.heappush(events, (ready_at + times[worker], worker, k + 1))
+            if share is None or k < share:  # with a share, the worker idles after it
+                heapq.heappush(events, (ready_at + times[worker], worker, k + 1))
         arrays = unflatten(state.point, layout)
         message = GradientRound(round=state.t, arrays=arrays, horizon=horizon, gamma=gamma)
-        for sampler in samplers.values():
-            sampler.start(message)
         returns: list[float] = []
         round_.begin_collection()
-        for worker in range(n):
-            if counts[worker] == 0:
+        for key, sampler_pool in pools.items():
+            workers = [i for i in range(n) if pool_of[i] == key and counts[i] > 0]
+            if not workers:
                 continue
-            total, count = _draw(sampler_of[worker], counts[worker], layout, returns)
-            round_.add(worker, state.t, total, count)
+            sums = sampler_pool.draw([counts[i] for i in workers], message, layout, returns)
+            for worker, (total, count) in zip(workers, sums, strict=True):
+                round_.add(worker, state.t, total, count)
         round_.end_collection()
         senders = [i for i in range(n) if counts[i] > 0]
         communication = max(comm[i] for i in senders)
@@ -207,50 +224,96 @@ def _check(
     return n, times, comm
 
 
-def _samplers(
+class _Pool:
+    """Vector envs of one env factory, one per power-of-two size up to ``limit``, made lazily.
+
+    Every size gets its own :class:`~aps.gradients.GradientSampler` (the workers' sampler)
+    over a ``SameStep``-autoreset :class:`gymnasium.vector.SyncVectorEnv`, seeded apart.
+    """
+
+    def __init__(self, factory: Callable[[], Any], policy: Any, limit: int, seed: int) -> None:
+        self.factory, self.policy, self.limit, self.seed = factory, policy, limit, seed
+        self.samplers: dict[int, Any] = {}
+        self.wrapped: Any = None
+        self.sizes = [1 << k for k in range(limit.bit_length()) if 1 << k <= limit]
+
+    def sampler(self, size: int) -> Any:
+        """The sampler over ``size`` envs."""
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+        from aps.gradients import GradientSampler
+        from aps.policy import Policy
+
+        if size not in self.samplers:
+            vector = SyncVectorEnv(
+                [self.factory] * size, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+            )
+            vector.reset(seed=self.seed + 7919 * size)
+            wrapped = (
+                self.policy
+                if isinstance(self.policy, Policy)
+                else Policy(
+                    self.policy, vector.single_observation_space, vector.single_action_space
+                )
+            )
+            wrapped.seed(self.seed + 7919 * size)
+            self.wrapped = self.wrapped or wrapped
+            self.samplers[size] = GradientSampler(vector, wrapped)
+        return self.samplers[size]
+
+    def size_for(self, count: int) -> int:
+        """The size that samples ``count`` trajectories in the fewest env steps, roughly.
+
+        A vector step costs about one env step of overhead (the policy's forward, the
+        loop) plus one per env, idle envs included: minimize ``ceil(count / s) * (s + 2)``.
+        """
+        return min(self.sizes, key=lambda s: (math.ceil(count / s) * (s + 2), -s))
+
+    def draw(
+        self, counts: list[int], message: Any, layout: Any, returns: list[float]
+    ) -> list[tuple[Any, int]]:
+        """Each group's gradient sum and count, sampled together at ``message``'s point."""
+        sampler = self.sampler(self.size_for(sum(counts)))
+        sampler.start(message)
+        out = []
+        for report in sampler.sample(counts):
+            assert report is not None
+            out.append((layout.flatten(report.gradient, fill_missing=True), report.count))
+            returns.extend(float(r) for r in report.episode_return)
+        return out
+
+
+def _pools(
     policy: Any,
     envs: Sequence[Callable[[], Any]] | Callable[[], Any],
     n: int,
-    envs_per_worker: int,
+    limit: int,
     seed: int,
-) -> tuple[dict[int, Any], list[Any], Any]:
-    """One sampler per distinct env factory (homogeneous workers share one vector env).
+) -> tuple[dict[int, _Pool], list[int], Any]:
+    """One pool per distinct env factory (homogeneous workers share one).
 
-    Returns ``(samplers by factory id, each worker's sampler, the policy adapter)``.
+    Returns ``(pools by factory id, each worker's factory id, the policy adapter)``.
     """
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
-
-    from aps.gradients import GradientSampler
     from aps.policy import Policy
 
     factories = [envs] * n if callable(envs) else list(envs)
     if len(factories) != n:
         raise ConfigError(f"envs has {len(factories)} factories for {n} workers; give 1 or {n}")
-    if isinstance(envs_per_worker, bool) or not isinstance(envs_per_worker, int):
-        raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
-    if envs_per_worker < 1:
-        raise ConfigError(f"envs_per_worker must be an int >= 1, got {envs_per_worker!r}")
-    samplers: dict[int, GradientSampler] = {}
-    sampler_of: list[GradientSampler] = []
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"pool and envs_per_worker must be ints >= 1, got {limit!r}")
+    pools: dict[int, _Pool] = {}
+    pool_of: list[int] = []
     module_policy: Any = None
     for index, factory in enumerate(factories):
         key = id(factory)
-        if key not in samplers:
-            vector = SyncVectorEnv(
-                [factory] * envs_per_worker, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
-            )
-            vector.reset(seed=seed + 1000 * index)
-            wrapped = (
-                policy
-                if isinstance(policy, Policy)
-                else Policy(policy, vector.single_observation_space, vector.single_action_space)
-            )
-            wrapped.seed(seed + index)
-            module_policy = module_policy or wrapped
-            samplers[key] = GradientSampler(vector, wrapped)
-        sampler_of.append(samplers[key])
+        if key not in pools:
+            pools[key] = _Pool(factory, policy, limit, seed + 1000 * index)
+            # Build the one-env sampler now: it checks the env and wraps the policy.
+            pools[key].sampler(1)
+            module_policy = module_policy or pools[key].wrapped
+        pool_of.append(key)
     assert isinstance(module_policy, Policy)
-    return samplers, sampler_of, module_policy
+    return pools, pool_of, module_policy
 
 
 def afedpg(
@@ -327,7 +390,7 @@ def afedpg(
     ):
         raise ConfigError(f"max_delay must be None or an int >= 0, got {max_delay!r}")
     update = NIGTUpdate(lr=lr, momentum=momentum)
-    _, sampler_of, module_policy = _samplers(policy, envs, n, 1, seed)
+    pools, pool_of, module_policy = _pools(policy, envs, n, 1, seed)
     vector0, layout = flatten(module_policy.get_weights())
     state = update.start(vector0)
     # Each worker's point and the server step it was sent at.
@@ -346,14 +409,11 @@ def afedpg(
         if max_delay is not None and delay > max_delay:
             discarded += 1
         else:
-            sampler = sampler_of[worker]
-            sampler.start(
-                GradientRound(
-                    round=sent_at, arrays=unflatten(point, layout), horizon=horizon, gamma=gamma
-                )
+            message = GradientRound(
+                round=sent_at, arrays=unflatten(point, layout), horizon=horizon, gamma=gamma
             )
             returns: list[float] = []
-            gradient, _ = _draw(sampler, 1, layout, returns)
+            [(gradient, _)] = pools[pool_of[worker]].draw([1], message, layout, returns)
             state = update.step(state, gradient)
             module_policy.set_weights(unflatten(state.theta, layout))
             yield SimRound(
@@ -372,17 +432,3 @@ def afedpg(
             step += 1
         points[worker] = (state.point, state.t)
         heapq.heappush(events, (clock + times[worker] + comm[worker], worker))
-
-
-def _draw(sampler: Any, count: int, layout: Any, returns: list[float]) -> tuple[Any, int]:
-    """Step ``sampler`` until exactly ``count`` trajectories ended: their gradient sum, count."""
-    total = np.zeros(layout.size, dtype=np.float64)
-    got = 0
-    while got < count:
-        report = sampler.step(limit=count - got)
-        if report is None:
-            continue
-        total += layout.flatten(report.gradient, fill_missing=True)
-        got += report.count
-        returns.extend(float(r) for r in report.episode_return)
-    return total, got
