@@ -16,7 +16,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 import aps.transports.websocket as ws
-from aps.errors import FrameTooLarge, TransportClosed
+from aps.errors import ConnectionLost, FrameTooLarge, TransportClosed
 from aps.transports.websocket import (
     _DIRECT,
     FRAGMENT_SIZE,
@@ -203,3 +203,34 @@ async def test_large_frames_from_an_aps_client_arrive_whole_at_the_listener() ->
                 assert await receive(server) == frame
             await server.send(frames[0])
             assert await receive(client) == frames[0]
+
+
+async def test_a_connection_lost_in_the_middle_of_a_message_lets_its_buffer_go(
+    allocations: list[int],
+) -> None:
+    message = random.Random(8).randbytes(3 * FRAGMENT_SIZE)
+    never = asyncio.Event()
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield message[:FRAGMENT_SIZE]
+        await never.wait()  # the rest never comes
+        yield message[FRAGMENT_SIZE:]
+
+    async with raw_to_aps() as (raw, server):
+        await raw.send(cut(message, [FRAGMENT_SIZE] * 2))
+        assert await receive(server) == message  # its size is now the expected one
+        sending = asyncio.create_task(raw.send(pieces()))
+        gatherer = server._connection.aps_gatherer  # type: ignore[union-attr]
+        for _ in range(int(DEADLINE / 0.01)):  # until the first fragment is in a buffer
+            if gatherer._view is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert gatherer._view is not None
+        assert allocations == [len(message)]
+        raw.transport.abort()
+        with pytest.raises(ConnectionLost):
+            await receive(server)
+        assert gatherer._view is None and gatherer._buffer is None
+        sending.cancel()
+        with contextlib.suppress(BaseException):
+            await sending

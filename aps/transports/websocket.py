@@ -128,10 +128,8 @@ class _Gatherer:
         ``limit``: the connection's largest message in bytes (``None``: no limit).
         """
         if frame.opcode is Opcode.BINARY and not frame.fin:
+            self.clear()
             self._gathering = True
-            self._size = 0
-            self._pieces.clear()
-            self._drop_buffer()
             guess = self.expected
             if 0 < guess and len(frame.data) <= guess and (limit is None or guess <= limit):
                 self._buffer, self._view = allocate(guess)
@@ -168,6 +166,13 @@ class _Gatherer:
         view.release()
         return message
 
+    def clear(self) -> None:
+        """Forget a message half gathered (the connection ended), so its buffer is reused."""
+        self._gathering = False
+        self._size = 0
+        self._pieces.clear()
+        self._drop_buffer()
+
     def _drop_buffer(self) -> None:
         if self._view is not None:
             self._view.release()
@@ -194,6 +199,10 @@ class _GatheringClient(ClientConnection):
         handed_on = _gathered(self, self.aps_gatherer, event)
         if handed_on is not None:
             super().process_event(handed_on)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.aps_gatherer.clear()
+        super().connection_lost(exc)
 
 
 def _fragments(view: memoryview) -> Iterator[memoryview]:
@@ -454,6 +463,7 @@ class WebSocketListener:
 
             def connection_lost(self, exc: Exception | None) -> None:
                 listener.taken(self)
+                self.aps_gatherer.clear()
                 super().connection_lost(exc)
 
         return _Counted
