@@ -234,3 +234,59 @@ async def test_a_connection_lost_in_the_middle_of_a_message_lets_its_buffer_go(
         sending.cancel()
         with contextlib.suppress(BaseException):
             await sending
+
+
+async def test_a_listener_sends_large_frames_whole() -> None:
+    rng = random.Random(9)
+    sizes = [ws.UNCOPIED_SIZE - 1, ws.UNCOPIED_SIZE, FRAGMENT_SIZE, 5 * FRAGMENT_SIZE + 1]
+    frames = [rng.randbytes(n) for n in sizes]
+    mutable = bytearray(rng.randbytes(FRAGMENT_SIZE // 2))
+    async with raw_to_aps() as (raw, server):
+        async with asyncio.timeout(DEADLINE):
+            for frame in frames:
+                await server.send(frame)
+                await server.send(memoryview(frame)[1:])
+            await server.send(mutable)
+            for frame in frames:
+                assert await raw.recv() == frame
+                assert await raw.recv() == frame[1:]
+            assert await raw.recv() == mutable
+
+
+def test_only_immutable_large_payloads_are_written_without_a_copy() -> None:
+    from websockets.frames import Frame, Opcode
+    from websockets.server import ServerProtocol
+    from websockets.streams import StreamReader
+
+    def sent(payload: bytes | bytearray | memoryview) -> list[Any]:
+        """What a listener's protocol writes for one binary frame of ``payload``."""
+        server = ServerProtocol()
+        ws._send_uncopied(server, server.send_frame, Frame(Opcode.BINARY, payload))
+        return server.data_to_send()
+
+    def parsed(writes: list[Any]) -> Frame:
+        """The frame a client reads from ``writes`` (websockets' own frame parser)."""
+        reader = StreamReader()
+        reader.feed_data(b"".join(writes))
+        reader.feed_eof()
+        parser = Frame.parse(reader.read_exact, mask=False, max_size=None, extensions=None)
+        with pytest.raises(StopIteration) as done:
+            next(parser)
+        frame: Frame = done.value.value
+        return frame
+
+    big = random.Random(10).randbytes(ws.UNCOPIED_SIZE + 3)
+    writes = sent(big)
+    assert len(writes) == 2 and writes[1] is big  # a header, then the payload itself
+    assert parsed(writes) == Frame(Opcode.BINARY, big)
+    view = memoryview(big)[3:]
+    writes = sent(view)
+    assert writes[1] is view
+    assert parsed(writes).data == big[3:]
+    mutable = bytearray(big)
+    writes = sent(mutable)  # copied into the frame websockets builds
+    mutable[:] = bytes(len(mutable))
+    assert len(writes) == 1 and parsed(writes).data == big
+    small = big[: ws.UNCOPIED_SIZE - 1]
+    writes = sent(small)  # websockets' own frame
+    assert len(writes) == 1 and parsed(writes).data == small

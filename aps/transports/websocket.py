@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import ssl
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Self, cast
 from urllib.parse import urlsplit
@@ -65,6 +67,7 @@ try:
     )
     from websockets.frames import CloseCode, Frame as WsFrame, Opcode
     from websockets.protocol import Event, Protocol, Side
+    from websockets.server import ServerProtocol
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
         "the ws:// and wss:// transports need the websockets package (version 13 or newer); "
@@ -203,6 +206,46 @@ class _GatheringClient(ClientConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         self.aps_gatherer.clear()
         super().connection_lost(exc)
+
+
+UNCOPIED_SIZE = 64 * 1024
+"""Data frames of at least this many bytes that a listener sends leave without a copy."""
+
+
+def _send_uncopied(
+    protocol: ServerProtocol, serialize: Callable[[WsFrame], None], frame: WsFrame
+) -> None:
+    """A listener's ``protocol.send_frame``: large immutable payloads leave without a copy.
+
+    websockets builds every frame it sends into a new buffer, header and payload, which costs
+    a copy of each fragment of a large frame (a client must copy anyway, to mask). A server's
+    frames are not masked, so here a large payload that nothing can change (``bytes``, or a
+    flat view of ``bytes``) goes to the socket as it is, after a header built alone.
+    Everything else takes websockets' own path: small and control frames, mutable payloads
+    (the caller may reuse its buffer once ``send`` returns), extensions, debug logging.
+    """
+    data = frame.data
+    immutable = type(data) is bytes or (
+        isinstance(data, memoryview)
+        and type(data.obj) is bytes
+        and data.format == "B"
+        and data.ndim == 1
+        and data.c_contiguous
+    )
+    if not immutable or len(data) < UNCOPIED_SIZE or protocol.extensions or protocol.debug:
+        serialize(frame)
+        return
+    frame.check()
+    head = (
+        (0b10000000 if frame.fin else 0)
+        | (0b01000000 if frame.rsv1 else 0)
+        | (0b00100000 if frame.rsv2 else 0)
+        | (0b00010000 if frame.rsv3 else 0)
+        | frame.opcode
+    )
+    # 127: a 64-bit length follows (the form for payloads of 64 KiB or more); no mask bit.
+    protocol.writes.append(struct.pack("!BBQ", head, 127, len(data)))
+    protocol.writes.append(data)  # type: ignore[arg-type]  # a bytes-like, written as is
 
 
 def _fragments(view: memoryview) -> Iterator[memoryview]:
@@ -445,6 +488,10 @@ class WebSocketListener:
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 self.aps_gatherer = _Gatherer()
+                protocol = self.protocol
+                protocol.send_frame = functools.partial(  # type: ignore[method-assign]
+                    _send_uncopied, protocol, protocol.send_frame
+                )
 
             def process_event(self, event: Event) -> None:
                 handed_on = _gathered(self, self.aps_gatherer, event)
