@@ -16,6 +16,13 @@ The server ignores the request path; :attr:`WebSocketListener.url` keeps the one
 Clients connect directly: proxy settings in the environment (``HTTPS_PROXY``...), which
 ``websockets`` 15 and later would honour, are ignored, so that a worker reaches a learner on
 the local network (or 127.0.0.1) whatever the shell exports.
+
+Large frames travel as fragmented messages (:data:`FRAGMENT_SIZE`). Both ends gather the
+fragments they receive as they arrive (:class:`_Gatherer`, hooked into the connections'
+``process_event``), and a listener writes large immutable payloads without copying them
+into each frame (:func:`_send_uncopied`, in place of its protocol's ``send_frame``). Those
+two seams of websockets' sans-I/O design, and its protocol's ``writes`` list, have the same
+shape in websockets 13.0 and 17.4; ``tests/test_websocket_fragments.py`` exercises them.
 """
 
 from __future__ import annotations
