@@ -22,7 +22,7 @@ fragments they receive as they arrive (:class:`_Gatherer`, hooked into the conne
 ``process_event``), and a listener writes large immutable payloads without copying them
 into each frame (:func:`_send_uncopied`, in place of its protocol's ``send_frame``). Those
 two seams of websockets' sans-I/O design, and its protocol's ``writes`` list, have the same
-shape in websockets 13.0 and 17.4; ``tests/test_websocket_fragments.py`` exercises them.
+shape in websockets 14.2 to 17.4, the releases the WebSocket tests pass on.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ try:
     from websockets.server import ServerProtocol
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
-        "the ws:// and wss:// transports need the websockets package (version 13 or newer); "
+        "the ws:// and wss:// transports need the websockets package (version 14.2 or newer); "
         "install it with pip install 'aps[websocket]'"
     ) from exc
 
@@ -444,9 +444,17 @@ class WebSocketTransport:
         if self._closed:
             return TransportClosed(f"cannot receive from {self.peer}: this transport was closed")
         cause = exc.__cause__
-        if isinstance(cause, PayloadTooBig):
+        # We closed with 1009 first (not echoing the peer's own 1009): we refused its message.
+        sent, rcvd = getattr(exc, "sent", None), getattr(exc, "rcvd", None)
+        too_big = (
+            sent is not None
+            and sent.code == CloseCode.MESSAGE_TOO_BIG
+            and (rcvd is None or getattr(exc, "rcvd_then_sent", None) is False)
+        )
+        if isinstance(cause, PayloadTooBig) or too_big:
             self._closed = True
-            # websockets 14 and later report the sizes; older releases only a message.
+            # websockets 14 and later report the sizes; older releases only a message, and
+            # before 17.4 a message over the limit in fragments arrives as our 1009 close.
             size = (getattr(cause, "size", None) or 0) + (getattr(cause, "current_size", None) or 0)
             return FrameTooLarge(max(size, self.max_frame_size + 1), self.max_frame_size)
         if isinstance(exc, ConnectionClosedOK):
