@@ -109,6 +109,7 @@ class Session:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop receive() runs in
         self._waiting: _Wait | None = None  # the receive() call now waiting, with a deadline
+        self._wait: _Wait | None = None  # the one _Wait object each receive() call fills in
         self._watchdog: asyncio.TimerHandle | None = None  # fires by that call's deadline
         self.goodbye: str | None = None
         """The reason the peer gave when it said goodbye (``None``: it did not)."""
@@ -249,7 +250,19 @@ class Session:
         task = asyncio.current_task(loop)
         if task is None:
             raise InvalidState("Session.receive() must run in a task")
-        wait = self._waiting = _Wait(task, loop.time() + timeout, task.cancelling())
+        # One _Wait per session, filled in again by each call: receive() calls never overlap
+        # (the transport refuses that), and a call reads only its own fields, before the next.
+        wait = self._wait
+        if wait is None:
+            wait = self._wait = _Wait(task, loop.time() + timeout, task.cancelling())
+        else:
+            wait.task, wait.deadline, wait.cancelling = (
+                task,
+                loop.time() + timeout,
+                task.cancelling(),
+            )
+            wait.expired = False
+        self._waiting = wait
         watchdog = self._watchdog
         if watchdog is None or watchdog.when() > wait.deadline:
             if watchdog is not None:
@@ -305,6 +318,7 @@ class Session:
         if self._watchdog is not None:
             self._watchdog.cancel()  # it holds this session alive until it fires
             self._watchdog = None
+        self._wait = None  # the last receiving task, held by nothing else here
         try:
             if self._heartbeat_task is not None:
                 self._heartbeat_task.cancel()

@@ -29,7 +29,7 @@ import numpy as np
 from gymnasium.error import CustomSpaceError
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_space, concatenate
 from gymnasium.vector.vector_env import VectorWrapper
 
 from aps._imports import names_a_module
@@ -40,6 +40,7 @@ __all__ = [
     "AnyVectorEnv",
     "EnvPoolVectorEnv",
     "EnvProcessTraceback",
+    "LeanSyncVectorEnv",
     "check_backend",
     "envpool_id",
     "make_vector_env",
@@ -100,12 +101,104 @@ def make_vector_env(
     vector = check_backend(vector)
     if vector == "sync":
         # copy=False: the worker encodes each result before the next step overwrites it.
-        return SyncVectorEnv([env_fn] * num_envs, copy=False, autoreset_mode=autoreset_mode)
+        return LeanSyncVectorEnv([env_fn] * num_envs, copy=False, autoreset_mode=autoreset_mode)
     if vector == "async":
         return _RebuildOnError(lambda: _async_vector_env(env_fn, num_envs, autoreset_mode))
     return EnvPoolVectorEnv(
         envpool_id(env), num_envs=num_envs, autoreset_mode=autoreset_mode, env_kwargs=env_kwargs
     )
+
+
+_ARRAY_SPACES = (
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+)
+
+
+class LeanSyncVectorEnv(SyncVectorEnv):
+    """:class:`gymnasium.vector.SyncVectorEnv` with a shorter ``step`` for array spaces.
+
+    The results are Gymnasium's, value for value and dtype for dtype, in every autoreset
+    mode (a test steps both side by side); only the work around the envs' own ``step`` is
+    less: the rewards, terminations and truncations are gathered in lists and made arrays
+    once (fresh arrays, as Gymnasium's copies are), the observations are batched with one
+    ``np.array`` call instead of Gymnasium's generic ``concatenate``, the actions are
+    iterated without ``singledispatch``, and an empty info adds nothing. That work is most
+    of a one-env worker's step beside the env's, and a third of it beside CartPole's.
+
+    Observations that do not come out as the batch's exact dtype and shape (an env whose
+    observations do not match its space, say) are batched by Gymnasium's own code, with
+    its casting and its errors. Spaces other than Box, Discrete, MultiDiscrete and
+    MultiBinary, and ``copy=True``, take Gymnasium's ``step`` unchanged.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        batch = self._observations
+        self._lean = (
+            not self.copy
+            and isinstance(self.single_observation_space, _ARRAY_SPACES)
+            and isinstance(self.single_action_space, _ARRAY_SPACES)
+            and isinstance(batch, np.ndarray)
+        )
+        self._batch_layout = (batch.dtype, batch.shape) if isinstance(batch, np.ndarray) else None
+        # Whether an env ended on the last step (NextStep resets it on this one): a Python
+        # bool, so a step where none did reads no numpy array for it.
+        self._pending = False
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset the envs; see :meth:`gymnasium.vector.SyncVectorEnv.reset`."""
+        result = super().reset(**kwargs)
+        self._pending = bool(self._autoreset_envs.any())
+        return result
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Step every env once; see :meth:`gymnasium.vector.SyncVectorEnv.step`."""
+        if not self._lean:
+            return super().step(actions)
+        mode = self.autoreset_mode
+        envs = self.envs
+        env_obs = self._env_obs
+        resets = self._autoreset_envs if self._pending else None
+        if mode is AutoresetMode.DISABLED and resets is not None:
+            return super().step(actions)  # Gymnasium's assertion, after the envs before
+        rewards: list[Any] = []
+        terminations: list[Any] = []
+        truncations: list[Any] = []
+        infos: dict[str, Any] = {}
+        reward: Any
+        for i, (action, env) in enumerate(zip(iter(actions), envs, strict=True)):
+            if resets is not None and mode is AutoresetMode.NEXT_STEP and resets[i]:
+                env_obs[i], env_info = env.reset()
+                reward, terminated, truncated = 0.0, False, False
+            else:
+                env_obs[i], reward, terminated, truncated, env_info = env.step(action)
+                if mode is AutoresetMode.SAME_STEP and (terminated or truncated):
+                    infos = self._add_info(
+                        infos, {"final_obs": env_obs[i], "final_info": env_info}, i
+                    )
+                    env_obs[i], env_info = env.reset()
+            rewards.append(reward)
+            terminations.append(terminated)
+            truncations.append(truncated)
+            if env_info:
+                infos = self._add_info(infos, env_info, i)
+        obs: Any
+        try:
+            obs = np.array(env_obs)
+        except ValueError:  # observations of unequal shapes
+            obs = None
+        if obs is None or (obs.dtype, obs.shape) != self._batch_layout:
+            # Gymnasium's own batching: its casting rules, and its error for a bad env.
+            obs = concatenate(self.single_observation_space, env_obs, self._observations)
+        reward_array = np.array(rewards, dtype=np.float64)
+        terminated_array = np.array(terminations, dtype=np.bool_)
+        truncated_array = np.array(truncations, dtype=np.bool_)
+        self._autoreset_envs = np.logical_or(terminated_array, truncated_array)
+        self._pending = any(terminations) or any(truncations)
+        return obs, reward_array, terminated_array, truncated_array, infos
 
 
 def _async_vector_env(

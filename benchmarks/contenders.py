@@ -158,12 +158,25 @@ class EnvPool(Contender):
 
 class EnvLimit(GymSync):
     name = "env-limit"
-    description = "single-core env rate: SyncVectorEnv of ONE worker's envs in the learner process"
+    description = (
+        "single-core env rate: ONE worker's envs in the learner process, in the vector env an "
+        "aps worker steps (LeanSyncVectorEnv, copy=False)"
+    )
 
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
         # The first worker's part of each batch: its envs see the actions they would in aps.
         super().__init__(setup, [a[: setup.envs_per_worker] for a in pool])
         self.num_envs = setup.envs_per_worker
+
+    def start(self) -> None:
+        # The bounds are aps's ceilings, so the env rate is that of the vector env aps's
+        # workers step: with Gymnasium's own SyncVectorEnv (slower per step) aps could pass
+        # a bound by its env wrapper alone.
+        from aps.vector import LeanSyncVectorEnv
+
+        make = partial(gym.make, self.setup.env_id)
+        self._envs = LeanSyncVectorEnv([make] * self.num_envs, copy=False)
+        self._envs.reset(seed=self.setup.seed)
 
 
 class EnvParallel(Contender):
@@ -267,11 +280,13 @@ class ActLimit(EnvLimit):
 
     def start(self) -> None:
         from aps import policy
+        from aps.vector import LeanSyncVectorEnv
 
-        # Autoreset as the DETACH workers do it (SameStep): every step is a transition.
+        # The vector env the DETACH workers step, autoreset as they do it (SameStep): every
+        # step is a transition.
         make = partial(gym.make, self.setup.env_id)
-        self._envs = envs = SyncVectorEnv(
-            [make] * self.num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+        self._envs = envs = LeanSyncVectorEnv(
+            [make] * self.num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
         )
         policy.limit_threads(1)  # as the workers run it
         factory = policy.load_policy_factory(POLICY)

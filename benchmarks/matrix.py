@@ -94,7 +94,7 @@ ROWS = {
     "zmq-json": "ZeroMQ + JSON ({w} processes)",
     "envpool": "EnvPool (C++ envs, {w} threads)",
     "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
-    "env-limit": "env limit: SyncVectorEnv of one worker's envs, 1 process (single-core rate)",
+    "env-limit": "env limit: one worker's envs in aps's vector env, 1 process (single-core rate)",
     "env-parallel": "env parallel: {w} processes step their envs at once, no messages",
     "act-limit": "act + env limit: the DETACH policy acting on one worker's envs, 1 process",
     IDEAL: "ideal {w}-core = min({w} x env limit, transport limit)",

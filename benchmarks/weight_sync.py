@@ -29,6 +29,12 @@ hits all of them alike; the tables report the median and the min-max of all samp
 ratio of medians with the min-max of the per-round ratios. Nothing here asserts on
 wall-clock numbers.
 
+Next to each wall time the run records CPU time, so that results from a loaded machine can
+be read: ``cpu here`` is this process's (the learner, or the raw sending threads),
+``cpu workers`` the receiver processes' together (user + system time; theirs from
+``/proc/PID/stat``, in clock ticks, usually 10 ms; Linux only, blank elsewhere). The table
+gives both as means per sample (the ticks are too coarse for one sample's median).
+
 Usage::
 
     python benchmarks/weight_sync.py                      # 10M parameters, 5 rounds x 3 samples
@@ -73,6 +79,7 @@ from throughput import (  # noqa: E402
     START_TIMEOUT,
     STOP_GRACE,
     check_alive,
+    cpu_seconds,
     fmt_ratio,
     machine,
     name_list,
@@ -308,7 +315,16 @@ class Series:
 
     seconds: list[float] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)
+    cpu_here: list[float] = field(default_factory=list)  # this process, per sample
+    cpu_workers: list[float] = field(default_factory=list)  # the receivers, per sample
     error: str | None = None
+
+    def add(self, seconds: float, round_: int, here: float, workers: float | None) -> None:
+        self.seconds.append(seconds)
+        self.rounds.append(round_)
+        self.cpu_here.append(here)
+        if workers is not None:
+            self.cpu_workers.append(workers)
 
     def rates(self, nbytes: int) -> list[float]:
         return [nbytes / s / 1e9 for s in self.seconds]
@@ -360,20 +376,22 @@ def measure(
             shift = round_ % len(order) if order else 0
             for name in order[shift:] + order[:shift]:
                 contender = live[name]
+                pids = [process.pid for process in contender._processes]
                 try:
                     for _ in range(samples):
-                        seconds = contender.once()
-                        series[name].seconds.append(seconds)
-                        series[name].rounds.append(round_)
+                        seconds, here, there = timed(contender.once, pids)
+                        series[name].add(seconds, round_, here, there)
                         rate = workers * nbytes / seconds / 1e9
                         line = f"{name:<22} {seconds * 1e3:9.1f} ms {rate:6.2f} GB/s"
-                        print(f"  round {round_ + 1}/{rounds} {line}", flush=True)
+                        cpu = f"cpu here {here * 1e3:6.1f} ms"
+                        if there is not None:
+                            cpu += f", workers {there * 1e3:6.1f} ms"
+                        print(f"  round {round_ + 1}/{rounds} {line}  {cpu}", flush=True)
                     if isinstance(contender, ApsWeights):
                         base = series[f"{name}-baseline"]
                         for _ in range(samples):
-                            seconds = contender.baseline()
-                            base.seconds.append(seconds)
-                            base.rounds.append(round_)
+                            seconds, here, there = timed(contender.baseline, pids)
+                            base.add(seconds, round_, here, there)
                         print(
                             f"  round {round_ + 1}/{rounds} {name + '-baseline':<22} "
                             f"{statistics.median(base.seconds[-samples:]) * 1e3:9.1f} ms (median)",
@@ -390,6 +408,16 @@ def measure(
             except Exception as exc:
                 print(f"  closing {contender.name} failed: {type(exc).__name__}: {exc}")
     return series, info
+
+
+def timed(once: Any, pids: Sequence[int]) -> tuple[float, float, float | None]:
+    """Run ``once()``: its wall seconds, this process's CPU seconds, the receivers'."""
+    here_before, workers_before = cpu_seconds(pids)
+    seconds = once()
+    here_after, workers_after = cpu_seconds(pids)
+    if workers_before is None or workers_after is None:
+        return seconds, here_after - here_before, None
+    return seconds, here_after - here_before, workers_after - workers_before
 
 
 def ratio(series: dict[str, Series], top: str, bottom: str) -> dict[str, float] | None:
@@ -411,25 +439,28 @@ def ratio(series: dict[str, Series], top: str, bottom: str) -> dict[str, float] 
 def render_table(series: dict[str, Series], nbytes: int) -> str:
     """A Markdown table: time and GB/s per contender (``nbytes``: all workers together)."""
     lines = [
-        "| contender | time (median) | min-max | GB/s (median) | min-max | vs raw |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| contender | time (median) | min-max | GB/s (median) | min-max | vs raw "
+        "| cpu here (mean) | cpu workers (mean) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in series.items():
         if not s.seconds:
-            lines.append(f"| {name} | failed | {s.error} | - | - | - |")
+            lines.append(f"| {name} | failed | {s.error} | - | - | - | - | - |")
             continue
         times = (
             f"| {name} | {statistics.median(s.seconds) * 1e3:.1f} ms "
             f"| {min(s.seconds) * 1e3:.1f}-{max(s.seconds) * 1e3:.1f} ms "
         )
+        cpu = f"| {statistics.fmean(s.cpu_here) * 1e3:.1f} ms "
+        cpu += f"| {statistics.fmean(s.cpu_workers) * 1e3:.1f} ms |" if s.cpu_workers else "| - |"
         if name.endswith("-baseline"):  # no weights travel: a time, not a bandwidth
-            lines.append(times + "| - | - | - |")
+            lines.append(times + "| - | - | - " + cpu)
             continue
         rates = s.rates(nbytes)
         vs_raw = "" if name == "raw" else fmt_ratio(ratio(series, name, "raw"))
         lines.append(
             times + f"| {statistics.median(rates):.2f} | {min(rates):.2f}-{max(rates):.2f} "
-            f"| {vs_raw} |"
+            f"| {vs_raw} " + cpu
         )
     return "\n".join(lines)
 
@@ -466,6 +497,12 @@ def render_targets(series: dict[str, Series]) -> list[str]:
     r = ratio(series, "aps-tcp", "raw-fresh")
     if r is not None:
         lines.append(f"(aps-tcp / raw-fresh, for reference: {fmt_ratio(r)})")
+    r = ratio(series, "aps-ws", "aps-tcp")
+    if r is not None:
+        verdict = "holds" if r["median"] >= 0.5 else "does NOT hold"
+        lines.append(
+            f"aps-ws weight sync >= 1/2 of aps-tcp: {verdict} (median ratio {fmt_ratio(r)})"
+        )
     return lines
 
 
@@ -485,6 +522,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-uvloop", action="store_true", help="run aps on asyncio's own loop (APS_UVLOOP=0)"
     )
+    p.add_argument(
+        "--ws-fragment-size",
+        type=int,
+        default=None,
+        help="the learner's WebSocket fragment size in bytes (default: aps's FRAGMENT_SIZE)",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     # A raw receiver process (started by the raw contender, not by hand).
     p.add_argument("--raw-receiver", metavar="HOST:PORT", help=argparse.SUPPRESS)
@@ -500,6 +543,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.no_uvloop:
         os.environ["APS_UVLOOP"] = "0"  # read by aps in this process and in its workers
+    if args.ws_fragment_size is not None and importlib.util.find_spec("websockets") is not None:
+        # The sender cuts the fragments (the learner, here): the workers need no setting.
+        import aps.transports.websocket as websocket
+
+        websocket.FRAGMENT_SIZE = args.ws_fragment_size
     params = args.params or (2_000_000 if args.quick else DEFAULT_PARAMS)
     rounds = args.rounds or (2 if args.quick else 5)
     samples = args.samples or (2 if args.quick else 3)
@@ -547,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "params": params,
             "rounds": rounds,
             "samples": samples,
+            "ws_fragment_size": args.ws_fragment_size,
             **info,
         },
         "skipped": skipped,
@@ -555,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seconds": s.seconds,
                 "rounds": s.rounds,
                 "median_seconds": statistics.median(s.seconds) if s.seconds else None,
+                "cpu_here_seconds": s.cpu_here,
+                "cpu_workers_seconds": s.cpu_workers,
                 "gb_per_s": s.rates(args.workers * nbytes),
                 "median_gb_per_s": (
                     statistics.median(s.rates(args.workers * nbytes)) if s.seconds else None

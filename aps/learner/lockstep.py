@@ -179,9 +179,12 @@ class Lockstep:
     ) -> list[Request]:
         _, space = self._pool.require_workers()
         batch = check_batch(space, actions, sum(counts))
-        # A replacement's envs are reset instead of stepped (see _restarted_step).
+        # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
+        # request carries the numbers send_request would give it, so it is built only once.
         return [
-            _FRESH_RESET if remote.needs_reset or remote.reset_next else StepRequest(actions=part)
+            _FRESH_RESET
+            if remote.needs_reset or remote.reset_next
+            else StepRequest(actions=part, seq=remote.sent, acked=remote.received)
             for remote, part in zip(remotes, split(space, batch, counts), strict=True)
         ]
 

@@ -785,8 +785,13 @@ class WorkerPool:
     async def send_request(self, remote: Remote, request: Request) -> None:
         """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
         if type(request) is StepRequest:
-            # The per-step path: built directly, at half the cost of dataclasses.replace.
-            request = StepRequest(actions=request.actions, seq=remote.sent, acked=remote.received)
+            # The per-step path: a step request comes numbered already (Lockstep numbers it
+            # as it builds it, see Lockstep._step_requests), and is built again only if the
+            # numbers are not these.
+            if request.seq != remote.sent or request.acked != remote.received:
+                request = StepRequest(
+                    actions=request.actions, seq=remote.sent, acked=remote.received
+                )
         else:
             request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
         remote.sent += 1

@@ -16,19 +16,29 @@ The server ignores the request path; :attr:`WebSocketListener.url` keeps the one
 Clients connect directly: proxy settings in the environment (``HTTPS_PROXY``...), which
 ``websockets`` 15 and later would honour, are ignored, so that a worker reaches a learner on
 the local network (or 127.0.0.1) whatever the shell exports.
+
+Large frames travel as fragmented messages (:data:`FRAGMENT_SIZE`). Both ends gather the
+fragments they receive as they arrive (:class:`_Gatherer`, hooked into the connections'
+``process_event``), and a listener writes large immutable payloads without copying them
+into each frame (:func:`_send_uncopied`, in place of its protocol's ``send_frame``). Those
+two seams of websockets' sans-I/O design, and its protocol's ``writes`` list, have the same
+shape in websockets 14.2 to 17.4, the releases the WebSocket tests pass on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import ssl
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
+from aps._buffers import allocate, seal
 from aps._typing import Frame
 from aps.errors import (
     ConfigError,
@@ -62,10 +72,12 @@ try:
         PayloadTooBig,
         WebSocketException,
     )
-    from websockets.frames import CloseCode
+    from websockets.frames import CloseCode, Frame as WsFrame, Opcode
+    from websockets.protocol import Event, Protocol, Side
+    from websockets.server import ServerProtocol
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
-        "the ws:// and wss:// transports need the websockets package (version 13 or newer); "
+        "the ws:// and wss:// transports need the websockets package (version 14.2 or newer); "
         "install it with pip install 'aps[websocket]'"
     ) from exc
 
@@ -75,6 +87,10 @@ __all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]
 _DIRECT: dict[str, Any] = (
     {"proxy": None} if "proxy" in inspect.signature(ws_connect.__init__).parameters else {}
 )
+
+# The protocol's limit on incoming messages: max_message_size in current websockets (beside
+# a limit per fragment), max_size in older releases such as 13.
+_LIMIT = "max_message_size" if hasattr(Protocol(Side.SERVER), "max_message_size") else "max_size"
 
 # Seconds websockets waits for the peer's half of the closing handshake before it drops the
 # TCP connection. A live peer answers in milliseconds.
@@ -86,8 +102,157 @@ FRAGMENT_SIZE = 1 << 20
 websockets buffers and slices each incoming WebSocket frame whole: one 40 MB frame costs the
 receiver three fresh 40 MB buffers (its stream buffer, the slice, the message), and fresh
 memory is what large transfers pay for. In 1 MiB fragments the first two stay small and are
-reused, and only the assembled message is new (as over TCP). The peer sees one message.
+reused, and the receiving end copies each fragment into the message as it arrives (see
+:class:`_Gatherer`). The peer sees one message. (256 KiB fragments cost a weight sync the
+same CPU, 64 KiB ones more: see benchmarks/README.md.)
 """
+
+
+class _Gatherer:
+    """Assembles a fragmented binary message as its fragments arrive.
+
+    websockets itself keeps every fragment until the last one and then joins them: a 40 MB
+    message holds 40 MB of fragments and a fresh 40 MB ``bytes``, all memory the process has
+    not touched for a while. Here each fragment is copied into the message when it arrives
+    and freed at once, so the fragments' memory is reused. The message itself goes into a
+    buffer of the size the previous fragmented message had, from :mod:`aps._buffers`, which
+    reuses one that nothing refers to any more (weights arrive at the same size every time).
+    A message of another size is joined from its fragments, as websockets would.
+
+    Nothing larger than the connection's message limit is allocated: the guess is taken only
+    within the limit, and websockets refuses a message whose fragments exceed the limit
+    before it reads the fragment that would.
+    """
+
+    def __init__(self) -> None:
+        self.expected = 0  # the size of the last fragmented message
+        self._buffer: bytes | bytearray | None = None
+        self._view: memoryview | None = None
+        self._pieces: list[bytes | bytearray | memoryview] = []
+        self._size = 0
+        self._gathering = False
+
+    def add(self, frame: WsFrame, limit: int | None) -> WsFrame | None:
+        """Return the frame to hand on: ``frame``, a whole message, or ``None`` for now.
+
+        ``limit``: the connection's largest message in bytes (``None``: no limit).
+        """
+        if frame.opcode is Opcode.BINARY and not frame.fin:
+            self.clear()
+            self._gathering = True
+            guess = self.expected
+            if 0 < guess and len(frame.data) <= guess and (limit is None or guess <= limit):
+                self._buffer, self._view = allocate(guess)
+        elif frame.opcode is not Opcode.CONT or not self._gathering:
+            return frame  # a whole message, or a fragment of a text message
+        data = frame.data
+        end = self._size + len(data)
+        view = self._view
+        if view is not None and end <= view.nbytes:
+            view[self._size : end] = data
+        else:
+            if view is not None:  # longer than the previous one: join it instead
+                self._pieces.append(bytes(view[: self._size]))
+                self._drop_buffer()
+            self._pieces.append(data)
+        self._size = end
+        if not frame.fin:
+            return None
+        return WsFrame(Opcode.BINARY, self._finish())
+
+    def _finish(self) -> bytes:
+        self._gathering = False
+        self.expected = size = self._size
+        view, buffer = self._view, self._buffer
+        if view is None or buffer is None:
+            message = b"".join(self._pieces)
+            self._pieces.clear()
+            return message
+        self._view = self._buffer = None
+        if size == view.nbytes:
+            view.release()
+            return seal(buffer)
+        message = bytes(view[:size])  # shorter than the previous one
+        view.release()
+        return message
+
+    def clear(self) -> None:
+        """Forget a message half gathered (the connection ended), so its buffer is reused."""
+        self._gathering = False
+        self._size = 0
+        self._pieces.clear()
+        self._drop_buffer()
+
+    def _drop_buffer(self) -> None:
+        if self._view is not None:
+            self._view.release()
+        self._view = self._buffer = None
+
+
+def _gathered(
+    connection: ClientConnection | ServerConnection, gatherer: _Gatherer, event: Event
+) -> Event | None:
+    """What a connection hands on to websockets for ``event``: ``None`` while gathering."""
+    if not isinstance(event, WsFrame):
+        return event  # the opening handshake
+    return gatherer.add(event, getattr(connection.protocol, _LIMIT))
+
+
+class _GatheringClient(ClientConnection):
+    """A client connection that gathers fragmented messages with a :class:`_Gatherer`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aps_gatherer = _Gatherer()
+
+    def process_event(self, event: Event) -> None:
+        handed_on = _gathered(self, self.aps_gatherer, event)
+        if handed_on is not None:
+            super().process_event(handed_on)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.aps_gatherer.clear()
+        super().connection_lost(exc)
+
+
+UNCOPIED_SIZE = 64 * 1024
+"""Data frames of at least this many bytes that a listener sends leave without a copy."""
+
+
+def _send_uncopied(
+    protocol: ServerProtocol, serialize: Callable[[WsFrame], None], frame: WsFrame
+) -> None:
+    """A listener's ``protocol.send_frame``: large immutable payloads leave without a copy.
+
+    websockets builds every frame it sends into a new buffer, header and payload, which costs
+    a copy of each fragment of a large frame (a client must copy anyway, to mask). A server's
+    frames are not masked, so here a large payload that nothing can change (``bytes``, or a
+    flat view of ``bytes``) goes to the socket as it is, after a header built alone.
+    Everything else takes websockets' own path: small and control frames, mutable payloads
+    (the caller may reuse its buffer once ``send`` returns), extensions, debug logging.
+    """
+    data = frame.data
+    immutable = type(data) is bytes or (
+        isinstance(data, memoryview)
+        and type(data.obj) is bytes
+        and data.format == "B"
+        and data.ndim == 1
+        and data.c_contiguous
+    )
+    if not immutable or len(data) < UNCOPIED_SIZE or protocol.extensions or protocol.debug:
+        serialize(frame)
+        return
+    frame.check()
+    head = (
+        (0b10000000 if frame.fin else 0)
+        | (0b01000000 if frame.rsv1 else 0)
+        | (0b00100000 if frame.rsv2 else 0)
+        | (0b00010000 if frame.rsv3 else 0)
+        | frame.opcode
+    )
+    # 127: a 64-bit length follows (the form for payloads of 64 KiB or more); no mask bit.
+    protocol.writes.append(struct.pack("!BBQ", head, 127, len(data)))
+    protocol.writes.append(data)  # type: ignore[arg-type]  # a bytes-like, written as is
 
 
 def _fragments(view: memoryview) -> Iterator[memoryview]:
@@ -141,7 +306,7 @@ class WebSocketTransport:
     @max_frame_size.setter
     def max_frame_size(self, value: int) -> None:
         value = check_max_frame_size(value, ceiling=2**63 - 1)
-        self._connection.protocol.max_message_size = value
+        setattr(self._connection.protocol, _LIMIT, value)
         self._max_frame_size = value
 
     async def send(self, frame: Frame) -> None:
@@ -279,9 +444,17 @@ class WebSocketTransport:
         if self._closed:
             return TransportClosed(f"cannot receive from {self.peer}: this transport was closed")
         cause = exc.__cause__
-        if isinstance(cause, PayloadTooBig):
+        # We closed with 1009 first (not echoing the peer's own 1009): we refused its message.
+        sent, rcvd = getattr(exc, "sent", None), getattr(exc, "rcvd", None)
+        too_big = (
+            sent is not None
+            and sent.code == CloseCode.MESSAGE_TOO_BIG
+            and (rcvd is None or getattr(exc, "rcvd_then_sent", None) is False)
+        )
+        if isinstance(cause, PayloadTooBig) or too_big:
             self._closed = True
-            # websockets 14 and later report the sizes; older releases only a message.
+            # websockets 14 and later report the sizes; older releases only a message, and
+            # before 17.4 a message over the limit in fragments arrives as our 1009 close.
             size = (getattr(cause, "size", None) or 0) + (getattr(cause, "current_size", None) or 0)
             return FrameTooLarge(max(size, self.max_frame_size + 1), self.max_frame_size)
         if isinstance(exc, ConnectionClosedOK):
@@ -323,7 +496,22 @@ class WebSocketListener:
         listener = self
 
         class _Counted(ServerConnection):
+            """Counts unaccepted connections; gathers fragmented messages as the client does."""
+
             aps_waiting = False
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.aps_gatherer = _Gatherer()
+                protocol = self.protocol
+                protocol.send_frame = functools.partial(  # type: ignore[method-assign]
+                    _send_uncopied, protocol, protocol.send_frame
+                )
+
+            def process_event(self, event: Event) -> None:
+                handed_on = _gathered(self, self.aps_gatherer, event)
+                if handed_on is not None:
+                    super().process_event(handed_on)
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 super().connection_made(transport)
@@ -337,6 +525,7 @@ class WebSocketListener:
 
             def connection_lost(self, exc: Exception | None) -> None:
                 listener.taken(self)
+                self.aps_gatherer.clear()
                 super().connection_lost(exc)
 
         return _Counted
@@ -462,6 +651,7 @@ class WebSocketFactory:
                     compression=None,
                     ping_interval=None,
                     close_timeout=_CLOSE_TIMEOUT,
+                    create_connection=_GatheringClient,
                     **_DIRECT,
                 )
         except TimeoutError as exc:

@@ -534,7 +534,10 @@ class Worker:
                 if session.goodbye is None:
                     raise  # closed without a goodbye: the connection dropped
                 return
-            if isinstance(request, StepRequest | ResetRequest | RolloutRequest | EnvCall):
+            # A step first: one type test for the request every lockstep step brings.
+            if type(request) is StepRequest or isinstance(
+                request, ResetRequest | RolloutRequest | EnvCall
+            ):
                 if await server.answer(session, request):
                     self.replayed += 1
             elif isinstance(request, Weights):
