@@ -31,7 +31,8 @@ def test_the_experiment_runs_and_resumes(tmp_path: Path) -> None:
     first = run(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "rennala / synchronous" in first.stdout and "rennala / afedpg" in first.stdout
-    with (tmp_path / "nigt_sim_pendulum.csv").open(newline="") as handle:
+    # Named by its worker count, since it is not the paper's n = 10.
+    with (tmp_path / "nigt_sim_pendulum_n3.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     methods = ("rennala", "malenia", "synchronous", "afedpg")
     assert {(r["scenario"], r["method"]) for r in rows} == {
