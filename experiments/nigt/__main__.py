@@ -493,6 +493,7 @@ def summarize(
         }[metric]
         ax.set_title(f"{args.env}, n={n}, {scenario}\n{label}", fontsize=9)
         ax.set_xlabel("virtual time")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(5))  # long budgets: labels apart
     axes[0][0].set_ylabel("episode return")
     axes[0][0].legend()
     fig.tight_layout()
