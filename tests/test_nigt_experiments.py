@@ -26,14 +26,21 @@ def run(out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=ROOT, env=env)
 
 
+def saved_rounds(out: Path) -> list[dict[str, str]]:
+    """Every round of every saved run (``runs/``), in file name order."""
+    rows: list[dict[str, str]] = []
+    for path in sorted((out / "runs").iterdir()):
+        with path.open(newline="") as handle:
+            rows += list(csv.DictReader(handle))
+    return rows
+
+
 @pytest.mark.timeout(300)
 def test_the_experiment_runs_and_resumes(tmp_path: Path) -> None:
     first = run(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "rennala / synchronous" in first.stdout and "rennala / afedpg" in first.stdout
-    # Named by its worker count, since it is not the paper's n = 10.
-    with (tmp_path / "nigt_sim_pendulum_n3.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = saved_rounds(tmp_path)
     methods = ("rennala", "malenia", "synchronous", "afedpg")
     assert {(r["scenario"], r["method"]) for r in rows} == {
         (s, m) for s in ("equal", "sqrt", "comm") for m in methods
@@ -42,6 +49,15 @@ def test_the_experiment_runs_and_resumes(tmp_path: Path) -> None:
     # AFedPG takes one step per gradient; the NIGT methods one per round of several.
     afedpg = [r for r in rows if r["method"] == "afedpg"]
     assert afedpg and all(r["used"] == "1" for r in afedpg)
+    # The summary CSV (named by its worker count, not the paper's n = 10): every run's curve
+    # at 100 times, with the totals of its saved rounds.
+    with (tmp_path / "nigt_sim_pendulum_n3.csv").open(newline="") as handle:
+        curves = list(csv.DictReader(handle))
+    assert len(curves) == 12 * 100 and all(c["chosen"] == "1" for c in curves)
+    for c in curves:
+        mine = [r for r in rows if (r["scenario"], r["method"]) == (c["scenario"], c["method"])]
+        assert int(c["rounds"]) == len(mine)
+        assert int(c["used"]) == sum(int(r["used"]) for r in mine)
     saved = sorted((tmp_path / "runs").iterdir())
     assert len(saved) == 12
     stamps = [p.stat().st_mtime_ns for p in saved]
@@ -62,8 +78,7 @@ def test_the_heterogeneous_experiment_evaluates_both_envs(tmp_path: Path) -> Non
     done = subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "malenia / afedpg" in done.stdout
-    with (tmp_path / "nigt_sim_pendulum_hetero.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = saved_rounds(tmp_path)
     for method in ("malenia", "afedpg"):
         runs = [r for r in rows if r["method"] == method]
         # The initial policy (the same for both methods), then one evaluation after each

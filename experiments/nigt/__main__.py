@@ -39,9 +39,11 @@ Synchronized NIGT is the paper's baseline: every worker computes ``--sync-share`
 
 Each run stops at the same virtual-time budget. Every finished run is saved to
 ``<out>/runs/<tag>_<scenario>_<method>_s<seed>.csv`` and skipped on the next call, so an
-interrupted call resumes. Then ``<out>/nigt_sim_<env>[_<scenarios>].csv`` (all rounds of all
-runs), ``.png`` (median and (20%, 80%) band over seeds against virtual time) and ``.txt``
-(final values and time-to-reward ratios) are written.
+interrupted call resumes. Then ``<out>/nigt_sim_<env>[_n<workers>][_<scenarios>].csv`` (every
+run's curve at 100 evenly spaced times, its step size, its totals, and whether its step size
+is the one chosen), ``.png`` (median and (20%, 80%) band over seeds against virtual time) and
+``.txt`` (step sizes chosen, final values, means over time, time-to-reward ratios) are
+written.
 """
 
 from __future__ import annotations
@@ -408,9 +410,28 @@ def summarize(
 ) -> None:
     """Write the combined CSV, the final values, the time-to-reward ratios and the figure."""
     out = Path(args.out)
-    write(out / f"{stem}.csv", [row for rows in every.values() for row in rows])
     runs, lines = tune(args, every)
     grid = np.linspace(0, args.budget, 200)
+    # Every run's curve at 100 times, with its totals: small enough to commit (a run's every
+    # round stays in runs/).
+    points = np.linspace(0, args.budget, 101)[1:]
+    compact = []
+    for (scenario, method, seed, lr), rows in every.items():
+        metric = "eval_avg" if scenario == "hetero" else "mean_return"
+        steps = [r for r in rows if int(r["iteration"]) >= 0]
+        totals = {
+            "rounds": len(steps),
+            "used": sum(int(r["used"]) for r in steps),
+            "communication": sum(float(r["communication"]) for r in steps),
+            "chosen": int(runs.get((scenario, method, seed)) is rows),
+        }
+        values = curve(rows, points, metric, args.window)
+        compact += [
+            {"scenario": scenario, "method": method, "lr": lr, "seed": seed, **totals,
+             "metric": metric, "time": float(t), "value": float(v)}
+            for t, v in zip(points, values, strict=True)
+        ]  # fmt: skip
+    write(out / f"{stem}.csv", compact)
     scenarios = [s for s in args.scenarios if any(k[0] == s for k in runs)]
     for scenario in scenarios:
         metric = "eval_avg" if scenario == "hetero" else "mean_return"
