@@ -84,8 +84,9 @@ def test_bad_times_are_refused() -> None:
 
 
 def test_vector_sampling_sums_exactly_the_counted_gradients() -> None:
-    # Four envs per worker end their trajectories together; the sums still hold exactly the
-    # 4, 2 and 1 gradients the rule counted (the extra trajectories are dropped).
+    # envs_per_worker (kept for earlier callers) raises the sampling pool to 4 envs; the sums
+    # still hold exactly the 4, 2 and 1 gradients the rule counted. Other pool sizes:
+    # test_pg_simulate_sampling.py.
     [r] = simulate(
         MeanAgent(),
         Reveal,
