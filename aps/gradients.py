@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps.errors import ConfigError, MissingDependency, ProtocolError
@@ -100,10 +101,6 @@ class GradientSampler:
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
             raise ConfigError(f"limit must be None or an int >= 1, got {limit!r}")
-        import torch
-
-        from aps.pg.reinforce import surrogate
-
         round_ = self._round
         assert round_ is not None, "start() a round first"
         if self._obs is None:  # after sample(): every env starts afresh
@@ -126,11 +123,7 @@ class GradientSampler:
         cut = np.zeros(self._envs.num_envs, dtype=bool)
         for env in ended:
             cut[env] = not (terminated[env] or truncated[env])
-        if cut.any():
-            # Reached the horizon without ending: start that env's next trajectory afresh.
-            reset_obs, _ = self._envs.reset(options={"reset_mask": cut})
-            next_obs = np.where(cut.reshape(-1, *([1] * (next_obs.ndim - 1))), reset_obs, next_obs)
-        self._obs = next_obs
+        self._obs = self._restart(cut, next_obs)
         if limit is not None and len(ended) > limit:
             for env in ended[limit:]:
                 self._traj_obs[env].clear()
@@ -139,31 +132,68 @@ class GradientSampler:
             ended = ended[:limit]
         if not ended:
             return None
-        module = self._policy.module
-        module.zero_grad(set_to_none=True)
-        total: Any = 0.0
-        returns = []
+        trajectories = []
         for env in ended:
-            log_probs = self._policy.log_prob(
-                np.stack(self._traj_obs[env]), np.stack(self._traj_actions[env])
+            trajectories.append(
+                (
+                    np.stack(self._traj_obs[env]),
+                    np.stack(self._traj_actions[env]),
+                    np.asarray(self._traj_rewards[env], dtype=np.float64),
+                )
             )
-            total = total + surrogate(log_probs, np.asarray(self._traj_rewards[env]), round_.gamma)
-            returns.append(sum(self._traj_rewards[env]))
             self._traj_obs[env].clear()
             self._traj_actions[env].clear()
             self._traj_rewards[env].clear()
+        return self._report(trajectories)
+
+    def _restart(self, cut: npt.NDArray[np.bool_], next_obs: Any) -> Any:
+        """``next_obs``, with the envs in ``cut`` started afresh.
+
+        Those envs reached the horizon without their episode ending, so their next
+        trajectory starts from a reset.
+        """
+        if not cut.any():
+            return next_obs
+        reset_obs, _ = self._envs.reset(options={"reset_mask": cut})
+        return np.where(cut.reshape(-1, *([1] * (next_obs.ndim - 1))), reset_obs, next_obs)
+
+    def _report(self, trajectories: Sequence[tuple[Any, Any, Any]]) -> GradientReport:
+        """The sum of these ``(obs, actions, rewards)`` trajectories' gradients at the point.
+
+        One forward pass over all their steps and one backward pass over the sum of their
+        REINFORCE surrogates.
+        """
+        import torch
+
+        from aps.pg.reinforce import surrogate
+
+        round_ = self._round
+        assert round_ is not None, "start() a round first"
+        log_probs = self._policy.log_prob(
+            np.concatenate([obs for obs, _, _ in trajectories]),
+            np.concatenate([actions for _, actions, _ in trajectories]),
+        )
+        module = self._policy.module
+        module.zero_grad(set_to_none=True)
+        total: Any = 0.0
+        offset = 0
+        for _, _, rewards in trajectories:
+            piece = log_probs[offset : offset + len(rewards)]
+            total = total + surrogate(piece, rewards, round_.gamma)
+            offset += len(rewards)
         assert isinstance(total, torch.Tensor)
         total.backward()  # type: ignore[no-untyped-call]
-        gradient = {
-            name: parameter.grad.detach().cpu().numpy().copy()
-            for name, parameter in module.named_parameters()
-            if parameter.grad is not None
-        }
         return GradientReport(
             round=round_.round,
-            gradient=gradient,
-            count=len(ended),
-            episode_return=np.asarray(returns, dtype=np.float64),
+            gradient={
+                name: parameter.grad.detach().cpu().numpy().copy()
+                for name, parameter in module.named_parameters()
+                if parameter.grad is not None
+            },
+            count=len(trajectories),
+            episode_return=np.asarray(
+                [float(rewards.sum()) for _, _, rewards in trajectories], dtype=np.float64
+            ),
         )
 
     def sample(self, counts: Sequence[int]) -> list[GradientReport | None]:
@@ -240,12 +270,7 @@ class GradientSampler:
             step_rewards.append(np.asarray(reward, dtype=np.float64).copy())
             over = np.asarray(terminated) | np.asarray(truncated)
             ended = active & (over | (t + 1 - begin >= round_.horizon))
-            cut = ended & ~over
-            if cut.any():
-                # Reached the horizon without ending: start that env's next trajectory afresh.
-                reset_obs, _ = self._envs.reset(options={"reset_mask": cut})
-                shape = (-1, *([1] * (next_obs.ndim - 1)))
-                next_obs = np.where(cut.reshape(shape), reset_obs, next_obs)
+            next_obs = self._restart(ended & ~over, next_obs)
             for slot in map(int, np.flatnonzero(ended)):
                 trajectories.append(
                     (group_of[(int(done[slot]), slot)], slot, int(begin[slot]), t + 1)
@@ -256,44 +281,16 @@ class GradientSampler:
                     active[slot] = False
             obs = next_obs
             t += 1
-        import torch
-
-        from aps.pg.reinforce import surrogate
-
         all_obs, all_actions = np.stack(step_obs), np.stack(step_actions)
         all_rewards = np.stack(step_rewards)
-        module = self._policy.module
         for group in range(len(checked)):
-            mine = [tr for tr in trajectories if tr[0] == group]
-            if not mine:
-                continue
-            log_probs = self._policy.log_prob(
-                np.concatenate([all_obs[a:b, env] for _, env, a, b in mine]),
-                np.concatenate([all_actions[a:b, env] for _, env, a, b in mine]),
-            )
-            module.zero_grad(set_to_none=True)
-            total_surrogate: Any = 0.0
-            offset = 0
-            for _, env, a, b in mine:
-                rewards = all_rewards[a:b, env]
-                piece = log_probs[offset : offset + b - a]
-                total_surrogate = total_surrogate + surrogate(piece, rewards, round_.gamma)
-                offset += b - a
-            assert isinstance(total_surrogate, torch.Tensor)
-            total_surrogate.backward()  # type: ignore[no-untyped-call]
-            reports[group] = GradientReport(
-                round=round_.round,
-                gradient={
-                    name: parameter.grad.detach().cpu().numpy().copy()
-                    for name, parameter in module.named_parameters()
-                    if parameter.grad is not None
-                },
-                count=len(mine),
-                episode_return=np.asarray(
-                    [float(all_rewards[a:b, env].sum()) for _, env, a, b in mine],
-                    dtype=np.float64,
-                ),
-            )
+            mine = [
+                (all_obs[a:b, env], all_actions[a:b, env], all_rewards[a:b, env])
+                for owner, env, a, b in trajectories
+                if owner == group
+            ]
+            if mine:
+                reports[group] = self._report(mine)
         # The envs are mid-trajectory or idle: a later step() starts from a reset.
         self._obs = None
         return reports
