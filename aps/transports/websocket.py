@@ -64,6 +64,7 @@ from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 
 try:
     from websockets.asyncio.client import ClientConnection, connect as ws_connect
+    from websockets.asyncio.connection import Connection
     from websockets.asyncio.server import Server, ServerConnection, serve as ws_serve
     from websockets.exceptions import (
         ConnectionClosed,
@@ -189,30 +190,31 @@ class _Gatherer:
         self._view = self._buffer = None
 
 
-def _gathered(
-    connection: ClientConnection | ServerConnection, gatherer: _Gatherer, event: Event
-) -> Event | None:
-    """What a connection hands on to websockets for ``event``: ``None`` while gathering."""
-    if not isinstance(event, WsFrame):
-        return event  # the opening handshake
-    return gatherer.add(event, getattr(connection.protocol, _LIMIT))
+class _Gathering(Connection):
+    """A connection (client or server) that gathers fragmented messages with a :class:`_Gatherer`.
 
-
-class _GatheringClient(ClientConnection):
-    """A client connection that gathers fragmented messages with a :class:`_Gatherer`."""
+    Mixed in before websockets' ``ClientConnection`` or ``ServerConnection``.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.aps_gatherer = _Gatherer()
 
     def process_event(self, event: Event) -> None:
-        handed_on = _gathered(self, self.aps_gatherer, event)
-        if handed_on is not None:
-            super().process_event(handed_on)
+        if isinstance(event, WsFrame):  # not the opening handshake
+            handed_on = self.aps_gatherer.add(event, getattr(self.protocol, _LIMIT))
+            if handed_on is None:
+                return  # gathering: websockets sees the message once it is whole
+            event = handed_on
+        super().process_event(event)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.aps_gatherer.clear()
         super().connection_lost(exc)
+
+
+class _GatheringClient(_Gathering, ClientConnection):
+    """A client connection that gathers fragmented messages as they arrive."""
 
 
 UNCOPIED_SIZE = 64 * 1024
@@ -495,23 +497,17 @@ class WebSocketListener:
         """The ServerConnection that counts this listener's unaccepted connections."""
         listener = self
 
-        class _Counted(ServerConnection):
+        class _Counted(_Gathering, ServerConnection):
             """Counts unaccepted connections; gathers fragmented messages as the client does."""
 
             aps_waiting = False
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
-                self.aps_gatherer = _Gatherer()
                 protocol = self.protocol
                 protocol.send_frame = functools.partial(  # type: ignore[method-assign]
                     _send_uncopied, protocol, protocol.send_frame
                 )
-
-            def process_event(self, event: Event) -> None:
-                handed_on = _gathered(self, self.aps_gatherer, event)
-                if handed_on is not None:
-                    super().process_event(handed_on)
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 super().connection_made(transport)
@@ -525,7 +521,6 @@ class WebSocketListener:
 
             def connection_lost(self, exc: Exception | None) -> None:
                 listener.taken(self)
-                self.aps_gatherer.clear()
                 super().connection_lost(exc)
 
         return _Counted
