@@ -10,6 +10,11 @@
   answers with a ``StepResult`` it encoded once at start from a real step of its envs, so
   both messages have the sizes aps's have; the learner decodes the replies and concatenates
   them. No env, no aps session, learner or worker code.
+- ``step-limit``: the transport limit with real envs: each worker process steps its envs (the
+  vector env aps's workers step, ``LeanSyncVectorEnv``) with the actions it received and
+  encodes the result, as an aps worker must, and nothing more. Everything a lockstep step
+  has to do at both ends, with no aps session, learner or worker code: what lockstep over
+  this transport delivers when the env's step shares each worker's core with the messages.
 - ``env-limit``: what one core steps: a ``SyncVectorEnv`` of ONE worker's envs in the learner
   process, nothing else. ``2 x env-limit`` is what two cores could step with no messages.
 - ``aps-detach``: worker-side inference (DETACH). The workers act with a 64-64 MLP
@@ -25,8 +30,8 @@ of each worker, summed: from the arrival of the worker's first chunk to that of 
 over the env-steps of the chunks after the first. Neither the wait for the first chunks nor
 the dropped ones bias it; the CPU column covers the whole stream (see ``ApsDetach._stream``).
 
-This module is also the ``transport-limit`` worker program (``--transport-worker``, started
-by the contender, not by hand).
+This module is also the ``transport-limit`` and ``step-limit`` worker program
+(``--transport-worker``, started by the contender, not by hand).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from aps._loop import new_event_loop, run as run_loop
 from aps.framing import HEADER_SIZE, frame_header, parse_header
 from aps.launch.local import terminate
 from aps.messages import StepRequest, StepResult
+from aps.vector import LeanSyncVectorEnv
 
 ROOT = Path(__file__).resolve().parent
 POLICY = f"{ROOT / 'mlp_policy.py'}:Agent"
@@ -172,8 +178,6 @@ class EnvLimit(GymSync):
         # The bounds are aps's ceilings, so the env rate is that of the vector env aps's
         # workers step: with Gymnasium's own SyncVectorEnv (slower per step) aps could pass
         # a bound by its env wrapper alone.
-        from aps.vector import LeanSyncVectorEnv
-
         make = partial(gym.make, self.setup.env_id)
         self._envs = LeanSyncVectorEnv([make] * self.num_envs, copy=False)
         self._envs.reset(seed=self.setup.seed)
@@ -280,7 +284,6 @@ class ActLimit(EnvLimit):
 
     def start(self) -> None:
         from aps import policy
-        from aps.vector import LeanSyncVectorEnv
 
         # The vector env the DETACH workers step, autoreset as they do it (SameStep): every
         # step is a transition.
@@ -334,6 +337,9 @@ class TransportLimit(Contender):
         "process per worker, which answers without an env"
     )
 
+    worker_flags: ClassVar[tuple[str, ...]] = ()
+    """Extra arguments of the worker program (``--step-envs`` for ``step-limit``)."""
+
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
         super().__init__(setup, pool)
         self._runner: asyncio.Runner | None = None
@@ -350,6 +356,7 @@ class TransportLimit(Contender):
                 command += [f"{LOOPBACK}:{port}", "--env", setup.env_id, "--index", str(index)]
                 command += ["--num-envs", str(setup.envs_per_worker)]
                 command += ["--seed", str(setup.seed + index * setup.envs_per_worker)]
+                command += self.worker_flags
                 self._processes.append(subprocess.Popen(command))
             self._runner = asyncio.Runner(loop_factory=new_event_loop)
             self._runner.run(self._accept(listening))
@@ -369,7 +376,7 @@ class TransportLimit(Contender):
             by_index: dict[int, Stream] = {}
             async with asyncio.timeout(START_TIMEOUT):
                 while len(by_index) < setup.num_workers:
-                    check_alive(self._processes, "transport-limit worker")
+                    check_alive(self._processes, f"{self.name} worker")
                     try:
                         stream = await asyncio.wait_for(arrived.get(), 0.1)
                     except TimeoutError:
@@ -432,13 +439,29 @@ class TransportLimit(Contender):
         return [p.pid for p in self._processes]
 
 
-def transport_worker(address: str, env_id: str, num_envs: int, index: int, seed: int) -> None:
-    """Serve pre-built step replies to a ``transport-limit`` learner until it disconnects.
+class StepLimit(TransportLimit):
+    """The transport limit's learner, with workers that step their real envs."""
 
-    The reply is a ``StepResult`` of one real step of ``num_envs`` envs of ``env_id``,
-    encoded once; the envs are closed before serving.
+    name = "step-limit"
+    description = (
+        "transport limit + real envs: each worker process steps its envs in aps's vector env "
+        "(LeanSyncVectorEnv) with the actions it got and encodes the result; no aps session, "
+        "learner or worker code"
+    )
+    worker_flags = ("--step-envs",)
+
+
+def transport_worker(
+    address: str, env_id: str, num_envs: int, index: int, seed: int, *, step_envs: bool = False
+) -> None:
+    """Serve step replies to a ``transport-limit`` (or ``step-limit``) learner until it leaves.
+
+    Without ``step_envs`` the reply is a ``StepResult`` of one real step of ``num_envs`` envs
+    of ``env_id``, encoded once; the envs are closed before serving. With it, every request
+    steps the envs (aps's ``LeanSyncVectorEnv``, NextStep autoreset as aps's default) with
+    the request's actions and answers with that step, encoded then.
     """
-    envs = SyncVectorEnv([partial(gym.make, env_id)] * num_envs)
+    envs = LeanSyncVectorEnv([partial(gym.make, env_id)] * num_envs, copy=False)
     try:
         envs.reset(seed=seed)
         envs.action_space.seed(seed)
@@ -448,14 +471,16 @@ def transport_worker(address: str, env_id: str, num_envs: int, index: int, seed:
                 obs=obs, reward=reward, terminated=terminated, truncated=truncated, info=info
             )
         )
+        host, _, port = address.rpartition(":")
+        with contextlib.suppress(KeyboardInterrupt):
+            run_loop(_serve(host, int(port), index, _framed(reply), envs if step_envs else None))
     finally:
         envs.close()
-    host, _, port = address.rpartition(":")
-    with contextlib.suppress(KeyboardInterrupt):
-        run_loop(_serve(host, int(port), index, _framed(reply)))
 
 
-async def _serve(host: str, port: int, index: int, reply: bytes) -> None:
+async def _serve(
+    host: str, port: int, index: int, reply: bytes, envs: LeanSyncVectorEnv | None
+) -> None:
     async with asyncio.timeout(START_TIMEOUT):
         reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -467,7 +492,19 @@ async def _serve(host: str, port: int, index: int, reply: bytes) -> None:
                 return  # the learner closed the connection (or exited): done
             if not isinstance(request, StepRequest):
                 raise RuntimeError(f"expected a step request, got {type(request).__name__}")
-            writer.write(reply)
+            if envs is None:
+                writer.write(reply)
+                continue
+            obs, reward, terminated, truncated, info = envs.step(request.actions)
+            result = StepResult(
+                obs=obs,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                info=info,
+                seq=request.seq,
+            )
+            writer.write(_framed(codec.encode(result)))
     finally:
         writer.close()
 
@@ -637,6 +674,7 @@ EXTRA: dict[str, type[Contender]] = {
     for c in (
         EnvPool,
         TransportLimit,
+        StepLimit,
         EnvLimit,
         EnvParallel,
         ActLimit,
@@ -649,14 +687,24 @@ ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="a transport-limit worker (started by the benchmark)")
+    p = argparse.ArgumentParser(
+        description="a transport-limit or step-limit worker (started by the benchmark)"
+    )
     p.add_argument("--transport-worker", metavar="HOST:PORT", required=True)
     p.add_argument("--env", required=True)
     p.add_argument("--num-envs", type=int, required=True)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-envs", action="store_true", help="step the envs for every request")
     args = p.parse_args(argv)
-    transport_worker(args.transport_worker, args.env, args.num_envs, args.index, args.seed)
+    transport_worker(
+        args.transport_worker,
+        args.env,
+        args.num_envs,
+        args.index,
+        args.seed,
+        step_envs=args.step_envs,
+    )
     return 0
 
 

@@ -6,6 +6,8 @@ of the matrix (``benchmarks/matrix.py``), built the same way, at one column (Car
 
 - ``transport-limit``: aps's step messages over asyncio TCP with pre-built replies, no env,
   no aps session, learner or worker code (see ``contenders.py``);
+- ``step-limit``: the same, with workers that step their real envs (aps's vector env) and
+  encode each result: everything a lockstep step must do, with no aps code;
 - ``aps-tcp-async``: ``await aps.Learner.step`` with ``python -m aps worker`` subprocesses.
 
 For each timed window it reads the CPU time (user + system) of the learner process and of
@@ -14,10 +16,11 @@ the worker processes, and reports per worker step (one worker answering one requ
 - learner µs: the learner process's CPU per worker step;
 - worker µs: one worker process's CPU per step it answers.
 
-CPU time, unlike the rate, barely moves with the load of a shared machine, so ``aps`` minus
-``transport-limit`` is aps's own per-message cost (the transport limit's worker steps no env:
-the env step, about 15 µs for CartPole, is part of aps's worker figure). Windows run
-round-robin, the medians are printed. Nothing asserts on timings.
+CPU time moves much less than the rate with the load of a shared machine. ``aps`` minus
+``step-limit`` is aps's own per-message cost; ``aps`` minus ``transport-limit`` adds the
+env's step to it, as it costs inside a worker that also handles the messages (several times
+what the same step costs in a tight loop of its own). Windows run round-robin, the medians
+are printed. Nothing asserts on timings.
 
 Usage::
 
@@ -35,7 +38,7 @@ from collections.abc import Sequence
 from contenders import ALL
 from throughput import Setup, close_all, make_action_pool
 
-CONTENDERS = ("transport-limit", "aps-tcp-async")
+CONTENDERS = ("transport-limit", "step-limit", "aps-tcp-async")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             contender.start()
             contender.run(0.5)
         for round_ in range(args.repeats):
-            order = list(CONTENDERS)[round_ % 2 :] + list(CONTENDERS)[: round_ % 2]
+            shift = round_ % len(CONTENDERS)
+            order = list(CONTENDERS)[shift:] + list(CONTENDERS)[:shift]
             for name in order:
                 contender = live[name]
                 contender.run(0.0)
@@ -85,6 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {name:<16} learner {statistics.median(learner_us[name]):6.1f} µs  "
             f"worker {statistics.median(worker_us[name]):6.1f} µs  "
             f"{statistics.median(rates[name]):>10,.0f} env-steps/s"
+        )
+    aps, bounds = CONTENDERS[-1], CONTENDERS[:-1]
+    for bound in bounds:
+        learner = statistics.median(learner_us[aps]) - statistics.median(learner_us[bound])
+        worker = statistics.median(worker_us[aps]) - statistics.median(worker_us[bound])
+        print(
+            f"  {aps} beyond {bound}: learner {learner:+.1f} µs + worker {worker:+.1f} µs "
+            f"= {learner + worker:+.1f} µs per worker step"
         )
     return 0
 

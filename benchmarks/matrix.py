@@ -19,6 +19,12 @@ Derived rows, per column and per round, from the windows of the same round:
   transport round trip plus one worker's env time, one after the other. No lockstep
   implementation over this transport goes faster here; the row shows how much of a
   lockstep gap is aps's own.
+- ``step-limit`` is measured, not derived: the transport limit's workers step their real
+  envs and encode each result, with no aps code at either end. It is the lockstep bound as
+  it comes out on this machine, where each worker's env step shares its core (and its
+  caches) with the messages, and the learner and the workers share the cores: on 2 cores
+  it falls well short of the derived bound. aps's lockstep rows are also given as a share
+  of it, so that what aps itself costs is told apart from what the bound leaves out.
 - ``DETACH bound = workers x act-limit``: ``act-limit`` runs a DETACH worker's loop (the
   policy acts, the envs step) in one process with nothing else, so this is what 2 workers
   acting with that policy could deliver if streaming cost nothing. The DETACH target is
@@ -94,6 +100,7 @@ ROWS = {
     "zmq-json": "ZeroMQ + JSON ({w} processes)",
     "envpool": "EnvPool (C++ envs, {w} threads)",
     "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
+    "step-limit": "step limit: the transport limit's workers step their envs (no aps code)",
     "env-limit": "env limit: one worker's envs in aps's vector env, 1 process (single-core rate)",
     "env-parallel": "env parallel: {w} processes step their envs at once, no messages",
     "act-limit": "act + env limit: the DETACH policy acting on one worker's envs, 1 process",
@@ -270,6 +277,7 @@ LOCKSTEP_PEERS = ("gym-async", "zmq-json", "ray", *LOCKSTEP, "aps-ws", "aps-unix
 def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:
     """Each contender's share of the bound for its mode, per column (not a target)."""
     pairs = [(name, LOCKSTEP_BOUND) for name in LOCKSTEP_PEERS]
+    pairs += [(name, "step-limit") for name in LOCKSTEP_PEERS]
     # Not lockstep: partial batches overlap the learner's work with the workers' stepping,
     # so they may pass the lockstep bound; how far they do is the point of the mode.
     pairs.append(("aps-partial", LOCKSTEP_BOUND))
