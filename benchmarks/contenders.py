@@ -15,6 +15,11 @@
   encodes the result, as an aps worker must, and nothing more. Everything a lockstep step
   has to do at both ends, with no aps session, learner or worker code: what lockstep over
   this transport delivers when the env's step shares each worker's core with the messages.
+- ``stream-limit``: DETACH without aps's messaging: one process per worker acts with the
+  ``aps-detach`` policy and builds chunks of ``T`` steps (aps's ``Collector``, the loop a
+  DETACH worker runs), encodes each and writes it to a plain blocking socket; the learner
+  reads them with asyncio streams and decodes them. No aps session, learner, worker loop or
+  transport. Its rate is measured as ``aps-detach``'s is.
 - ``env-limit``: what one core steps: a ``SyncVectorEnv`` of ONE worker's envs in the learner
   process, nothing else. ``2 x env-limit`` is what two cores could step with no messages.
 - ``aps-detach``: worker-side inference (DETACH). The workers act with a 64-64 MLP
@@ -30,8 +35,8 @@ of each worker, summed: from the arrival of the worker's first chunk to that of 
 over the env-steps of the chunks after the first. Neither the wait for the first chunks nor
 the dropped ones bias it; the CPU column covers the whole stream (see ``ApsDetach._stream``).
 
-This module is also the ``transport-limit`` and ``step-limit`` worker program
-(``--transport-worker``, started by the contender, not by hand).
+This module is also the ``transport-limit``, ``step-limit`` and ``stream-limit`` worker
+program (``--transport-worker``, started by the contenders, not by hand).
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ from aps import codec
 from aps._loop import new_event_loop, run as run_loop
 from aps.framing import HEADER_SIZE, frame_header, parse_header
 from aps.launch.local import terminate
-from aps.messages import StepRequest, StepResult
+from aps.messages import RolloutChunk, StepRequest, StepResult
 from aps.vector import LeanSyncVectorEnv
 
 ROOT = Path(__file__).resolve().parent
@@ -337,9 +342,6 @@ class TransportLimit(Contender):
         "process per worker, which answers without an env"
     )
 
-    worker_flags: ClassVar[tuple[str, ...]] = ()
-    """Extra arguments of the worker program (``--step-envs`` for ``step-limit``)."""
-
     def __init__(self, setup: Setup, pool: list[Array]) -> None:
         super().__init__(setup, pool)
         self._runner: asyncio.Runner | None = None
@@ -356,7 +358,7 @@ class TransportLimit(Contender):
                 command += [f"{LOOPBACK}:{port}", "--env", setup.env_id, "--index", str(index)]
                 command += ["--num-envs", str(setup.envs_per_worker)]
                 command += ["--seed", str(setup.seed + index * setup.envs_per_worker)]
-                command += self.worker_flags
+                command += self.worker_flags()
                 self._processes.append(subprocess.Popen(command))
             self._runner = asyncio.Runner(loop_factory=new_event_loop)
             self._runner.run(self._accept(listening))
@@ -415,6 +417,10 @@ class TransportLimit(Contender):
                 if time.perf_counter() >= deadline:
                     return calls
 
+    def worker_flags(self) -> list[str]:
+        """Extra arguments of the worker program (what ``step-limit`` and others add)."""
+        return []
+
     def close(self) -> None:
         runner, self._runner = self._runner, None
         streams, self._streams = self._streams, []
@@ -448,7 +454,9 @@ class StepLimit(TransportLimit):
         "(LeanSyncVectorEnv) with the actions it got and encodes the result; no aps session, "
         "learner or worker code"
     )
-    worker_flags = ("--step-envs",)
+
+    def worker_flags(self) -> list[str]:
+        return ["--step-envs"]
 
 
 def transport_worker(
@@ -507,6 +515,119 @@ async def _serve(
             writer.write(_framed(codec.encode(result)))
     finally:
         writer.close()
+
+
+class StreamLimit(TransportLimit):
+    """DETACH's chunks over plain sockets: workers act and stream, the learner decodes."""
+
+    name = "stream-limit"
+    description = (
+        "DETACH without aps's messaging: each worker process acts with the aps-detach policy "
+        "(aps's Collector, chunks of T steps), encodes each chunk and writes it to a plain "
+        "socket; the learner decodes them. No aps session, learner, worker loop or transport"
+    )
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return ApsDetach.unavailable()
+
+    def worker_flags(self) -> list[str]:
+        return ["--stream-steps", str(ApsDetach.steps_per_chunk(self.setup.envs_per_worker))]
+
+    def run(self, seconds: float) -> int:
+        return self.window(seconds).env_steps
+
+    def window(self, seconds: float) -> Window:
+        assert self._runner is not None
+        return self._runner.run(self._stream(seconds))
+
+    async def _stream(self, seconds: float) -> Window:
+        """One window: every worker streams for ``seconds``; rates as ``aps-detach``'s."""
+        pids = self.worker_pids()
+        own_before, workers_before = cpu_seconds(pids)
+        start = time.perf_counter()
+        for _, writer in self._streams:
+            writer.write(_framed(repr(seconds).encode()))
+        async with asyncio.timeout(seconds + STEP_TIMEOUT):
+            counts = await asyncio.gather(*(self._take(reader) for reader, _ in self._streams))
+        elapsed = time.perf_counter() - start
+        own_after, workers_after = cpu_seconds(pids)
+        workers = None
+        if workers_before is not None and workers_after is not None:
+            workers = workers_after - workers_before
+        env_steps = sum(total for total, _ in counts)
+        rate = sum(steady for _, steady in counts)
+        return Window(env_steps, elapsed, own_after - own_before, workers, measured_rate=rate)
+
+    @staticmethod
+    async def _take(reader: asyncio.StreamReader) -> tuple[int, float]:
+        """Decode one worker's chunks up to its empty frame: env-steps, and the steady rate.
+
+        The steady rate counts the chunks after the first, from the first's arrival to the
+        last's, as ``aps-detach``'s does.
+        """
+        total = counted = 0
+        first = last = 0.0
+        while frame := await _read_frame(reader):
+            chunk = codec.decode(frame)
+            assert isinstance(chunk, RolloutChunk)
+            now = time.perf_counter()
+            total += chunk.reward.size
+            if first == 0.0:
+                first = now
+            else:
+                counted += chunk.reward.size
+                last = now
+        return total, counted / (last - first) if last > first else 0.0
+
+
+def stream_worker(
+    address: str, env_id: str, num_envs: int, index: int, seed: int, steps: int
+) -> None:
+    """Stream chunks of ``steps`` steps to a ``stream-limit`` learner for each window it asks.
+
+    The learner sends a window's length in seconds; the worker acts and sends chunks until
+    that time has passed, then an empty frame. It ends when the learner closes.
+    """
+    from aps.worker.collector import Collector
+
+    envs = LeanSyncVectorEnv(
+        [partial(gym.make, env_id)] * num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    collector = Collector(envs, POLICY, AutoresetMode.SAME_STEP)
+    collector.version = 0  # the module's own initial weights, as the learner publishes them
+    collector.observe(envs.reset(seed=seed)[0], None)
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=START_TIMEOUT) as sock:
+            sock.settimeout(None)  # between windows the learner may take its time
+            sock.sendall(_framed(str(index).encode()))
+            while (seconds := _receive_frame(sock)) is not None:
+                deadline = time.perf_counter() + float(seconds)
+                while time.perf_counter() < deadline:
+                    sock.sendall(_framed(codec.encode(collector.collect(steps))))
+                sock.sendall(_framed(b""))
+    except (ConnectionError, KeyboardInterrupt):
+        pass  # the learner went away: done
+    finally:
+        collector.close()
+        envs.close()
+
+
+def _receive_frame(sock: socket.socket) -> bytes | None:
+    """One frame from a blocking socket; ``None`` when the peer closed."""
+    header = _receive_exactly(sock, HEADER_SIZE)
+    return None if header is None else _receive_exactly(sock, parse_header(header))
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < size:
+        part = sock.recv(size - len(data))
+        if not part:
+            return None
+        data += part
+    return bytes(data)
 
 
 # The await loop over a Unix socket: what same-host workers save by leaving TCP.
@@ -675,6 +796,7 @@ EXTRA: dict[str, type[Contender]] = {
         EnvPool,
         TransportLimit,
         StepLimit,
+        StreamLimit,
         EnvLimit,
         EnvParallel,
         ActLimit,
@@ -688,7 +810,7 @@ ALL: dict[str, type[Contender]] = {**CONTENDERS, **EXTRA}
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description="a transport-limit or step-limit worker (started by the benchmark)"
+        description="a transport-, step- or stream-limit worker (started by the benchmark)"
     )
     p.add_argument("--transport-worker", metavar="HOST:PORT", required=True)
     p.add_argument("--env", required=True)
@@ -696,15 +818,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-envs", action="store_true", help="step the envs for every request")
+    p.add_argument("--stream-steps", type=int, default=0, help="stream chunks of this many steps")
     args = p.parse_args(argv)
-    transport_worker(
-        args.transport_worker,
-        args.env,
-        args.num_envs,
-        args.index,
-        args.seed,
-        step_envs=args.step_envs,
-    )
+    where = (args.transport_worker, args.env, args.num_envs, args.index, args.seed)
+    if args.stream_steps:
+        stream_worker(*where, args.stream_steps)
+        return 0
+    transport_worker(*where, step_envs=args.step_envs)
     return 0
 
 

@@ -30,6 +30,10 @@ Derived rows, per column and per round, from the windows of the same round:
   acting with that policy could deliver if streaming cost nothing. The DETACH target is
   against the ideal, which leaves out the inference; this row shows the share inference
   takes and the share that is aps's own.
+- ``stream-limit`` is DETACH's measured counterpart of ``step-limit``: the workers act and
+  build chunks with aps's own collector, and send them over plain sockets to a learner
+  that only decodes them. It leaves out aps's session, learner, worker loop and transport;
+  the learner's share of the cores and the chunks' encoding stay in.
 
 Ratios are of medians, with the range of the per-round ratios. The targets are reported,
 never asserted.
@@ -104,6 +108,7 @@ ROWS = {
     "env-limit": "env limit: one worker's envs in aps's vector env, 1 process (single-core rate)",
     "env-parallel": "env parallel: {w} processes step their envs at once, no messages",
     "act-limit": "act + env limit: the DETACH policy acting on one worker's envs, 1 process",
+    "stream-limit": "stream limit: {w} processes act, chunks over plain sockets (no aps code)",
     IDEAL: "ideal {w}-core = min({w} x env limit, transport limit)",
     LOCKSTEP_BOUND: "lockstep bound = 1 / (1 / transport limit + 1 / ({w} x env limit))",
     DETACH_BOUND: "DETACH bound = {w} x act + env limit",
@@ -282,6 +287,7 @@ def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:
     # so they may pass the lockstep bound; how far they do is the point of the mode.
     pairs.append(("aps-partial", LOCKSTEP_BOUND))
     pairs.append(("aps-detach", DETACH_BOUND))
+    pairs.append(("aps-detach", "stream-limit"))
     out = []
     for column, series in results.items():
         for name, bound in pairs:
