@@ -261,6 +261,7 @@ class ClusterEnv(VectorEnv):
         self.closed = True  # until the workers are in, close() has nothing to do
         self._render_mode: object = _UNKNOWN
         self._pending_step: _Pending[tuple[Any, Array, Array, Array, Info]] | None = None
+        self._pending_rollout: _Pending[Rollout] | None = None
         self._learner = Learner(
             listen,
             num_workers=num_workers,
@@ -477,7 +478,38 @@ class ClusterEnv(VectorEnv):
 
     def rollout(self, num_steps: int) -> Rollout:
         """Workers act ``num_steps`` times with their policies; see :meth:`aps.Learner.rollout`."""
+        if self._pending_rollout is not None:
+            raise InvalidState(
+                "rollout() called while a rollout_async() is pending; call rollout_wait()"
+            )
         return self._portal.call(self._learner.rollout(num_steps))
+
+    def rollout_async(self, num_steps: int) -> None:
+        """Start a :meth:`rollout` and return at once; :meth:`rollout_wait` collects it.
+
+        The workers act while the caller trains on the previous batch, so acting and
+        training overlap, at the price of staleness: the batch is acted with the versions
+        synced when it started, one update behind the weights it will be trained on. The
+        sync strategy decides at the start, as for :meth:`rollout`; :meth:`publish` first,
+        to make the newest weights a candidate.
+
+        Raises:
+            InvalidState: a rollout is already pending.
+        """
+        if self._pending_rollout is not None:
+            raise InvalidState("rollout_async() called twice; call rollout_wait() in between")
+        self._pending_rollout = self._portal.submit(self._learner.rollout(num_steps))
+
+    def rollout_wait(self) -> Rollout:
+        """Wait for the rollout :meth:`rollout_async` started; see :meth:`aps.Learner.rollout`.
+
+        Raises:
+            InvalidState: no rollout is pending.
+        """
+        pending, self._pending_rollout = self._pending_rollout, None
+        if pending is None:
+            raise InvalidState("rollout_wait() called without a rollout_async() before it")
+        return pending.result()
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name(*args, **kwargs)`` of every env, on the workers.
@@ -550,10 +582,12 @@ class ClusterEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones, and end the private loop."""
         _OPEN.discard(self)
-        pending, self._pending_step = self._pending_step, None
-        if pending is not None:
-            with contextlib.suppress(Exception):  # closing: a failed last step changes nothing
-                pending.result()
+        pending: _Pending[Any] | None
+        for pending in (self._pending_step, self._pending_rollout):
+            if pending is not None:
+                with contextlib.suppress(Exception):  # closing: a failed last one changes nothing
+                    pending.result()
+        self._pending_step = self._pending_rollout = None
         try:
             self._portal.call(self._shutdown())
         finally:

@@ -16,6 +16,12 @@ version travels:
   it when the KL exceeds t, or once it is ``--max-lag`` versions behind (APS's default
   bound unless given; ``--max-lag 0`` removes it, as in the paper).
 
+With ``--overlap-rollouts`` the workers act the next batch while the learner trains on this
+one (:meth:`aps.ClusterEnv.rollout_async`), so acting and training share the machine's cores
+instead of taking turns; each batch is then acted with weights at least one update behind
+those it is trained on (the lag in the metrics counts versions at delivery, so it does not
+show this update).
+
 PPO stays correct with stale workers because the probability ratio uses the behaviour
 log-probabilities the workers report (the policy that really acted). Advantages use the
 learner's critic by default (``--no-recompute-values`` uses the values the workers' stale
@@ -24,6 +30,7 @@ learner's critic.
 
     python examples/ppo_cluster.py --sync aps --kl-threshold 0.05
     python examples/ppo_cluster.py --sync always --track-tb
+    python examples/ppo_cluster.py --overlap-rollouts  # act and train at the same time
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
     python examples/ppo_cluster.py --hidden-size 1024  # 2.1M parameters, 8.45 MB a version
@@ -111,6 +118,9 @@ class Args:
     weight_precision: str = arg("exact", "how weights travel: exact, or float16 (half the bytes)")
     overlap_weights: bool = arg(
         False, "a chosen version travels while workers act with theirs (applies a chunk later)"
+    )
+    overlap_rollouts: bool = arg(
+        False, "act the next rollout while training on this one (acted one update behind)"
     )
     max_lag: int | None = arg(
         None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
@@ -474,8 +484,20 @@ def train(
 
             # aps: publish the weights as a new version; the strategy decides who gets it.
             rollout_start = time.perf_counter()
-            envs.publish(agent)
-            b = envs.rollout(args.num_steps)
+            if not args.overlap_rollouts:
+                envs.publish(agent)
+                b = envs.rollout(args.num_steps)
+            else:
+                # The next batch is acted while this one trains, with the versions synced
+                # when it starts: acting and training overlap, one update more stale.
+                if iteration == 1:
+                    envs.publish(agent)
+                    envs.rollout_async(args.num_steps)
+                b = envs.rollout_wait()
+                if iteration < num_iterations:
+                    if iteration > 1:
+                        envs.publish(agent)  # trained on the last batch since it was published
+                    envs.rollout_async(args.num_steps)
             rollout_seconds = time.perf_counter() - rollout_start
             global_step += b.reward.size
             lags = np.bincount(b.lag.reshape(-1))
@@ -649,6 +671,7 @@ def train(
         "max_lag": make_sync(args).max_lag if args.sync == "aps" else None,
         "weight_precision": args.weight_precision,
         "overlap_weights": args.overlap_weights,
+        "overlap_rollouts": args.overlap_rollouts,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,

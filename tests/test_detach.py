@@ -378,6 +378,40 @@ def test_cluster_env_rollout_over_worker_processes() -> None:
         envs.close()
 
 
+def test_cluster_env_rollout_async_overlaps_acting_with_training() -> None:
+    envs = aps.ClusterEnv.local(
+        "CartPole-v1",
+        num_workers=2,
+        envs_per_worker=2,
+        policy=POLICY,
+        sync=sync.AlwaysSync(),
+        autoreset_mode="SameStep",
+    )
+    try:
+        agent = Agent(envs)
+        envs.reset(seed=1)
+        envs.publish(agent)
+        envs.rollout_async(8)
+        with pytest.raises(aps.InvalidState, match="rollout_wait"):
+            envs.rollout_async(8)
+        with pytest.raises(aps.InvalidState, match="rollout_wait"):
+            envs.rollout(8)
+        perturb(agent, 0.5)  # "training" while the workers act the batch
+        first = envs.rollout_wait()
+        assert first.obs.shape == (8, 4, 4) and (first.policy_version == 1).all()
+        envs.publish(agent)  # version 2, trained while the first batch was acted
+        envs.rollout_async(8)
+        second = envs.rollout_wait()
+        assert (second.policy_version == 2).all() and (second.lag == 0).all()
+        # The second batch goes on where the first left off, on the same envs.
+        np.testing.assert_array_equal(second.obs[0], first.next_obs)
+        with pytest.raises(aps.InvalidState, match="without a rollout_async"):
+            envs.rollout_wait()
+        envs.rollout_async(4)  # pending at close: close still works
+    finally:
+        envs.close()
+
+
 async def test_epsilon_travels_with_its_version(learner_factory: Any) -> None:
     learner = await learner_factory(
         policy=f"{AGENTS}:QNetwork", num_workers=1, strategy=sync.APS(kl_threshold=0.0)

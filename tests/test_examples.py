@@ -72,6 +72,27 @@ def test_ppo_cluster_paper_objective_worker_values_in_process(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(120)
+def test_ppo_cluster_overlapping_rollouts(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--sync",
+        "always",
+        "--overlap-rollouts",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["global_step"] == 256 and result["overlap_rollouts"]
+    # The first two batches are both acted with version 1 (the second starts before the
+    # first is trained on), so 4 batches take 3 versions, where 4 rollouts take 4.
+    assert result["versions"] == 3
+
+
+@pytest.mark.timeout(120)
 def test_dqn_async(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     stdout = run(
