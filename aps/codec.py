@@ -27,7 +27,8 @@ Decoded arrays are read-only views over the received payload: copy them (``np.ar
 before writing to them.
 
 Small messages whose values are all simple (``None``, ``bool``, ``int``, ``float``, ``str``,
-``bytes``, empty dicts, arrays under 64 KiB: a step's requests and results) are encoded by a
+``bytes``, arrays under 64 KiB, numpy scalars, and dicts, lists, tuples and object arrays of
+these: a step's requests and results, SameStep's ``final_obs`` included) are encoded by a
 fast path that writes the frame directly instead of through msgpack's callbacks; its frames
 are byte for byte those of the general path.
 """
@@ -720,8 +721,14 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
             return False
         append(head)
         for key, item in value.items():
-            if type(key) is not str or not _pack_tree(key, append, nesting, depth):
+            if type(key) is not str:
                 return False
+            packed_key = _KEYS.get(key)
+            if packed_key is None:
+                packed_key = _pack_key(key)
+                if packed_key is None:
+                    return False
+            append(packed_key)
             if not _pack_tree(item, append, nesting + 1, depth):
                 return False
     elif kind is list or kind is tuple:
@@ -791,9 +798,11 @@ def _pack_object_array(
         _OBJECT_HEADS[shape] = head
     parts = [head]
     add = parts.append
-    for item in array.reshape(-1):
+    # tolist() of an object array hands over its elements themselves, and a list iterates
+    # faster than an array; most of a final_obs is None (the envs that did not end).
+    for item in array.reshape(-1).tolist():
         if item is None:
-            add(b"\xc0")  # most of a final_obs: the envs that did not end
+            add(b"\xc0")
         elif not _pack_tree(item, add, nesting + 1, depth + 1):
             return False
     payload = b"".join(parts)
@@ -813,9 +822,28 @@ def _pack_object_array(
     return True
 
 
+def _pack_key(key: str) -> bytes | None:
+    """A map key as msgpack packs it, cached (keys repeat from step to step); ``None``: refused."""
+    try:
+        data = key.encode()
+    except UnicodeEncodeError:
+        return None
+    size = len(data)
+    head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
+    if head is None:
+        return None
+    if len(_KEYS) >= 4096:  # bounded, as _HEADERS
+        _KEYS.clear()
+    packed = _KEYS[key] = head + data
+    return packed
+
+
 def _container_header(size: int, fix: int, code16: int, code32: int) -> bytes | None:
-    """The header msgpack writes before a map or array of ``size`` entries (``fix``: its
-    fixmap or fixarray code); ``None`` beyond 32 bits."""
+    """The header msgpack writes before a map or array of ``size`` entries.
+
+    ``fix`` is the fixmap or fixarray code, ``code16`` and ``code32`` those of the 16- and
+    32-bit forms; ``None`` beyond 32 bits.
+    """
     if size < 16:
         return _UINT8[fix | size]
     if size <= 0xFFFF:
@@ -844,6 +872,7 @@ def _scalar_prefixes() -> dict[type, bytes]:
 # Containers nested deeper than this take the generic path (msgpack's own limit is 511).
 _MAX_FAST_NESTING = 32
 _OBJECT_HEADS: dict[tuple[int, ...], bytes] = {}
+_KEYS: dict[str, bytes] = {}
 _EXT_OBJECT_CODE = bytes([EXT_OBJECT_ARRAY])
 _OBJECT = np.dtype(object)
 

@@ -256,7 +256,9 @@ class LeanSyncVectorEnv(SyncVectorEnv):
 
 
 # The keys SameStep's ended envs add to a step's infos, in Gymnasium's order.
-_FINAL_KEYS: dict[str, None] = dict.fromkeys(("final_obs", "_final_obs", "final_info", "_final_info"))
+_FINAL_KEYS: dict[str, None] = dict.fromkeys(
+    ("final_obs", "_final_obs", "final_info", "_final_info")
+)
 
 
 def _async_vector_env(

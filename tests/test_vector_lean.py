@@ -198,10 +198,21 @@ SAME_STEP_CASES: dict[str, list[Callable[[], gym.Env[Any, Any]]]] = {
     # All end on the same steps, with infos on those steps only; steps between end none.
     "all_at_once": [ending(3, "end")] * 4,
     # Several of five end at once on some steps, one or none on others.
-    "several": [ending(2, "end"), ending(3, "end"), ending(2, "end"), ending(6, "end"), ending(1, "end")],
+    "several": [
+        ending(2, "end"),
+        ending(3, "end"),
+        ending(2, "end"),
+        ending(6, "end"),
+        ending(1, "end"),
+    ],
     # One key whose type differs across envs: the first ended env fixes the array's dtype.
     "dtype_mix": [ending(2, "int"), ending(2, "float"), ending(3, "f32"), ending(2, "bool")],
-    "dtype_mix_reversed": [ending(2, "bool"), ending(3, "f32"), ending(2, "float"), ending(2, "int")],
+    "dtype_mix_reversed": [
+        ending(2, "bool"),
+        ending(3, "f32"),
+        ending(2, "float"),
+        ending(2, "int"),
+    ],
     # Envs before the first ended one add keys first: the final keys' place in the order.
     "info_before_end": [ending(7, "every"), ending(2, "end"), ending(5, "every"), ending(3, "end")],
     # The env's own info holds final keys: Gymnasium's _add_info merges them with the ends'.
