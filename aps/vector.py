@@ -125,8 +125,10 @@ class LeanSyncVectorEnv(SyncVectorEnv):
     less: the rewards, terminations and truncations are gathered in lists and made arrays
     once (fresh arrays, as Gymnasium's copies are), the observations are batched with one
     ``np.array`` call instead of Gymnasium's generic ``concatenate``, the actions are
-    iterated without ``singledispatch``, and an empty info adds nothing. That work is most
-    of a one-env worker's step beside the env's, and a third of it beside CartPole's.
+    iterated without ``singledispatch``, an empty info adds nothing, and in ``SameStep``
+    the ended envs' ``final_obs`` and masks are laid out once per step, not env by env.
+    That work is most of a one-env worker's step beside the env's, and a third of it
+    beside CartPole's.
 
     Observations that do not come out as the batch's exact dtype and shape (an env whose
     observations do not match its space, say) are batched by Gymnasium's own code, with
@@ -207,7 +209,7 @@ class LeanSyncVectorEnv(SyncVectorEnv):
                 if not eager and not _FINAL_KEYS.keys().isdisjoint(env_info):
                     eager = self._flush_final(infos, ended, final_obs, final_info)
                 infos = self._add_info(infos, env_info, i)
-        if not eager:
+        if ended and not eager:
             self._flush_final(infos, ended, final_obs, final_info)
         obs: Any
         try:
