@@ -27,7 +27,8 @@ Decoded arrays are read-only views over the received payload: copy them (``np.ar
 before writing to them.
 
 Small messages whose values are all simple (``None``, ``bool``, ``int``, ``float``, ``str``,
-``bytes``, empty dicts, arrays under 64 KiB: a step's requests and results) are encoded by a
+``bytes``, arrays under 64 KiB, numpy scalars, and dicts, lists, tuples and object arrays of
+these: a step's requests and results, SameStep's ``final_obs`` included) are encoded by a
 fast path that writes the frame directly instead of through msgpack's callbacks; its frames
 are byte for byte those of the general path.
 """
@@ -557,7 +558,7 @@ def encode(message: Message) -> bytes:
             f"cannot encode {type(message).__qualname__}: not an aps message type; "
             f"known tags: {_KNOWN_TAGS}"
         )
-    frame = _pack_small(spec, message)
+    frame = _pack_small(spec, message, containers=True)
     if frame is not None:
         return frame
     body = _body(spec, message)
@@ -620,16 +621,19 @@ def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
 # fields: no body map is built unless the generic path takes over.
 
 
-def _pack_small(spec: _Spec, message: Message) -> bytes | None:
+def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> bytes | None:
     """The frame of ``message`` when every field holds a simple value that fits it, else ``None``.
 
     Simple values: ``None``, ``bool``, ``int`` and ``float`` (exact types), ``str``,
     ``bytes``, the empty dict, and numpy arrays of a wire dtype in native or little-endian
-    order whose payload is under :data:`_LARGE_ARRAY` bytes. A field's value must also pass
-    the field's check (as in :func:`_body`). The frame is byte for byte what
-    :func:`_pack_frame` makes of the message's body (the tests compare them); for anything
-    else, including every value that fails its check or that msgpack would refuse, ``None``
-    leaves the work and the error to the generic path.
+    order whose payload is under :data:`_LARGE_ARRAY` bytes. With ``containers`` (as
+    :func:`encode` calls it), also what :func:`_pack_tree` writes: dicts, lists, tuples and
+    object arrays of simple values and numpy scalars, such as a SameStep step's infos. A
+    field's value must also pass the field's check (as in :func:`_body`). The frame is byte
+    for byte what :func:`_pack_frame` makes of the message's body (the tests compare them);
+    for anything else, including every value that fails its check or that msgpack or
+    :func:`_check_tree` would refuse, ``None`` leaves the work and the error to the generic
+    path.
     """
     parts = [spec.head]
     append = parts.append
@@ -644,6 +648,8 @@ def _pack_small(spec: _Spec, message: Message) -> bytes | None:
             if prefix is None:
                 prefix = _array_prefix(value)
                 if prefix is None:
+                    if containers and _pack_object_array(value, append, 0, 0):
+                        continue
                     return None
             append(prefix)
             # tobytes() writes C order whatever the layout, as in _ext_array.
@@ -678,9 +684,197 @@ def _pack_small(spec: _Spec, message: Message) -> bytes | None:
             append(value)
         elif kind is dict and not value:
             append(b"\x80")
-        else:
+        elif not containers or not _pack_tree(value, append, 0, 0):
             return None
     return b"".join(parts)
+
+
+def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: int) -> bool:
+    """Append the msgpack bytes of ``value`` as the generic path packs it; ``False``: refused.
+
+    Writes exact ``dict`` (str keys), ``list``, ``tuple`` and object arrays holding values
+    of the kinds :func:`_pack_small` writes, numpy scalars of a wire dtype, and more such
+    containers. ``nesting`` counts the containers around ``value``, ``depth`` the object
+    arrays (as :func:`_check_tree` counts them). Anything else returns ``False`` (with
+    parts already appended: the caller drops them), so that the generic path packs it or
+    raises its error: other types and subclasses, non-str keys, object arrays nested
+    :data:`MAX_OBJECT_DEPTH` deep, large or big-endian arrays, ints beyond 64 bits.
+    """
+    kind = type(value)
+    if kind is np.ndarray:
+        if value.dtype.hasobject:
+            return _pack_object_array(value, append, nesting, depth)
+        prefix = _PREFIXES.get((value.dtype, value.shape))
+        if prefix is None:
+            prefix = _array_prefix(value)
+            if prefix is None:
+                return False
+        append(prefix)
+        append(value.tobytes())
+    elif value is None:
+        append(b"\xc0")
+    elif kind is dict:
+        if nesting >= _MAX_FAST_NESTING:
+            return False
+        head = _container_header(len(value), 0x80, 0xDE, 0xDF)
+        if head is None:
+            return False
+        append(head)
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            packed_key = _KEYS.get(key)
+            if packed_key is None:
+                packed_key = _pack_key(key)
+                if packed_key is None:
+                    return False
+            append(packed_key)
+            if not _pack_tree(item, append, nesting + 1, depth):
+                return False
+    elif kind is list or kind is tuple:
+        if nesting >= _MAX_FAST_NESTING:
+            return False
+        head = _container_header(len(value), 0x90, 0xDC, 0xDD)
+        if head is None:
+            return False
+        append(head)
+        for item in value:
+            if not _pack_tree(item, append, nesting + 1, depth):
+                return False
+    elif kind is int:
+        packed = _pack_int(value)
+        if packed is None:
+            return False
+        append(packed)
+    elif kind is bool:
+        append(b"\xc3" if value else b"\xc2")
+    elif kind is float:
+        append(_FLOAT64.pack(0xCB, value))
+    elif kind is str:
+        try:
+            data = value.encode()
+        except UnicodeEncodeError:
+            return False
+        size = len(data)
+        head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
+        if head is None:
+            return False
+        append(head)
+        append(data)
+    elif kind is bytes:
+        head = _length_header(len(value), 0xC4, 0xC5, 0xC6)
+        if head is None:
+            return False
+        append(head)
+        append(value)
+    else:
+        prefix = _SCALAR_PREFIXES.get(kind)
+        if prefix is None:
+            return False
+        append(prefix)
+        append(value.tobytes())
+    return True
+
+
+def _pack_object_array(
+    array: np.ndarray[Any, Any], append: Callable[[bytes], Any], nesting: int, depth: int
+) -> bool:
+    """Append an object array as :func:`_ext_object_array` packs it; ``False``: refused."""
+    if array.dtype != _OBJECT or depth >= MAX_OBJECT_DEPTH or nesting >= _MAX_FAST_NESTING:
+        return False  # a structured dtype, or too deep: the generic path's error
+    shape = array.shape
+    head = _OBJECT_HEADS.get(shape)
+    if head is None:
+        # [shape, [elements...]]: the shape's ints and the elements' count, as msgpack packs
+        # the list [list(shape), list(elements)].
+        ndim = _container_header(len(shape), 0x90, 0xDC, 0xDD)
+        count = _container_header(array.size, 0x90, 0xDC, 0xDD)
+        dims = [_pack_int(dim) for dim in shape]
+        if ndim is None or count is None or None in dims:
+            return False
+        head = b"".join([b"\x92", ndim, *typing.cast("list[bytes]", dims), count])
+        if len(_OBJECT_HEADS) >= 4096:
+            _OBJECT_HEADS.clear()
+        _OBJECT_HEADS[shape] = head
+    parts = [head]
+    add = parts.append
+    # tolist() of an object array hands over its elements themselves, and a list iterates
+    # faster than an array; most of a final_obs is None (the envs that did not end).
+    for item in array.reshape(-1).tolist():
+        if item is None:
+            add(b"\xc0")
+        elif not _pack_tree(item, add, nesting + 1, depth + 1):
+            return False
+    payload = b"".join(parts)
+    size = len(payload)
+    fixext = _FIXEXT.get(size)
+    if fixext is not None:
+        append(bytes((fixext, EXT_OBJECT_ARRAY)))
+    elif size <= 0xFF:
+        append(bytes((0xC7, size, EXT_OBJECT_ARRAY)))
+    elif size <= 0xFFFF:
+        append(_HEAD16.pack(0xC8, size) + _EXT_OBJECT_CODE)
+    elif size <= 0xFFFFFFFF:
+        append(_HEAD32.pack(0xC9, size) + _EXT_OBJECT_CODE)
+    else:
+        return False
+    append(payload)
+    return True
+
+
+def _pack_key(key: str) -> bytes | None:
+    """A map key as msgpack packs it, cached (keys repeat from step to step); ``None``: refused."""
+    try:
+        data = key.encode()
+    except UnicodeEncodeError:
+        return None
+    size = len(data)
+    head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
+    if head is None:
+        return None
+    if len(_KEYS) >= 4096:  # bounded, as _HEADERS
+        _KEYS.clear()
+    packed = _KEYS[key] = head + data
+    return packed
+
+
+def _container_header(size: int, fix: int, code16: int, code32: int) -> bytes | None:
+    """The header msgpack writes before a map or array of ``size`` entries.
+
+    ``fix`` is the fixmap or fixarray code, ``code16`` and ``code32`` those of the 16- and
+    32-bit forms; ``None`` beyond 32 bits.
+    """
+    if size < 16:
+        return _UINT8[fix | size]
+    if size <= 0xFFFF:
+        return _HEAD16.pack(code16, size)
+    if size <= 0xFFFFFFFF:
+        return _HEAD32.pack(code32, size)
+    return None
+
+
+def _scalar_prefixes() -> dict[type, bytes]:
+    """Per numpy scalar type of a wire dtype: the bytes before its data, as _default packs it."""
+    prefixes: dict[type, bytes] = {}
+    for name in DTYPES:
+        dtype = np.dtype(name)
+        wire = _WIRE_NAME.get(dtype)
+        if wire is None:  # a big-endian host: its scalars take the generic path
+            continue
+        header = _header(wire, ())
+        length = len(header) + dtype.itemsize
+        fixext = _FIXEXT.get(length)
+        ext = bytes((fixext, EXT_SCALAR)) if fixext else bytes((0xC7, length, EXT_SCALAR))
+        prefixes[dtype.type] = ext + header
+    return prefixes
+
+
+# Containers nested deeper than this take the generic path (msgpack's own limit is 511).
+_MAX_FAST_NESTING = 32
+_OBJECT_HEADS: dict[tuple[int, ...], bytes] = {}
+_KEYS: dict[str, bytes] = {}
+_EXT_OBJECT_CODE = bytes([EXT_OBJECT_ARRAY])
+_OBJECT = np.dtype(object)
 
 
 def _length_header(size: int, code8: int, code16: int, code32: int) -> bytes | None:
@@ -764,6 +958,7 @@ _UINT64 = struct.Struct(">BQ")
 _INT16 = struct.Struct(">Bh")
 _INT32 = struct.Struct(">Bi")
 _INT64 = struct.Struct(">Bq")
+_SCALAR_PREFIXES = _scalar_prefixes()
 
 
 # --------------------------------------------------------------------------------------------

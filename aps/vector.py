@@ -125,8 +125,10 @@ class LeanSyncVectorEnv(SyncVectorEnv):
     less: the rewards, terminations and truncations are gathered in lists and made arrays
     once (fresh arrays, as Gymnasium's copies are), the observations are batched with one
     ``np.array`` call instead of Gymnasium's generic ``concatenate``, the actions are
-    iterated without ``singledispatch``, and an empty info adds nothing. That work is most
-    of a one-env worker's step beside the env's, and a third of it beside CartPole's.
+    iterated without ``singledispatch``, an empty info adds nothing, and in ``SameStep``
+    the ended envs' ``final_obs`` and masks are laid out once per step, not env by env.
+    That work is most of a one-env worker's step beside the env's, and a third of it
+    beside CartPole's.
 
     Observations that do not come out as the batch's exact dtype and shape (an env whose
     observations do not match its space, say) are batched by Gymnasium's own code, with
@@ -168,6 +170,15 @@ class LeanSyncVectorEnv(SyncVectorEnv):
         terminations: list[Any] = []
         truncations: list[Any] = []
         infos: dict[str, Any] = {}
+        # SameStep: the ended envs and their last observations, laid out once after the loop
+        # (_flush_final) instead of by one _add_info call per ended env; their infos are
+        # batched by _add_info as they come, so a bad info raises where Gymnasium's does.
+        # ``eager``: an env's own info holds one of the final keys (or an ended env's info is
+        # no dict), so from then on each ended env takes _add_info, in Gymnasium's order.
+        ended: list[int] = []
+        final_obs: list[Any] = []
+        final_info: dict[str, Any] = {}
+        eager = False
         reward: Any
         for i, (action, env) in enumerate(zip(iter(actions), envs, strict=True)):
             if resets is not None and mode is AutoresetMode.NEXT_STEP and resets[i]:
@@ -176,15 +187,30 @@ class LeanSyncVectorEnv(SyncVectorEnv):
             else:
                 env_obs[i], reward, terminated, truncated, env_info = env.step(action)
                 if mode is AutoresetMode.SAME_STEP and (terminated or truncated):
-                    infos = self._add_info(
-                        infos, {"final_obs": env_obs[i], "final_info": env_info}, i
-                    )
+                    if not eager and type(env_info) is not dict:
+                        eager = self._flush_final(infos, ended, final_obs, final_info)
+                    if eager:
+                        final = {"final_obs": env_obs[i], "final_info": env_info}
+                        infos = self._add_info(infos, final, i)
+                    else:
+                        if not ended:
+                            # Gymnasium's key order: the four keys stand where the first
+                            # ended env puts them; _flush_final sets their values.
+                            infos.update(_FINAL_KEYS)
+                        ended.append(i)
+                        final_obs.append(env_obs[i])
+                        if env_info:
+                            final_info = self._add_info(final_info, env_info, i)
                     env_obs[i], env_info = env.reset()
             rewards.append(reward)
             terminations.append(terminated)
             truncations.append(truncated)
             if env_info:
+                if not eager and not _FINAL_KEYS.keys().isdisjoint(env_info):
+                    eager = self._flush_final(infos, ended, final_obs, final_info)
                 infos = self._add_info(infos, env_info, i)
+        if ended and not eager:
+            self._flush_final(infos, ended, final_obs, final_info)
         obs: Any
         try:
             obs = np.array(env_obs)
@@ -199,6 +225,42 @@ class LeanSyncVectorEnv(SyncVectorEnv):
         self._autoreset_envs = np.logical_or(terminated_array, truncated_array)
         self._pending = any(terminations) or any(truncations)
         return obs, reward_array, terminated_array, truncated_array, infos
+
+    def _flush_final(
+        self,
+        infos: dict[str, Any],
+        ended: list[int],
+        final_obs: list[Any],
+        final_info: dict[str, Any],
+    ) -> bool:
+        """Set the final keys of ``infos`` for the ``ended`` envs as ``_add_info`` does.
+
+        ``ended`` holds the envs' indices in env order and ``final_obs`` their last
+        observations; ``final_info`` is their infos, already batched by ``_add_info``. With
+        envs in ``ended``, the four keys already stand in ``infos`` (in Gymnasium's place);
+        with none, nothing is added. As Gymnasium's: ``final_obs`` is an object array of the
+        observations (``None`` for the other envs), and each key has a mask of its own.
+        Returns ``True``: once flushed, the caller goes on with ``_add_info``.
+        """
+        if not ended:
+            return True
+        num_envs = self.num_envs
+        obs_array = np.full(num_envs, None, dtype=object)
+        for i, obs in zip(ended, final_obs, strict=True):
+            obs_array[i] = obs  # one by one: assigning a list would broadcast the arrays
+        mask = np.zeros(num_envs, dtype=np.bool_)
+        mask[ended] = True
+        infos["final_obs"] = obs_array
+        infos["_final_obs"] = mask
+        infos["final_info"] = final_info
+        infos["_final_info"] = mask.copy()
+        return True
+
+
+# The keys SameStep's ended envs add to a step's infos, in Gymnasium's order.
+_FINAL_KEYS: dict[str, None] = dict.fromkeys(
+    ("final_obs", "_final_obs", "final_info", "_final_info")
+)
 
 
 def _async_vector_env(

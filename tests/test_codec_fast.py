@@ -31,7 +31,7 @@ from aps.messages import (
     StepResult,
     Weights,
 )
-from tests.test_codec import any_message
+from tests.test_codec import any_message, plain_data
 
 
 def test_the_generic_encoder_leaves_no_cyclic_garbage() -> None:
@@ -281,3 +281,143 @@ def test_large_arrays_still_travel_as_views_of_the_frame() -> None:
     assert isinstance(decoded, StepRequest)
     assert decoded.actions.base is frame  # decoded by the large-array path, without a copy
     assert np.array_equal(decoded.actions, big)
+
+
+# --------------------------------------------------------------------------------------------
+# Containers on the fast path (encode's): SameStep infos and other nested values.
+
+
+def packs_nested(message: Message) -> tuple[bytes | None, bytes]:
+    """As :func:`packs`, with the fast path writing containers (as encode() runs it)."""
+    spec = codec._SPECS_BY_CLASS[type(message)]
+    fast = codec._pack_small(spec, message, containers=True)
+    return fast, codec._pack_frame(codec._body(spec, message))
+
+
+def assert_nested_fast_and_identical(message: Message) -> None:
+    fast, generic = packs_nested(message)
+    assert fast is not None, "the fast path refused a message of simple containers"
+    assert fast == generic
+    assert codec.encode(message) == generic
+
+
+def _objects(*elements: Any, shape: tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
+    array = np.empty(len(elements), dtype=object)
+    for index, element in enumerate(elements):
+        array[index] = element
+    return array.reshape(shape if shape is not None else (len(elements),))
+
+
+def same_step_result(num_envs: int, ended: list[int], final_info: dict[str, Any]) -> StepResult:
+    final_obs = _objects(*([None] * num_envs))
+    mask = np.zeros(num_envs, bool)
+    for i in ended:
+        final_obs[i] = np.arange(4, dtype=np.float32) + i
+        mask[i] = True
+    info = {"final_obs": final_obs, "_final_obs": mask, "final_info": final_info}
+    info["_final_info"] = mask.copy()
+    return StepResult(
+        obs=np.zeros((num_envs, 4), np.float32),
+        reward=np.ones(num_envs),
+        terminated=mask.copy(),
+        truncated=np.zeros(num_envs, bool),
+        info=info,
+        seq=5,
+    )
+
+
+@pytest.mark.parametrize("num_envs", [1, 15, 16, 32, 300])
+def test_a_same_step_result_takes_the_fast_path_and_decodes_equal(num_envs: int) -> None:
+    episode = {"r": np.zeros(num_envs), "l": np.zeros(num_envs, np.int32)}
+    for final_info in ({}, {"episode": episode, "_episode": np.ones(num_envs, bool)}):
+        message = same_step_result(num_envs, [0, num_envs - 1], final_info)
+        assert_nested_fast_and_identical(message)
+        decoded = codec.decode(codec.encode(message))
+        assert isinstance(decoded, StepResult)
+        final_obs = decoded.info["final_obs"]
+        assert final_obs.dtype == object and final_obs.shape == (num_envs,)
+        for got, want in zip(final_obs, message.info["final_obs"], strict=True):
+            assert (got is None and want is None) or (
+                got.dtype == want.dtype and np.array_equal(got, want)
+            )
+        assert list(decoded.info["final_info"]) == list(final_info)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 7, 13, 14, 15, 16, 60, 61, 250, 8000])
+def test_object_array_and_container_lengths_pack_identically(count: int) -> None:
+    # Object array payloads of every ext length form (fixext 1 to 16, ext 8, 16, 32) and
+    # maps and arrays of every header form around the sizes where they change.
+    values: list[Any] = [
+        _objects(*([None] * count)),
+        _objects(*([None] * count), shape=(1, count, 1)),
+        _objects(*(["x" * 3] * count)),
+        {str(k): k for k in range(count)},
+        [None] * count,
+        tuple(range(count)),
+    ]
+    for value in values:
+        assert_nested_fast_and_identical(StepRequest(actions=value))
+
+
+def test_nested_values_of_every_kind_pack_identically() -> None:
+    scalars = {name: np.dtype(name).type(1) for name in DTYPES}
+    value = {
+        "scalars": scalars,
+        "objects": _objects(
+            None, 1, -(2**63), 2**64 - 1, 1.5, True, "é", b"\x00", (1, [2]), {"a": None}
+        ),
+        "nested": _objects(_objects(_objects(np.float32(2)), np.ones(2, np.int8))),
+        "arrays": [np.zeros((2, 3), np.uint16), np.asfortranarray(np.ones((3, 2)))],
+        "empty": ({}, [], (), _objects()),
+    }
+    assert_nested_fast_and_identical(ResetRequest(seed=1, options=value))
+
+
+def _deep_objects(levels: int) -> np.ndarray[Any, Any]:
+    value: Any = None
+    for _ in range(levels):
+        value = _objects(value)
+    return typing.cast("np.ndarray[Any, Any]", value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {1: "a"},  # a non-str key: the generic path raises
+        {"a": {2: None}},
+        [{"a": _objects({b"k": 1})}],
+        _deep_objects(codec.MAX_OBJECT_DEPTH + 1),  # too deep: likewise
+        {"a": _Level.HIGH},  # an int subclass
+        {"a": np.str_("x")},
+        {"a": np.zeros(3, ">f4")},  # big-endian
+        {"a": np.zeros(2**13, np.float64)},  # 64 KiB: the large-array path
+        _objects(np.zeros(2**13, np.float64)),
+        {"a": 2**64},
+        ["\ud800"],
+        {"\ud800": 1},
+        np.zeros(2, dtype=[("a", object)]),  # a structured dtype holding objects
+    ],
+    ids=repr,
+)
+def test_other_nested_values_take_the_generic_path(value: Any) -> None:
+    message = StepRequest(actions=value)
+    spec = codec._SPECS_BY_CLASS[StepRequest]
+    assert codec._pack_small(spec, message, containers=True) is None
+    try:
+        expected = codec._pack_frame(codec._body(spec, message))
+    except Exception:
+        with pytest.raises(WireError):
+            codec.encode(message)
+    else:
+        assert codec.encode(message) == expected
+
+
+def test_object_arrays_at_the_depth_limit_pack_identically() -> None:
+    assert_nested_fast_and_identical(StepRequest(actions=_deep_objects(codec.MAX_OBJECT_DEPTH)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=plain_data)
+def test_plain_data_packs_identically_on_the_nested_fast_path(value: Any) -> None:
+    fast, generic = packs_nested(StepRequest(actions=value))
+    assert fast is None or fast == generic
