@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aps import codec
+from aps import _wire, codec
 from aps.codec import DTYPES
 from aps.errors import WireError
 from aps.messages import (
@@ -190,7 +190,7 @@ def test_floats_pack_identically() -> None:
     ],
 )
 def test_array_payload_lengths_pack_identically(array: np.ndarray[Any, Any], payload: int) -> None:
-    assert len(codec._header(array.dtype.str, array.shape)) + array.nbytes == payload
+    assert len(_wire._header(array.dtype.str, array.shape)) + array.nbytes == payload
     assert_fast_and_identical(StepRequest(actions=array))
     decoded = codec.decode(codec.encode(StepRequest(actions=array)))
     assert isinstance(decoded, StepRequest)

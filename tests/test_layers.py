@@ -14,7 +14,16 @@ ROOT = Path(aps.__file__).parent
 # Lowest first. A module may import aps modules of its own layer or of a lower one.
 LAYERS: list[tuple[str, ...]] = [
     ("aps.errors", "aps._typing", "aps._imports", "aps._buffers", "aps._version"),
-    ("aps.messages", "aps.codec", "aps.spaces", "aps.batching", "aps.framing"),
+    (
+        "aps.messages",
+        "aps.codec",
+        "aps._wire",
+        "aps._fast_pack",
+        "aps._unpack",
+        "aps.spaces",
+        "aps.batching",
+        "aps.framing",
+    ),
     ("aps.transports",),
     ("aps.protocol", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
@@ -33,7 +42,17 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # Transports move opaque frames: they may use the framing helper, never the message layer.
-FORBIDDEN = {"aps.transports": ("aps.messages", "aps.codec", "aps.spaces", "aps.batching")}
+FORBIDDEN = {
+    "aps.transports": (
+        "aps.messages",
+        "aps.codec",
+        "aps._wire",
+        "aps._fast_pack",
+        "aps._unpack",
+        "aps.spaces",
+        "aps.batching",
+    )
+}
 
 
 def layer_of(module: str) -> int:
@@ -85,6 +104,23 @@ def test_rule_catches_an_upward_import() -> None:
     # The check itself must be able to fail.
     assert layer_of("aps.learner") > layer_of("aps.codec")
     assert layer_of("aps.transports.tcp") < layer_of("aps.session")
+
+
+# The codec's parts sit below aps.codec, which assembles them: none of them imports it, and
+# aps._wire, which they all share, imports none of the others.
+CODEC_PARTS = {
+    "aps._wire": ("aps.codec", "aps._fast_pack", "aps._unpack"),
+    "aps._fast_pack": ("aps.codec", "aps._unpack"),
+    "aps._unpack": ("aps.codec", "aps._fast_pack"),
+}
+
+
+def test_codec_parts_import_down() -> None:
+    violations = []
+    for me, banned in CODEC_PARTS.items():
+        path = ROOT / f"{me.removeprefix('aps.')}.py"
+        violations += [f"{me} imports {t}" for t in aps_imports(path) if t in banned]
+    assert not violations, "\n".join(violations)
 
 
 def test_importing_aps_loads_neither_torch_nor_websockets() -> None:

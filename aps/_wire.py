@@ -1,0 +1,252 @@
+"""The layout of one numpy value on the wire, shared by the codec's encoders and decoders.
+
+:mod:`aps.codec` describes the wire format; this module holds what every part of it needs to
+agree on: the extension codes, the dtype whitelist and its lookup tables, and the array
+header ``[dtype.str, shape]`` that starts every array and scalar payload, both written
+(:func:`_header`, cached per dtype and shape) and parsed (:func:`_parse_payload`, which checks
+every byte before numpy sees any). It also fixes :data:`_LARGE_ARRAY`, the payload size from
+which an array is written aligned within the frame and decoded as a view of it.
+
+The public constants are re-exported by :mod:`aps.codec`, where users find them. Nothing here
+imports the rest of the codec, so each of its parts can import this one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Final
+
+import numpy as np
+
+from aps.errors import WireError
+
+ALIGNMENT: Final = 16
+"""The data of an array of 64 KiB or more starts at a multiple of this from the frame's start."""
+MAX_PADDING: Final = 63
+"""The most zero bytes an array header may carry between ``[dtype.str, shape]`` and the data."""
+EXT_NDARRAY: Final = 1
+"""msgpack extension code of a numpy array of a whitelisted dtype."""
+
+EXT_SCALAR: Final = 2
+"""msgpack extension code of a numpy scalar of a whitelisted dtype."""
+
+EXT_OBJECT_ARRAY: Final = 3
+"""msgpack extension code of a numpy object array (its elements encoded one by one)."""
+
+DTYPES: Final = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+"""The dtypes arrays and scalars may have on the wire (always sent little-endian)."""
+
+MAX_NDIM: Final = 32
+"""The most dimensions a decoded array may have (numpy's own limit is 64)."""
+
+MAX_OBJECT_DEPTH: Final = 8
+"""How deeply object arrays may nest inside object arrays."""
+
+_LITTLE: dict[str, np.dtype[Any]] = {
+    np.dtype(name).newbyteorder("<").str: np.dtype(name).newbyteorder("<") for name in DTYPES
+}
+# Equal dtypes hash equally, so native-order and little-endian dtypes find the same name.
+_WIRE_NAME: dict[np.dtype[Any], str] = {dtype: name for name, dtype in _LITTLE.items()}
+# Big-endian inputs are sent as their little-endian twins.
+_SWAPPED: dict[str, np.dtype[Any]] = {
+    dtype.newbyteorder(">").str: dtype for dtype in _LITTLE.values() if dtype.itemsize > 1
+}
+# The decoder looks dtype strings up as the raw bytes of the header, skipping a utf-8 decode.
+_BY_WIRE_NAME: dict[bytes, np.dtype[Any]] = {s.encode(): dtype for s, dtype in _LITTLE.items()}
+_PADDING = [b"\0" * (-k % 8) for k in range(8)]
+
+_DTYPE_HINT = ", ".join(DTYPES)
+
+
+def _dtype_error(dtype: np.dtype[Any]) -> WireError:
+    return WireError(
+        f"cannot encode numpy dtype {dtype} ({dtype.str!r}); supported dtypes: {_DTYPE_HINT} "
+        "(and object arrays of supported values); convert with .astype() first"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Array headers, written
+
+
+def _header(name: str, shape: tuple[int, ...]) -> bytes:
+    """The msgpack bytes of ``[name, shape]`` plus zero bytes up to a multiple of 8, cached.
+
+    Packing it with msgpack would need a second Packer while the outer one runs, and each
+    Packer allocates its buffer: the hand-built header keeps encoding a small array ~10x
+    cheaper.
+    """
+    key = (name, shape)
+    header = _HEADERS.get(key)
+    if header is not None:
+        return header
+    header = _unpadded_header(name, shape)
+    header += _PADDING[len(header) % 8]
+    if len(_HEADERS) >= 4096:  # shapes vary little in practice; bound the cache anyway
+        _HEADERS.clear()
+    _HEADERS[key] = header
+    return header
+
+
+@functools.lru_cache(maxsize=4096)  # each large array of a frame needs it: build it once
+def _unpadded_header(name: str, shape: tuple[int, ...]) -> bytes:
+    """The msgpack bytes of ``[name, shape]``."""
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise WireError(
+            f"cannot encode an array of {ndim} dimensions, over the limit of {MAX_NDIM}; reshape it"
+        )
+    out = bytearray(_NAME_PREFIX[name])
+    out += bytes([0x90 | ndim]) if ndim < 16 else b"\xdc" + ndim.to_bytes(2, "big")
+    for dim in shape:
+        if dim < 0x80:
+            out.append(dim)
+        elif dim < 2**8:
+            out += b"\xcc" + dim.to_bytes(1, "big")
+        elif dim < 2**16:
+            out += b"\xcd" + dim.to_bytes(2, "big")
+        elif dim < 2**32:
+            out += b"\xce" + dim.to_bytes(4, "big")
+        else:
+            out += b"\xcf" + dim.to_bytes(8, "big")
+    return bytes(out)
+
+
+_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+_NAME_PREFIX = {name: b"\x92" + bytes([0xA0 | len(name)]) + name.encode() for name in _LITTLE}
+
+# Arrays whose payload (header and data) is at least this many bytes are not copied into
+# msgpack's buffer: the frame is assembled once around them (see codec._pack_frame), and decode()
+# views them in the frame.
+_LARGE_ARRAY = 64 * 2**10
+# The longest array header: the dtype, and up to MAX_NDIM dims of up to 9 bytes each.
+_LONGEST_HEADER = 16 + 9 * MAX_NDIM
+
+
+def _is_large(header: bytes, nbytes: int) -> bool:
+    """Whether an array travels as a large array, aligned within the frame.
+
+    ``header`` is its :func:`_header`. An array is large when its payload, packed inline,
+    would be :data:`_LARGE_ARRAY` bytes or more: the size at which the decoder views an
+    array in the frame instead of in a copy.
+    """
+    return len(header) + nbytes >= _LARGE_ARRAY
+
+
+def _ext_prefix(length: int) -> bytes:
+    """The msgpack ext header of an EXT_NDARRAY payload of ``length`` bytes (over 255)."""
+    if length <= 0xFFFF:
+        return b"\xc8" + length.to_bytes(2, "big") + bytes([EXT_NDARRAY])
+    if length <= 0xFFFFFFFF:
+        return b"\xc9" + length.to_bytes(4, "big") + bytes([EXT_NDARRAY])
+    raise ValueError(f"an array of {length} bytes is too large for a msgpack ext (4 GiB - 1)")
+
+
+# --------------------------------------------------------------------------------------------
+# Array headers, read
+
+
+def _parse_header(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """Read ``[dtype.str, shape]``; return the dtype, the shape and where the header ends.
+
+    Hand-parsed rather than unpacked: it checks every byte before numpy sees any, and it
+    finds where the header ends without copying the payload into an Unpacker.
+    """
+    if data[0] != 0x92:
+        raise WireError("array header must be a 2-element msgpack array")
+    b = data[1]
+    if 0xA0 <= b <= 0xBF:
+        pos = 2 + (b - 0xA0)
+        name = data[2:pos]
+    elif b == 0xD9:
+        pos = 3 + data[2]
+        name = data[3:pos]
+    else:
+        raise WireError("array header must start with the dtype as a msgpack str")
+    dtype = _BY_WIRE_NAME.get(name)
+    if dtype is None:
+        raise WireError(
+            f"array dtype {name.decode('utf-8', 'replace')!r} is not supported; "
+            f"supported: {', '.join(s for s in _LITTLE)}"
+        )
+    b = data[pos]
+    if 0x90 <= b <= 0x9F:
+        ndim = b - 0x90
+        pos += 1
+    elif b == 0xDC:
+        ndim = int.from_bytes(data[pos + 1 : pos + 3], "big")
+        pos += 3
+    else:
+        raise WireError("array shape must be a msgpack array")
+    if ndim > MAX_NDIM:
+        raise WireError(f"array has {ndim} dimensions, over the limit of {MAX_NDIM}")
+    shape = []
+    for _ in range(ndim):
+        b = data[pos]
+        if b < 0x80:
+            dim = b
+            pos += 1
+        elif 0xCC <= b <= 0xCF:
+            width = 1 << (b - 0xCC)
+            dim = int.from_bytes(data[pos + 1 : pos + 1 + width], "big")
+            pos += 1 + width
+        else:
+            raise WireError("array shape must hold non-negative ints")
+        shape.append(dim)
+    return dtype, tuple(shape), pos
+
+
+def _parse_payload(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
+    """Parse the header of an array ext payload (or of its start).
+
+    Returns the dtype, the shape, where the header ends and the data's size in bytes.
+
+    Raises:
+        WireError: a malformed or truncated header.
+    """
+    try:
+        dtype, shape, end = _parse_header(data)
+    except IndexError:
+        raise WireError("array header is truncated") from None
+    nbytes = dtype.itemsize
+    for dim in shape:
+        nbytes *= dim  # Python ints: a lying header cannot overflow this product
+    return dtype, shape, end, nbytes
+
+
+def _data_offset(
+    payload: bytes, length: int, end: int, dtype: np.dtype[Any], shape: tuple[int, ...], nbytes: int
+) -> int:
+    """Where the data of a payload of ``length`` bytes starts; its header ends at ``end``.
+
+    ``payload`` holds at least the header and the padding.
+
+    Raises:
+        WireError: the bytes after the header do not hold the data, or its padding (at most
+            :data:`MAX_PADDING` zero bytes) in front.
+    """
+    offset = length - nbytes
+    if not end <= offset <= end + MAX_PADDING:
+        raise WireError(
+            f"array header says shape {shape} of {dtype} ({nbytes} bytes) but {length - end} "
+            f"bytes follow it; between them only 0 to {MAX_PADDING} zero bytes of padding fit"
+        )
+    if payload[end:offset] != _ZEROS[: offset - end]:
+        raise WireError("array header's padding is not zero bytes")
+    return offset
+
+
+_ZEROS = bytes(MAX_PADDING)
