@@ -47,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = ROOT.parent / "examples"
 RESULTS = ROOT / "results"
-SUMMARY = re.compile(r"([\d,]+) env-steps in ([\d.]+) s")
+SUMMARY = re.compile(r"([\d,]+) env-steps in ([\d.]+) s, ([\d,]+) env-steps/s")
 FINAL = re.compile(r"final mean return ([-\d.na]+)")
 RUNS = ("gym-sync", "aps-lockstep", "aps-detach", "aps-detach-overlap")
 
@@ -101,15 +101,17 @@ def run(name: str, command: list[str], scratch: Path) -> dict[str, Any]:
             "sps": result["sps"],
             "final_return": result["final_return"],
         }
-    steps = seconds = final = None
     for line in text.splitlines():
         match, returns = SUMMARY.search(line), FINAL.search(line)
         if match and returns:
-            steps, seconds = int(match.group(1).replace(",", "")), float(match.group(2))
-            final = float(returns.group(1))
-    if steps is None or seconds is None or final is None:
-        raise SystemExit(f"{name} printed no summary line:\n{text[-3000:]}")
-    return {"env_steps": steps, "seconds": seconds, "sps": steps / seconds, "final_return": final}
+            # The rate as printed: the seconds are rounded to 0.1 s, the rate is not.
+            return {
+                "env_steps": int(match.group(1).replace(",", "")),
+                "seconds": float(match.group(2)),
+                "sps": float(match.group(3).replace(",", "")),
+                "final_return": float(returns.group(1)),
+            }
+    raise SystemExit(f"{name} printed no summary line:\n{text[-3000:]}")
 
 
 def mean_interval(values: list[float]) -> str:
