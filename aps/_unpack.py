@@ -5,9 +5,9 @@ views of their payload), numpy scalars, and object arrays, nested at most
 :data:`~aps._wire.MAX_OBJECT_DEPTH` deep, with one hook per depth so that decoding keeps no
 shared mutable state. Every error is a :class:`~aps.errors.WireError`.
 
-The second half is the zero-copy walk that :func:`aps.codec.decode` (``decode()`` below)
-runs on a frame of more than :data:`~aps._wire._LARGE_ARRAY` bytes, so that its large arrays
-are views of the frame itself rather than of copies; the comment that opens it says how.
+The second half is the zero-copy walk that :func:`aps.codec.decode` runs on a frame of more
+than :data:`~aps._wire._LARGE_ARRAY` bytes, so that its large arrays are views of the frame
+itself rather than of copies; the comment that opens it says how.
 """
 
 from __future__ import annotations
