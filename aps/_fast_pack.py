@@ -59,8 +59,6 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
                 return False
         append(prefix)
         append(value.tobytes())
-    elif value is None:
-        append(b"\xc0")
     elif kind is dict:
         if nesting >= _MAX_FAST_NESTING:
             return False
@@ -94,27 +92,8 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
         if packed is None:
             return False
         append(packed)
-    elif kind is bool:
-        append(b"\xc3" if value else b"\xc2")
-    elif kind is float:
-        append(_FLOAT64.pack(0xCB, value))
-    elif kind is str:
-        try:
-            data = value.encode()
-        except UnicodeEncodeError:
-            return False
-        size = len(data)
-        head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
-        if head is None:
-            return False
-        append(head)
-        append(data)
-    elif kind is bytes:
-        head = _length_header(len(value), 0xC4, 0xC5, 0xC6)
-        if head is None:
-            return False
-        append(head)
-        append(value)
+    elif kind in _ATOM_KINDS:
+        return _pack_atom(value, kind, append)
     else:
         prefix = _SCALAR_PREFIXES.get(kind)
         if prefix is None:
@@ -122,6 +101,42 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
         append(prefix)
         append(value.tobytes())
     return True
+
+
+def _pack_atom(value: Any, kind: type, append: Callable[[bytes], Any]) -> bool:
+    """Append ``None``, a ``bool``, ``float``, ``str`` or ``bytes`` as msgpack packs it.
+
+    ``kind`` is ``type(value)``, one of :data:`_ATOM_KINDS`. ``False``: refused (a str with
+    lone surrogates, a length beyond 32 bits), nothing appended.
+    """
+    if value is None:
+        append(b"\xc0")
+    elif kind is bool:
+        append(b"\xc3" if value else b"\xc2")
+    elif kind is float:
+        append(_FLOAT64.pack(0xCB, value))  # msgpack sends Python floats as float64
+    elif kind is str:
+        try:
+            data = value.encode()
+        except UnicodeEncodeError:  # lone surrogates: msgpack refuses them too
+            return False
+        size = len(data)
+        head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
+        if head is None:
+            return False
+        append(head)
+        append(data)
+    else:
+        head = _length_header(len(value), 0xC4, 0xC5, 0xC6)
+        if head is None:
+            return False
+        append(head)
+        append(value)
+    return True
+
+
+_ATOM_KINDS = frozenset({type(None), bool, float, str, bytes})
+"""The kinds :func:`_pack_atom` writes."""
 
 
 def _pack_object_array(

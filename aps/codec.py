@@ -58,11 +58,10 @@ import numpy as np
 
 from aps._buffers import allocate, seal
 from aps._fast_pack import (
-    _FIXSTR,
-    _FLOAT64,
+    _ATOM_KINDS,
     _PREFIXES,
     _array_prefix,
-    _length_header,
+    _pack_atom,
     _pack_int,
     _pack_object_array,
     _pack_tree,
@@ -569,29 +568,9 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
             if packed is None:
                 return None
             append(packed)
-        elif value is None:
-            append(b"\xc0")
-        elif kind is bool:
-            append(b"\xc3" if value else b"\xc2")
-        elif kind is float:
-            append(_FLOAT64.pack(0xCB, value))  # msgpack sends Python floats as float64
-        elif kind is str:
-            try:
-                data = value.encode()
-            except UnicodeEncodeError:  # lone surrogates: msgpack refuses them too
+        elif kind in _ATOM_KINDS:
+            if not _pack_atom(value, kind, append):
                 return None
-            size = len(data)
-            head = _FIXSTR[size] if size < 32 else _length_header(size, 0xD9, 0xDA, 0xDB)
-            if head is None:
-                return None
-            append(head)
-            append(data)
-        elif kind is bytes:
-            head = _length_header(len(value), 0xC4, 0xC5, 0xC6)
-            if head is None:
-                return None
-            append(head)
-            append(value)
         elif kind is dict and not value:
             append(b"\x80")
         elif not containers or not _pack_tree(value, append, 0, 0):
