@@ -1313,3 +1313,43 @@ async def test_a_tls_scheme_by_registration(
                 await client.send(b"secret")
                 assert await server.receive() == b"secret"
                 assert client.peer.startswith("tls://")
+
+
+# Capabilities: a transport says whether its peer is on this host.
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("tcp://127.0.0.1:0", True),
+        ("tcp://[::1]:0", True),
+        ("tcp://0.0.0.0:0", False),
+        ("ws://127.0.0.1:0", True),
+        ("unix://", True),
+        ("memory://", True),
+    ],
+)
+async def test_is_local_follows_the_bound_address_and_the_peer(url: str, local: bool) -> None:
+    if url.startswith("tcp://[::1]") and not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    async with asyncio.timeout(10):
+        listener = await aps.transports.listen(url)
+        try:
+            assert aps.transports.is_local(listener) is local
+            dial = listener.url.replace("0.0.0.0", "127.0.0.1")
+            client = await aps.transports.connect(dial, timeout=5)
+            server = await listener.accept()
+            # Dialed over loopback, both ends are local, whatever the listener is bound to.
+            assert aps.transports.is_local(client)
+            assert aps.transports.is_local(server)
+            await client.aclose()
+            await server.aclose()
+        finally:
+            await listener.aclose()
+
+
+def test_is_local_is_false_for_an_endpoint_that_does_not_declare_it() -> None:
+    class Plain:
+        peer = "quic://example:1"
+
+    assert aps.transports.is_local(Plain()) is False  # type: ignore[arg-type]

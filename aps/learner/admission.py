@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import logging
 import os
 import time
@@ -64,7 +63,6 @@ __all__ = [
     "Describe",
     "Gate",
     "Join",
-    "is_loopback",
     "reject",
 ]
 
@@ -146,20 +144,6 @@ def _host_of(peer: str) -> str:
         return urlsplit(peer).hostname or peer
     except ValueError:
         return peer
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url`` can only be reached from this host."""
-    parts = urlsplit(url)
-    if parts.scheme in ("memory", "unix"):  # this process; this host, by file permission
-        return True
-    host = parts.hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def reject(session: Session, error: ApsError, proof: bytes = b"") -> None:

@@ -43,7 +43,7 @@ from aps.errors import (
     WorkerError,
     WorkerLost,
 )
-from aps.learner.admission import Gate, is_loopback, reject
+from aps.learner.admission import Gate, reject
 from aps.messages import (
     ErrorReport,
     Hello,
@@ -266,18 +266,20 @@ class WorkerPool:
             raise InvalidState("this learner is closed; create a new one")
         if self._listener is not None:
             return
-        url = self._listen if isinstance(self._listen, str) else self._listen.url
-        if self._token is None and not self._insecure and not is_loopback(url):
-            raise ConfigError(
-                f"refusing to listen on {url!r} without a token: anyone who can reach it could "
-                "attach a worker; pass token=... (workers use --token-file), or insecure=True "
-                "on a network you trust"
-            )
         if isinstance(self._listen, str):
             factory = self._factory or transports.get_factory(transports.scheme_of(self._listen))
-            self._listener = await factory.listen(self._listen)
+            listener = await factory.listen(self._listen)
         else:
-            self._listener = self._listen
+            listener = self._listen
+        if self._token is None and not self._insecure and not transports.is_local(listener):
+            if isinstance(self._listen, str):
+                await listener.aclose()  # bound by this call: nobody else will close it
+            raise ConfigError(
+                f"refusing to listen on {listener.url!r} without a token: anyone who can reach "
+                "it could attach a worker; pass token=... (workers use --token-file), or "
+                "insecure=True on a network you trust"
+            )
+        self._listener = listener
         self._gate = Gate(
             self._listener,
             token=self._token,

@@ -22,7 +22,13 @@ Example:
 
 from __future__ import annotations
 
-from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Listener, Transport, TransportFactory
+from aps.transports.base import (
+    DEFAULT_MAX_FRAME_SIZE,
+    Listener,
+    Transport,
+    TransportFactory,
+    is_local,
+)
 from aps.transports.memory import memory_transport_pair
 from aps.transports.registry import connect, get_factory, listen, register, scheme_of
 
@@ -32,6 +38,8 @@ __all__ = [
     "Listener",
     "TransportFactory",
     "DEFAULT_MAX_FRAME_SIZE",
+    # capabilities
+    "is_local",
     # schemes
     "register",
     "get_factory",

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, TypeVar
 
 from aps.errors import AuthError, ConfigError, TransportClosed
 
-__all__ = ["AcceptQueue", "check_ssl_side", "detach", "format_host", "owned_payload"]
+__all__ = [
+    "AcceptQueue",
+    "check_ssl_side",
+    "detach",
+    "format_host",
+    "is_loopback_host",
+    "owned_payload",
+]
 
 T = TypeVar("T")
 
@@ -31,6 +39,20 @@ def owned_payload(view: memoryview) -> bytes | memoryview:
 def format_host(host: str) -> str:
     """Return ``host`` ready for a URL: IPv6 literals go in brackets."""
     return f"[{host}]" if ":" in host else host
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (an address literal or ``localhost``) can only be reached from this host.
+
+    A name other than ``localhost`` is not resolved: it counts as remote.
+    """
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_ssl_side(

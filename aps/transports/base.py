@@ -18,6 +18,13 @@ Contract (the conformance suite in :mod:`aps.testing` checks every point):
   :class:`~aps.errors.FrameTooLarge` before it is sent or allocated.
 - Backend exceptions never escape: they are mapped to :class:`~aps.errors.TransportError`
   subclasses with ``raise ... from exc``.
+
+Capabilities are optional attributes, read through a function of this module so that a
+transport without them still satisfies the contracts:
+
+- ``is_local`` (read with :func:`is_local`): ``True`` when the other end of a transport, or
+  every peer a listener can accept, is on this host (in-process, a Unix socket, a loopback
+  address). Absent means remote: aps then asks for a token and may compress.
 """
 
 from __future__ import annotations
@@ -26,7 +33,13 @@ from typing import Protocol, runtime_checkable
 
 from aps._typing import Frame
 
-__all__ = ["DEFAULT_MAX_FRAME_SIZE", "Listener", "Transport", "TransportFactory"]
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "Listener",
+    "Transport",
+    "TransportFactory",
+    "is_local",
+]
 
 DEFAULT_MAX_FRAME_SIZE = 256 * 2**20
 """Default limit on one frame, in bytes (256 MiB: room for a large weights message)."""
@@ -112,3 +125,12 @@ class TransportFactory(Protocol):
             ConfigError: ``url`` is malformed for this factory.
         """
         ...
+
+
+def is_local(endpoint: Transport | Listener) -> bool:
+    """Whether ``endpoint``'s peers are on this host, by its optional ``is_local`` capability.
+
+    A transport or listener that does not declare the capability counts as remote, the safe
+    answer: it never lets a learner listen without a token.
+    """
+    return getattr(endpoint, "is_local", False) is True

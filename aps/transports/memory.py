@@ -78,6 +78,11 @@ class MemoryTransport:
         """The other end's address, for logs and errors."""
         return self._peer_name
 
+    @property
+    def is_local(self) -> bool:
+        """Always ``True``: the other end is in this process."""
+        return True
+
     async def send(self, frame: Frame) -> None:
         """Deliver one whole frame to the peer's inbox, then yield to the event loop once.
 
@@ -228,6 +233,11 @@ class MemoryListener:
     def url(self) -> str:
         """``memory://`` plus the bound name (generated if the URL named none)."""
         return f"memory://{self._name}"
+
+    @property
+    def is_local(self) -> bool:
+        """Always ``True``: only this process can connect."""
+        return True
 
     async def accept(self) -> MemoryTransport:
         """Wait for the next connection.

@@ -68,6 +68,7 @@ from aps.transports._util import (
     check_ssl_side,
     detach,
     format_host,
+    is_loopback_host,
     owned_payload,
     tls_refused,
 )
@@ -291,6 +292,8 @@ class TCPTransport:
         self._senders = 0  # send() calls holding or waiting for the lock
         self._receiving = False
         self._closed = False
+        address = transport.get_extra_info("peername")
+        self._is_local = isinstance(address, tuple) and is_loopback_host(str(address[0]))
         sock = self._transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):  # an option the platform lacks: go without
@@ -306,6 +309,11 @@ class TCPTransport:
     def peer(self) -> str:
         """The other end's address (``tcp://host:port``), for logs and errors."""
         return self._peer_name
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the other end is on this host (a loopback address); see :func:`is_local`."""
+        return self._is_local
 
     @property
     def max_frame_size(self) -> int:
@@ -512,6 +520,11 @@ class TCPListener:
     def url(self) -> str:
         """The bound address, port 0 resolved: ``tcp://127.0.0.1:54321``."""
         return self._url
+
+    @property
+    def is_local(self) -> bool:
+        """Whether only this host can connect: the bound address is a loopback one."""
+        return is_loopback_host(urlsplit(self._url).hostname or "")
 
     async def accept(self) -> TCPTransport:
         """Wait for the next connection (after its TLS handshake, if any).

@@ -65,6 +65,11 @@ class UnixTransport(TCPTransport):
     is the listener's URL at both ends (a Unix socket's peer has no address of its own).
     """
 
+    @property
+    def is_local(self) -> bool:
+        """Always ``True``: a Unix socket's peer is on this host."""
+        return True
+
     def _tune(self, sock: socket.socket) -> None:
         # A Unix stream socket queues at most its sender's SO_SNDBUF (208 KiB by default on
         # Linux) where loopback TCP grows its buffers to megabytes: without this, a 40 MB
@@ -88,6 +93,11 @@ class UnixListener(TCPListener):
     def url(self) -> str:
         """The socket's URL, a generated path resolved: ``unix:///tmp/aps-x1y2/learner.sock``."""
         return self._url
+
+    @property
+    def is_local(self) -> bool:
+        """Always ``True``: only this host can connect, as file permissions allow."""
+        return True
 
     @property
     def path(self) -> str:

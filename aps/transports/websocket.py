@@ -57,6 +57,7 @@ from aps.transports._util import (
     check_ssl_side,
     detach,
     format_host,
+    is_loopback_host,
     owned_payload,
     tls_refused,
 )
@@ -291,11 +292,18 @@ class WebSocketTransport:
         self._receiving = False
         self._closed = False
         self._sending: asyncio.Future[None] | None = None  # a large frame still leaving
+        address = connection.remote_address
+        self._is_local = isinstance(address, tuple) and is_loopback_host(str(address[0]))
 
     @property
     def peer(self) -> str:
         """The other end's address (``ws://host:port``), for logs and errors."""
         return self._peer_name
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the other end is on this host (a loopback address); see :func:`is_local`."""
+        return self._is_local
 
     @property
     def max_frame_size(self) -> int:
@@ -536,6 +544,11 @@ class WebSocketListener:
     def url(self) -> str:
         """The bound address, port 0 resolved: ``ws://127.0.0.1:54321/``."""
         return self._url
+
+    @property
+    def is_local(self) -> bool:
+        """Whether only this host can connect: the bound address is a loopback one."""
+        return is_loopback_host(urlsplit(self._url).hostname or "")
 
     async def accept(self) -> WebSocketTransport:
         """Wait for the next connection whose opening handshake succeeded.
