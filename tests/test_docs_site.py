@@ -1,5 +1,8 @@
 """The strict docs build fails when it should: a page left out of the nav aborts it.
 
+It also renders what it should: the launcher functions ``aps.launch.local``, ``ray`` and
+``slurm`` in the API reference (docs/_griffe_launchers.py).
+
 The build runs on a copy of the site's sources in a temporary folder (``mkdocs.yml``, the
 README, ``docs/``; ``aps``, ``examples`` and ``benchmarks`` linked), first as it is, which must
 pass, then with one more page that no nav entry names, which must fail and name the page.
@@ -51,6 +54,10 @@ def site_copy(tmp_path: Path) -> Path:
 def test_an_orphan_page_fails_the_strict_build(site_copy: Path) -> None:
     clean = build(site_copy)
     assert clean.returncode == 0, clean.stderr[-4000:]
+    # The launcher functions, which share their names with submodules, render an entry.
+    launch = (site_copy / "site" / "api" / "launch" / "index.html").read_text()
+    for name in ("local", "ray", "slurm"):
+        assert f'id="aps.launch.{name}"' in launch, name
     (site_copy / "docs" / "orphan.md").write_text("# Orphan\n\nNo nav entry names this page.\n")
     orphaned = build(site_copy)
     assert orphaned.returncode != 0
