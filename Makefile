@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# bash with pipefail: a filtered command keeps its own exit status (see docs).
+# bash with pipefail: a command whose output is filtered keeps its exit status (docs).
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -14,6 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
+	# The distribution was named aps before aps-rl; an older editable install owns `aps` too.
+	$(PY) -m pip uninstall --quiet --yes aps 2>/dev/null || true
 	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool]' --group test --group lint --group examples --group docs --group experiments
 	touch $@
 

@@ -56,8 +56,7 @@ def _json_object(text: str) -> dict[str, object]:
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not valid JSON ({exc.msg[:1].lower()}{exc.msg[1:]} at column "
-            f"{exc.colno}); pass a JSON object "
-            f"in single quotes, keys in double quotes: {example}"
+            f"{exc.colno}); pass a JSON object in single quotes, keys in double quotes: {example}"
         ) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(
