@@ -3,14 +3,19 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# bash with pipefail: a command whose output is filtered keeps its exit status (docs).
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
 
-.PHONY: demo test lint docs bench results clean
+.PHONY: demo test lint docs dist bench results clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
+	# The distribution was named aps before aps-rl; an older editable install owns `aps` too.
+	$(PY) -m pip uninstall --quiet --yes aps 2>/dev/null || true
 	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool]' --group test --group lint --group examples --group docs --group experiments
 	touch $@
 
@@ -22,12 +27,21 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff format --check aps tests examples benchmarks experiments
 	$(PY) -m mypy aps
 
-# The documentation site, strict: a broken link or an unresolved API reference fails.
+# The documentation site, strict: a broken link, a page missing from the nav or an unresolved
+# API reference fails. Not --quiet, which hides strict mode's warnings: the INFO lines are
+# filtered out instead, and pipefail keeps mkdocs's exit status.
 docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict 2>&1 | { grep -v '^INFO ' || true; }
 
-test: lint docs
-	$(PY) -m pytest -q
+# The release: the sdist and the wheel in dist/, checked as the package index will read them.
+dist: $(VENV)/.installed
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
+# tests/test_release.py installs the wheel that `dist` built into a fresh venv.
+test: lint docs dist
+	APS_DIST=$(CURDIR)/dist $(PY) -m pytest -q
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/throughput.py
@@ -37,4 +51,4 @@ results: $(VENV)/.installed
 	$(PY) -m experiments.aps
 
 clean:
-	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) site dist .mypy_cache .ruff_cache .pytest_cache .hypothesis

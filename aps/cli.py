@@ -41,11 +41,29 @@ the learner closes.
 
 _VECTOR_HELP = """how the envs run: 'sync' one after another in this process (default), 'async' one
 subprocess each (Gymnasium's AsyncVectorEnv, for hosts with more cores than workers),
-'envpool' EnvPool's envs (--env an EnvPool id; pip install 'aps[envpool]')"""
+'envpool' EnvPool's envs (--env an EnvPool id; pip install 'aps-rl[envpool]')"""
 
 _ENV_HELP = """\
 what to run: a Gymnasium id (CartPole-v1), an import path 'package.module:factory',
 or a file path 'path/to/envs.py:factory' (the factory returns a new env)"""
+
+
+def _json_object(text: str) -> dict[str, object]:
+    """``--env-kwargs``: a JSON object, or argparse's usage error naming the value and the fix."""
+    example = """--env-kwargs '{"gravity": 9.8}'"""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid JSON ({exc.msg[:1].lower()}{exc.msg[1:]} at column "
+            f"{exc.colno}); pass a JSON object in single quotes, keys in double quotes: {example}"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is JSON but not an object (a {type(value).__name__}); pass keyword "
+            f"arguments as a JSON object: {example}"
+        )
+    return value
 
 
 def _command(
@@ -98,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="IMPORT_PATH",
         help="the policy this worker may run ('pkg.module:make_agent' or "
-        "'path/to/script.py:Agent'); a learner that names another is refused. Launchers pass "
-        "the learner's",
+        "'path/to/script.py:Agent'); a learner that names another is refused. The launchers "
+        "(aps.launch.local, ray, slurm) pass the learner's own policy here",
     )
     worker.add_argument(
         "--allow-policy",
@@ -111,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--env-kwargs",
-        type=json.loads,
+        type=_json_object,
         default=None,
         metavar="JSON",
         help="keyword arguments for the env factory, as a JSON object, e.g. '{\"g\": 9.8}'",
@@ -342,7 +360,7 @@ def _add_slurm_script(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     script.add_argument("--seed", type=int, default=None, metavar="S", help="first seed")
     script.add_argument(
-        "--env-kwargs", type=json.loads, default=None, metavar="JSON", help="env factory kwargs"
+        "--env-kwargs", type=_json_object, default=None, metavar="JSON", help="env factory kwargs"
     )
     script.add_argument(
         "--token-file", default=None, metavar="F", help="token file path as the nodes see it"

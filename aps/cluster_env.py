@@ -189,7 +189,8 @@ class ClusterEnv(VectorEnv):
 
     ``ClusterEnv(url, num_workers=...)`` listens on ``url`` and waits (up to
     ``timeouts.connect``) for workers started elsewhere (``aps worker URL --env ...``);
-    :meth:`local` also starts the workers. Envs are ordered by worker registration, then env
+    :meth:`local` also starts the workers. Envs are ordered by worker (by label when the
+    labels are ``0``..``n-1``, as launchers set them; else by registration), then env
     index; ``reset(seed=s)`` seeds env ``i`` with ``s + i`` as Gymnasium does; autoreset
     happens on the workers exactly as in Gymnasium's own vector envs; infos are merged with
     ``_key`` masks.

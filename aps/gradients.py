@@ -326,10 +326,10 @@ def route_to(host: str) -> str:
 def _dist() -> Any:
     try:
         import torch.distributed as dist
-    except ImportError as exc:  # pragma: no cover - torch is installed with aps[pg]
+    except ImportError as exc:  # pragma: no cover - aps.pg's users have installed torch
         raise MissingDependency(
-            "aggregation='allreduce' needs torch with torch.distributed; "
-            "pip install 'aps[pg]' or use aggregation='server'"
+            "aggregation='allreduce' needs torch with torch.distributed, which is not installed; "
+            "pip install torch (aps-rl has no torch extra) or use aggregation='server'"
         ) from exc
     if not dist.is_available() or not dist.is_gloo_available():
         raise MissingDependency(

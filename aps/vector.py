@@ -398,7 +398,7 @@ def _import_envpool() -> Any:
     except ImportError as exc:
         raise MissingDependency(
             f"vector='envpool' needs EnvPool ({exc}); install it with "
-            "pip install 'aps[envpool]' (Linux only), or use vector='sync' or 'async'"
+            "pip install 'aps-rl[envpool]' (Linux only), or use vector='sync' or 'async'"
         ) from exc
 
 
@@ -555,5 +555,5 @@ def _check_layout(*values: Any) -> None:
             raise MissingDependency(
                 f"EnvPool returned an array of shape {value.shape} with strides {value.strides}: "
                 f"this EnvPool build does not work with NumPy {np.__version__}; install "
-                "EnvPool >= 1.2 (pip install 'aps[envpool]') or NumPy < 2"
+                "EnvPool >= 1.2 (pip install 'aps-rl[envpool]') or NumPy < 2"
             )

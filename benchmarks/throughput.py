@@ -259,7 +259,7 @@ class ApsWs(ApsClusterEnv):
     @classmethod
     def unavailable(cls) -> str | None:
         if importlib.util.find_spec("websockets") is None:
-            return "the websockets package is not installed (pip install 'aps[websocket]')"
+            return "the websockets package is not installed (pip install 'aps-rl[websocket]')"
         return None
 
 

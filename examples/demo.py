@@ -8,7 +8,7 @@ compares the weight traffic with always-sync, measured by a second, identical ru
 sends every version to every worker (``--no-compare`` skips it and shows the computed figure
 only).
 
-    python examples/demo.py [--total-timesteps 50000] [--kl-threshold 0.01] [--no-compare]
+    python examples/demo.py [--total-timesteps 50000] [--kl-threshold 0.05] [--no-compare]
 
 The training code is examples/ppo_cluster.py, imported here.
 """

@@ -388,18 +388,20 @@ async def train(args: Args) -> dict[str, Any]:
                     writer.add_scalar("charts/episodic_length", length, global_step)
 
             # Transitions: obs[t] -> obs[t + 1] (next_obs after the last step). SameStep
-            # autoreset puts the next episode's first observation after a termination, which
-            # is harmless (no bootstrap); a truncation would need the final observation, which
-            # a chunk does not carry, so truncated transitions are left out.
+            # autoreset puts the next episode's first observation after an episode's end:
+            # harmless after a termination (no bootstrap), wrong after a truncation, which
+            # bootstraps from the observation the episode ended in. The chunk carries those
+            # (truncated_obs, at truncated_index: step and global env index).
             next_obs = np.concatenate([chunk.obs[1:], chunk.next_obs[None]], axis=0)
-            keep = (~chunk.truncated | chunk.terminated).reshape(-1)
+            cut_step, cut_env = chunk.truncated_index.T
+            next_obs[cut_step, cut_env - chunk.env_offset] = chunk.truncated_obs
             obs_shape = chunk.obs.shape[2:]
             rb.add(
-                chunk.obs.reshape(-1, *obs_shape)[keep],
-                next_obs.reshape(-1, *obs_shape)[keep],
-                chunk.actions.reshape(-1)[keep],
-                chunk.reward.reshape(-1)[keep],
-                chunk.terminated.reshape(-1)[keep],
+                chunk.obs.reshape(-1, *obs_shape),
+                next_obs.reshape(-1, *obs_shape),
+                chunk.actions.reshape(-1),
+                chunk.reward.reshape(-1),
+                chunk.terminated.reshape(-1),
             )
 
             epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)

@@ -26,6 +26,10 @@ def test_help_explains_every_option() -> None:
     for option in ("--env", "--num-envs", "--seed", "--token-file", "--env-kwargs", "--no-uvloop"):
         assert option in out
     assert "module:factory" in out and "path/to/envs.py:factory" in out
+    # Each option's help is whole: --policy's ends its sentence before --allow-policy starts.
+    flat = " ".join(out.split())
+    policy = flat[flat.index("--policy IMPORT_PATH ") : flat.index("--allow-policy PATTERN ")]
+    assert policy.rstrip().endswith("pass the learner's own policy here"), policy
 
 
 async def run_cli_worker(
@@ -113,8 +117,11 @@ def test_bad_env_kwargs(bad: str) -> None:
         capture_output=True,
         text=True,
     )
-    assert out.returncode != 0
-    assert "env-kwargs" in out.stderr
+    assert out.returncode == 2  # argparse's usage error, not a traceback
+    message = out.stderr.strip().splitlines()[-1]
+    assert message.startswith("aps worker: error: argument --env-kwargs: ")
+    assert repr(bad) in message and "JSON object" in message and "--env-kwargs '{" in message
+    assert "invalid loads value" not in out.stderr and "Traceback" not in out.stderr
 
 
 def test_cluster_env_waits_for_workers_started_elsewhere(tmp_path: Path) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import stat
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -48,7 +48,10 @@ async def aps_cli_async(*args: str) -> tuple[int, str, str]:
 def test_version_is_the_package_version() -> None:
     result = aps_cli("--version")
     assert result.returncode == 0
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # The one source of the version (pyproject.toml reads it from there).
+    source = re.search(r'^__version__ = "(.+)"$', (ROOT / "aps/_version.py").read_text(), re.M)
+    assert source is not None
+    version = source.group(1)
     assert result.stdout.strip() == f"aps {version}" == f"aps {aps.__version__}"
 
 

@@ -24,7 +24,7 @@ WORKERS, ENVS_PER_WORKER, STEPS = 2, 3, 40
 
 def test_missing_ray_is_a_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    with pytest.raises(aps.MissingDependency, match=r"pip install 'aps\[ray\]'"):
+    with pytest.raises(aps.MissingDependency, match=r"pip install 'aps-rl\[ray\]'"):
         aps.launch.ray("CartPole-v1", num_workers=2)
 
 
@@ -38,7 +38,7 @@ SMALL_RAY = {
 
 def test_launcher_starts_and_shuts_down_its_own_ray() -> None:
     # Runs before the module's shared Ray instance exists (tests run in file order).
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps[ray]'")
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps-rl[ray]'")
     if ray.is_initialized():
         pytest.skip("Ray is already running in this process; this test needs it down")
     workers = aps.launch.ray(
@@ -56,7 +56,7 @@ def test_launcher_starts_and_shuts_down_its_own_ray() -> None:
 
 @pytest.fixture(scope="module")
 def ray() -> Iterator[Any]:
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps[ray]'")
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'aps-rl[ray]'")
     ray.init(**SMALL_RAY)
     try:
         yield ray

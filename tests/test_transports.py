@@ -1140,7 +1140,7 @@ def test_missing_websockets_names_the_extra(
     for name in [m for m in sys.modules if m.startswith("websockets.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.delitem(sys.modules, "aps.transports.websocket", raising=False)
-    with pytest.raises(MissingDependency, match=r"pip install 'aps\[websocket\]'") as info:
+    with pytest.raises(MissingDependency, match=r"pip install 'aps-rl\[websocket\]'") as info:
         aps.transports.get_factory("ws")
     assert isinstance(info.value, ImportError)
 

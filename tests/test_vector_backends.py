@@ -34,7 +34,7 @@ MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
 
 needs_envpool = pytest.mark.skipif(
     importlib.util.find_spec("envpool") is None,
-    reason="EnvPool is not installed (pip install 'aps[envpool]')",
+    reason="EnvPool is not installed (pip install 'aps-rl[envpool]')",
 )
 
 
@@ -273,7 +273,7 @@ def test_launchers_pass_the_backend_on(vector: str, capsys: pytest.CaptureFixtur
 
 def test_envpool_missing_is_a_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "envpool", None)  # what `import envpool` meets uninstalled
-    with pytest.raises(aps.MissingDependency, match=r"pip install 'aps\[envpool\]'"):
+    with pytest.raises(aps.MissingDependency, match=r"pip install 'aps-rl\[envpool\]'"):
         aps.Worker("tcp://127.0.0.1:1", "CartPole-v1", vector="envpool")
 
 

@@ -22,7 +22,7 @@ their envs in their own process (``vector="sync"``, the default). Differences fr
 ``DummyVecEnv``: info values are the numpy scalars of Gymnasium's vector infos, and
 per-env reset options must all be equal (aps sends one options dict to every env).
 
-Needs the optional extra ``aps[sb3]`` (``stable-baselines3``).
+Needs the optional extra ``aps-rl[sb3]`` (``stable-baselines3``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ try:
     )
 except ImportError as exc:  # pragma: no cover - the extra is installed where this is tested
     raise MissingDependency(
-        "aps.integrations.sb3 needs Stable-Baselines3; install it with pip install 'aps[sb3]'"
+        "aps.integrations.sb3 needs Stable-Baselines3; install it with pip install 'aps-rl[sb3]'"
     ) from exc
 
 __all__ = ["ClusterVecEnv"]

@@ -106,7 +106,7 @@ def ray(
     ``learner_host``, ``env_kwargs``, ``seed``...).
 
     Raises:
-        MissingDependency: Ray is not installed (``pip install 'aps[ray]'``).
+        MissingDependency: Ray is not installed (``pip install 'aps-rl[ray]'``).
     """
     return RayWorkers(
         env,

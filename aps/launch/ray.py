@@ -2,7 +2,7 @@
 
 Ray schedules the actors (per-worker CPU, GPU and custom resource requests, spread over the
 nodes or packed onto few through a placement group) and reports their death; aps does the
-rest as usual. Ray is optional: ``pip install 'aps[ray]'``.
+rest as usual. Ray is optional: ``pip install 'aps-rl[ray]'``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def import_ray() -> Any:
         import ray
     except ImportError as exc:
         raise MissingDependency(
-            "the Ray launcher needs Ray, which is not installed; pip install 'aps[ray]'"
+            "the Ray launcher needs Ray, which is not installed; pip install 'aps-rl[ray]'"
         ) from exc
     return ray
 

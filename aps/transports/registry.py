@@ -98,7 +98,7 @@ def get_factory(scheme: str) -> TransportFactory:
 
     Raises:
         ConfigError: no factory is known for ``scheme``, or its entry point failed to load.
-        MissingDependency: the scheme needs an optional extra (``ws``: ``aps[websocket]``).
+        MissingDependency: the scheme needs an optional extra (``ws``: ``aps-rl[websocket]``).
     """
     name = _check_scheme(scheme)
     factory = _factories.get(name)

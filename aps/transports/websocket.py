@@ -1,6 +1,6 @@
 """The WebSocket transport: ``ws://host:port/path`` and ``wss://host:port/path``.
 
-Built on the ``websockets`` package (install it with ``pip install 'aps[websocket]'``);
+Built on the ``websockets`` package (install it with ``pip install 'aps-rl[websocket]'``);
 importing :mod:`aps` or :mod:`aps.transports` does not import it. One frame is one binary
 WebSocket message. Compression is off (frames are mostly arrays, and deflate costs more CPU
 than it saves), and so are WebSocket pings: aps sends its own heartbeats.
@@ -80,7 +80,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
         "the ws:// and wss:// transports need the websockets package (version 14.2 or newer); "
-        "install it with pip install 'aps[websocket]'"
+        "install it with pip install 'aps-rl[websocket]'"
     ) from exc
 
 __all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]

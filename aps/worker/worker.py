@@ -279,7 +279,8 @@ class Worker:
             return error  # a refusal means more than "could not reach"
         return Timeout(
             f"could not reach the learner at {self._learner} within {window} s (last "
-            f"error: {error}); start the learner first or raise Timeouts.connect",
+            f"error: {error}); start the learner first or raise Timeouts.connect "
+            "(aps worker --connect-timeout)",
             operation="connect",
             seconds=window,
         )
