@@ -89,11 +89,12 @@ class Agent(nn.Module):
         if std == "softplus":
             self.actor_mean: nn.Module = SoftplusHeads(size, actions)
             return
-        self.actor_mean = nn.Sequential(
-            nn.Linear(size, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, actions)
-        )
+        last = nn.Linear(64, actions)
         with torch.no_grad():
-            self.actor_mean[-1].weight.mul_(0.01)
+            last.weight.mul_(0.01)
+        self.actor_mean = nn.Sequential(
+            nn.Linear(size, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), last
+        )
         self.actor_logstd = nn.Parameter(torch.full((1, actions), -0.5))
 
     def __getattr__(self, name: str) -> Any:
@@ -454,7 +455,7 @@ def quantiles(values: list[float]) -> str:
     array = np.asarray(known, dtype=float)
     # Linear interpolation, as the figures' bands; observed values when one is infinite (a
     # run that never reached the target), where interpolating gives nan.
-    method = "linear" if np.isfinite(array).all() else "inverted_cdf"
+    method: Any = "linear" if np.isfinite(array).all() else "inverted_cdf"
     q = np.quantile(array, [0.2, 0.5, 0.8], method=method)
     return f"median {q[1]:.2f} (20%: {q[0]:.2f}, 80%: {q[2]:.2f})"
 

@@ -105,7 +105,7 @@ def band(values: list[float]) -> tuple[float, float, float] | None:
     known = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
     if not known.size:
         return None
-    method = "linear" if np.isfinite(known).all() else "inverted_cdf"
+    method: Any = "linear" if np.isfinite(known).all() else "inverted_cdf"
     low, mid, high = np.quantile(known, [0.2, 0.5, 0.8], method=method)
     return float(low), float(mid), float(high)
 
