@@ -4,11 +4,17 @@
     python -m experiments.nigt --scenarios hetero    # the heterogeneous-environment experiment
     python -m experiments.nigt --quick               # a smoke run, a minute
     python -m experiments.nigt --replot              # the figures and summary from saved runs
-    python -m experiments.nigt --lr 2^-7,2^-5,2^-3   # a step-size grid: the best per method
+    python -m experiments.nigt --lr 2^-7,2^-5 --batch 20,30,50   # a grid: the best per method
+    python -m experiments.nigt --suite --dry-run     # the paper's protocol: what, how long
+    python -m experiments.nigt --suite               # ... run it (resumable), write the page
+    python -m experiments.nigt --suite --only humanoid   # a part of it (in parallel)
+    python -m experiments.nigt --suite --replot      # every figure and the page, from runs/
+    python -m experiments.nigt --published           # the runs of docs/results/nigt_simulated.md
 
-Worker i (i = 1..n) needs ``h_i`` virtual time units per env step, so ``horizon * h_i`` per
-trajectory gradient, and ``kappa_i`` per aggregation of its sum (NIGT) or per gradient sent
-(AFedPG). Scenarios, as in the paper's section 6 and appendix H.3:
+Worker i (i = 1..n) needs ``h_i`` virtual time units per env step (``--time-unit step``, the
+default: ``horizon * h_i`` per trajectory gradient) or per trajectory gradient
+(``--time-unit gradient``), and ``kappa_i`` per aggregation of its sum (NIGT) or per
+gradient sent (AFedPG). Scenarios, as in the paper's section 6 and appendix H.3:
 
 - ``equal`` (n workers): h_i = 1, kappa_i = 0;
 - ``sqrt`` (n workers): h_i = sqrt(i), kappa_i = sqrt(i);
@@ -20,30 +26,44 @@ trajectory gradient, and ``kappa_i`` per aggregation of its sum (NIGT) or per gr
   ``theta`` is evaluated on both envs (``--eval-episodes`` episodes each, fixed reset seeds,
   sampled actions, ``horizon`` steps) at ``--eval-points`` evenly spaced virtual times.
 
-The policy is the paper's: a Gaussian over ``u`` (a 2x64 tanh MLP for the mean, a learned
-state-independent log-std) and the env gets ``tanh(u)`` scaled to the action bounds
-(``--squash tanh``, the default; ``--squash clip`` clips ``u`` to the bounds instead). The
-squashing is an env wrapper: the policy's action space is unbounded, and REINFORCE's
-gradient of ``log p(u)`` is that of ``log p(a)``, since the Jacobian of the squashing does
-not depend on ``theta``.
+Which unit the paper charges ``h_i`` in is not in the text aps could read (the stored copies
+of arXiv 2509.24305 end after the introduction), so both run; with ``kappa_i`` as the paper
+writes it, per gradient the communication-heavy scenario is communication-bound
+(``kappa_i / h_i = d^(1/4)``), per env step it is not (``d^(1/4) / horizon``).
 
-``--lr`` takes one step size or a grid (``2^-7,2^-5``: powers of two as the paper writes
-them). With a grid every (scenario, method) runs every step size, and the summary and figure
-use, per (scenario, method), the one whose median curve over the seeds has the highest mean
-over virtual time (area under the curve: it rewards learning early and ending high); the
-``.txt`` names the choice. The paper tunes per algorithm and per figure in the same way,
-on its grid ``2^-10 .. 2^-1``.
+The policy (:class:`Agent`) is a Gaussian over ``u`` from 2x64 tanh MLPs: ``--std logstd``
+(a state-independent log-std, the default) or ``--std softplus`` (the paper's: a
+state-dependent standard deviation through Softplus). The env gets ``tanh(u)`` scaled to
+the action bounds (``--squash tanh``, the default) or ``u`` clipped to them (``--squash
+clip``). The squashing is an env wrapper: the policy's action space is unbounded, and
+REINFORCE's gradient of ``log p(u)`` is that of ``log p(a)``, since the Jacobian of the
+squashing does not depend on ``theta``.
 
-Synchronized NIGT is the paper's baseline: every worker computes ``--sync-share`` gradients
-(1 by default) and waits for the slowest; fast workers idle.
+Methods: ``rennala``, ``malenia``, ``synchronous`` (the paper's synchronized NIGT: every
+worker computes ``--sync-share`` gradients, 1 by default, and waits for the slowest),
+``synchronous-same-batch`` (every worker computes ``ceil(M / n)``, ``M`` the one Rennala,
+or Malenia with heterogeneous envs, chose: the same batch per round), ``afedpg`` (one step
+per arriving gradient, :func:`aps.pg.simulate.afedpg`).
+
+Tuning, as the paper tunes: per (scenario, method) over its grid (:func:`grid_of`): the
+step sizes of ``--lr`` (``2^-7,2^-5``: powers of two as the paper writes them), ``M`` of
+``--batch`` for Rennala and Malenia, ``alpha`` of ``--alpha`` for AFedPG (its
+delay-adaptive ``alpha_k`` and ``eta_k`` are not in the text aps could read, so ``alpha`` is
+swept instead). With ``--pilot-budget``, a pilot on the first tuning seed rules grid points
+out first (:func:`prune`: diverged, no progress, or below the best ``--pilot-keep``). Every
+kept setting runs on the tuning seeds (``--tune-seeds``); the best by the mean over virtual
+time of its median curve (area under the curve) is chosen, and the other seeds run at it.
+The ``.txt`` records every choice in a fixed form, ``chosen M = 50, lr = 2^-7, score ...``,
+with every setting tried and every one ruled out and why.
 
 Each run stops at the same virtual-time budget. Every finished run is saved to
-``<out>/runs/<tag>_<scenario>_<method>_s<seed>.csv`` and skipped on the next call, so an
-interrupted call resumes. Then ``<out>/nigt_sim_<env>[_n<workers>][_<scenarios>].csv`` (every
-run's curve at 100 evenly spaced times, its step size, its totals, and whether its step size
-is the one chosen), ``.png`` (median and (20%, 80%) band over seeds against virtual time) and
-``.txt`` (step sizes chosen, final values, means over time, time-to-reward ratios) are
-written.
+``<out>/runs/`` and skipped on the next call, so an interrupted call resumes. Then
+``<out>/nigt_sim_<env>[_n<workers>][_per_gradient][_softplus][_<scenarios>].csv`` (every
+run's curve at 100 evenly spaced times, its setting, its totals, and whether it is the one
+chosen), ``.png`` (median and (20%, 80%) band over seeds against virtual time) and ``.txt``
+(choices, final values, means over time, time-to-reward ratios) are written; ``--suite``
+writes into ``docs/results/protocol/`` (unless ``--out``) and also writes
+``nigt_protocol.md`` there, the claims page (:mod:`experiments.nigt.protocol`).
 """
 
 from __future__ import annotations
@@ -785,7 +805,7 @@ SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
                             "--budget", "1500", "--pilot-budget", "750",
                             "--seeds", "0,1,2,3,4", *GRID)),
     ("humanoid", ("--env", "Humanoid-v5", "--horizon", "200", "--budget", "60000",
-                  "--pilot-budget", "15000", "--std", "softplus", "--seeds", "0,1,2",
+                  "--pilot-budget", "15000", "--std", "softplus", "--seeds", "0,1,2,3,4",
                   *GRID)),
     ("pendulum-hetero", ("--env", "Pendulum-v1", "--gravity", "2", "--scenarios", "hetero",
                          "--budget", "30000", "--pilot-budget", "7500",
@@ -938,6 +958,9 @@ def run_configuration(args: argparse.Namespace) -> Result:
     run_all([(s, m, seed, st) for (s, m), st in best.items() for seed in others], "rest",
             every, args.budget)  # fmt: skip
     stem = stem_of(args)
+    if not every:  # --replot before any run was saved: leave earlier summaries alone
+        print(f"no saved runs under {Path(args.out) / 'runs'} for {stem}")
+        return Result(args, every, {}, {}, stem)
     best, runs = summarize(args, every, stem, notes)
     return Result(args, every, best, runs, stem)
 
@@ -955,6 +978,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
         suite = SUITE if "--suite" in argv else tuple((f"c{i}", c) for i, c in
                                                       enumerate(PUBLISHED, 1))  # fmt: skip
         rest = [a for a in argv if a not in ("--suite", "--published", "--dry-run")]
+        if "--suite" in argv:  # apart from the published page's files; a later --out wins
+            rest = ["--out", "docs/results/protocol", *rest]
+        only = None
+        if "--only" in rest:  # --only reacher,hopper: a part of the suite (one process each)
+            at = rest.index("--only")
+            only = rest[at + 1].split(",") if at + 1 < len(rest) else []
+            del rest[at : at + 2]
+            unknown = sorted(set(only) - {name for name, _ in suite})
+            if unknown or not only:
+                names = ", ".join(name for name, _ in suite)
+                raise SystemExit(f"--only takes suite names ({names}), got {unknown or only}")
+            suite = tuple((name, c) for name, c in suite if name in only)
         if "--dry-run" in argv:
             print(protocol.estimate([(n, configure([*c, *rest])) for n, c in suite]))
             return []
@@ -962,10 +997,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
         for number, (name, config) in enumerate(suite, 1):
             print(f"configuration {number} of {len(suite)} ({name}): {' '.join(config)}")
             results.append(run_configuration(configure([*config, *rest])))
-        if "--suite" in argv:
+        if "--suite" in argv and results:
+            # Claims of configurations not run here stay "pending"; --suite --replot after
+            # every part has run writes the whole page.
             names = [name for name, _ in suite]
             page = protocol.page(dict(zip(names, results, strict=True)))
-            (Path(results[0].args.out) / "nigt_protocol.md").write_text(page)
+            out = Path(results[0].args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "nigt_protocol.md").write_text(page)
         return results
     return [run_configuration(configure(argv))]
 
