@@ -170,7 +170,7 @@ def test_a_pilot_rules_out_what_diverged_made_no_progress_or_fell_behind() -> No
 
     args = argparse.Namespace(pilot_budget=100.0, seeds=[3, 4], tune_seeds=None, window=1,
                               pilot_keep=2)  # fmt: skip
-    grid = [Setting(2.0**-k, 20, 0.1) for k in range(1, 6)]
+    grid = [Setting(2.0**-k, 20, 0.1) for k in range(1, 7)]
     pilot = {
         ("sqrt", "rennala", 3, grid[0]): [{**run(0, 0)[0], "failed": "ConfigError: nan"}],
         ("sqrt", "rennala", 3, grid[1]): run(0, -5),  # no progress
@@ -178,9 +178,11 @@ def test_a_pilot_rules_out_what_diverged_made_no_progress_or_fell_behind() -> No
         ("sqrt", "rennala", 3, grid[3]): run(0, 2),  # progress, but behind the best two
         ("sqrt", "rennala", 3, grid[4]): run(0, 20),
         ("sqrt", "rennala", 4, grid[3]): run(0, 99),  # not the pilot's seed
+        # Its first round ended after the pilot's budget: not judged, kept.
+        ("sqrt", "rennala", 3, grid[5]): [{**run(0, 0)[0], "time": 150.0}],
     }
     keep, lines = prune(args, pilot, "sqrt", "rennala", grid)
-    assert keep == sorted([grid[2], grid[4]])
+    assert keep == sorted([grid[2], grid[4], grid[5]])
     text = "\n".join(lines)
     assert "M = 20, lr = 2^-1: diverged (ConfigError: nan)" in text
     assert "M = 20, lr = 2^-2: no progress (0.0 to -5.0)" in text

@@ -509,21 +509,29 @@ def prune(
     Ruled out: a run that diverged (failed, or no finite return), one that made no
     progress (its curve ends at or below where it started), and, of the rest, all but the
     ``--pilot-keep`` best by the mean of the curve over time. When no setting progressed,
-    the best that did not diverge are kept all the same.
+    the best that did not diverge are kept all the same; so is every setting whose first
+    round ended after the pilot's budget (the pilot cannot judge it).
     """
     metric = metric_of(scenario)
     points = np.linspace(0, args.pilot_budget, 200)
     seed = (args.tune_seeds or args.seeds)[0]
     scores: dict[Setting, float] = {}
     reasons: dict[Setting, str] = {}
+    unjudged: list[Setting] = []
     for setting in grid:
         rows = pilot.get((scenario, method, seed, setting))
         if rows is None:
             continue
+        if failure(rows):
+            reasons[setting] = f"diverged ({failure(rows)})"
+            continue
         values = curve(rows, points, metric, args.window)
         known = values[np.isfinite(values)]
-        if failure(rows) or not known.size:
-            reasons[setting] = f"diverged ({failure(rows) or 'no finite return'})"
+        if not known.size:
+            if any(_finite(r.get("mean_return")) for r in rows if int(r["iteration"]) >= 0):
+                unjudged.append(setting)  # its first round ended after the pilot's budget
+            else:
+                reasons[setting] = "diverged (no finite return)"
             continue
         scores[setting] = float(known.mean())
         if known[-1] <= known[0]:
@@ -534,7 +542,11 @@ def prune(
         if setting not in keep and setting not in reasons:
             reasons[setting] = f"below the best {args.pilot_keep} in the pilot ({value:.1f})"
     lines = [f"{describe(method, s)}: {why}" for s, why in sorted(reasons.items()) if s not in keep]
-    return sorted(keep), lines
+    return sorted([*keep, *unjudged]), lines
+
+
+def _finite(value: Any) -> bool:
+    return value not in (None, "") and math.isfinite(float(value))
 
 
 def tune(
@@ -577,6 +589,9 @@ def tune(
                         continue
                 ruled.append(f"{describe(method, setting)}: diverged ({failed or 'no value'})")
             if not scores:
+                if ruled:
+                    lines.append(f"{args.env} {scenario} {method}: every setting ruled out: "
+                                 + "; ".join(ruled))  # fmt: skip
                 continue
             best = max(scores, key=lambda st: scores[st])
             best_of[scenario, method] = best
