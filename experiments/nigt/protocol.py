@@ -98,6 +98,9 @@ SECONDS_PER_GRADIENT: dict[str, tuple[float, float]] = {
     "Humanoid-v5": (0.041, 0.081),
     "Pendulum-v1": (0.0029, 0.0071),
 }
+# CPU seconds per run beyond its gradients (making envs and samplers, writing the CSV):
+# a reduced suite here (196 runs, about 15,000 gradients) took 135 s of CPU.
+SECONDS_PER_RUN = 0.25
 
 
 def band(values: list[float]) -> tuple[float, float, float] | None:
@@ -313,14 +316,16 @@ def estimate(configs: list[tuple[str, argparse.Namespace]]) -> str:
             per = gradients(args, scenario, budget, d)
             count += runs
             grads += runs * per
-            seconds += runs * per * (single if method == "afedpg" else nigt)
+            seconds += runs * (per * (single if method == "afedpg" else nigt) + SECONDS_PER_RUN)
             if scenario == "hetero":  # the evaluations, off the clock
                 steps = 2 * args.eval_points * args.eval_episodes * args.horizon
                 seconds += runs * steps * nigt / args.horizon
         total += seconds
-        lines.append(f"{name}: {count:.0f} runs, {grads:,.0f} gradients, {seconds / 3600:.1f} h")
+        lines.append(f"{name}: {count:.0f} runs, {grads:,.0f} gradients, {seconds / 3600:.2f} h")
     lines.append(
         f"total: {total / 3600:.1f} CPU hours; about {total / 3600 / 2:.1f} h of wall time as "
-        "two processes on this 2-core machine (run configurations in parallel, one each)"
+        "two processes on this 2-core machine with nothing else running (--suite --only NAME, "
+        "one each); a shared machine takes longer (a reduced suite took 2.3 times its CPU "
+        "time in wall time beside other work)"
     )
     return "\n".join(lines)
