@@ -309,3 +309,20 @@ def test_the_suite_estimate_lists_every_configuration() -> None:
     for name, _ in SUITE:
         assert f"{name}: " in done.stdout
     assert "CPU hours" in done.stdout
+
+
+@pytest.mark.timeout(200)
+def test_a_suite_replot_without_runs_writes_a_pending_page_and_nothing_else(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [
+        sys.executable, "-m", "experiments.nigt", "--suite", "--only", "pendulum-hetero",
+        "--replot", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nigt_protocol.md"]
+    text = (tmp_path / "nigt_protocol.md").read_text()
+    verdicts = [line for line in text.splitlines() if "| not run |" in line]
+    from experiments.nigt.protocol import CLAIMS
+
+    assert len(verdicts) == len(CLAIMS) and all(line.endswith("| pending |") for line in verdicts)
