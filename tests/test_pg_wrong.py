@@ -18,8 +18,9 @@ Each wrong trainer fails one of these (checked by making each mistake in turn):
 
 Three more are made by wrong variants that a parametrized test runs and must catch: a
 simulator that ignores ``kappa_i`` and a round that ends at the first report
-(``test_a_round_waits_for_its_batch_and_pays_kappa``), an all-reduce that sums instead of
-averaging (``test_an_allreduce_round_averages``).
+(``test_a_round_waits_for_its_batch_and_pays_kappa``; the networked trainer's round too:
+``test_a_server_round_waits_for_its_batch``, where the wrong one takes 128 of 1,024), an
+all-reduce that sums instead of averaging (``test_an_allreduce_round_averages``).
 """
 
 from __future__ import annotations
@@ -260,3 +261,31 @@ def test_an_allreduce_round_averages(make_round: Any, wrong: bool) -> None:
             averages_the_allreduce(make_round)
     else:
         averages_the_allreduce(make_round)
+
+
+async def rounds_hold_their_batch(workers: WorkerTasks, rule: Any, batch: int) -> None:
+    """The networked trainer: every round aggregates at least the rule's batch."""
+    async with aps.Learner(
+        "memory://", num_workers=2, policy=AGENT, autoreset_mode="SameStep", timeouts=FAST
+    ) as learner:
+        for _ in range(2):
+            workers.start(learner.url, env=Reveal, num_envs=ENVS, policy=AGENT)
+        await learner.wait_for_workers()
+        trainer = pg.NIGT(MeanAgent(), aggregator=rule, lr=0.25, horizon=10)
+        async with asyncio.timeout(60):
+            stats = [s async for s in trainer.train(learner, 3)]
+    assert len(stats) == 3
+    assert all(s.used >= batch for s in stats), [s.used for s in stats]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "server-round-ends-at-first-report"])
+async def test_a_server_round_waits_for_its_batch(workers: WorkerTasks, wrong: bool) -> None:
+    # 16 envs' worth of trajectories per worker: far more than any one report holds.
+    batch = 16 * ENVS
+    rule = FirstReport(batch=batch) if wrong else pg.Rennala(batch=batch)
+    if wrong:
+        with pytest.raises(AssertionError):
+            await rounds_hold_their_batch(workers, rule, batch)
+    else:
+        await rounds_hold_their_batch(workers, rule, batch)
