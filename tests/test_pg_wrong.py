@@ -15,13 +15,20 @@ Each wrong trainer fails one of these (checked by making each mistake in turn):
   ``test_a_round_samples_from_fresh_resets_with_the_broadcast_weights``;
 - the trainer taking a report or a count of an earlier round as current:
   ``test_messages_of_an_earlier_round_are_never_aggregated``.
+
+Three more are made by wrong variants that a parametrized test runs and must catch: a
+simulator that ignores ``kappa_i`` and a round that ends at the first report
+(``test_a_round_waits_for_its_batch_and_pays_kappa``; the networked trainer's round too:
+``test_a_server_round_waits_for_its_batch``, where the wrong one takes 128 of 1,024), an
+all-reduce that sums instead of averaging (``test_an_allreduce_round_averages``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -32,6 +39,8 @@ import aps
 from aps import pg
 from aps.gradients import GradientSampler
 from aps.messages import GradientProgress, GradientReport, GradientRound
+from aps.pg.aggregate import RennalaRound
+from aps.pg.simulate import simulate
 from aps.policy import Policy
 from tests.conftest import FAST, WorkerTasks
 from tests.pg_agents import MeanAgent, Reveal
@@ -156,3 +165,127 @@ async def test_messages_of_an_earlier_round_are_never_aggregated(workers: Worker
         # did not close the round early.
         assert round_stats.discarded == replayed
         assert round_stats.used >= batch and round_stats.aggregations == 1
+
+
+# -- Three more mistakes, each made by a wrong variant that the check must catch ------------
+
+
+class SummingRound(RennalaRound):
+    """Wrong: the all-reduced vector taken as the round's gradient, a sum, not the mean."""
+
+    def _estimate_reduced(self, reduced: Any) -> Any:
+        return np.array(reduced, dtype=np.float64)
+
+
+class FirstReportRound(RennalaRound):
+    """Wrong: the round ends at the first gradient anyone reports."""
+
+    def _holds(self, counts: dict[int, int]) -> bool:
+        return sum(counts.values()) >= 1
+
+
+@dataclass(frozen=True)
+class FirstReport:
+    """An aggregation rule that makes :class:`FirstReportRound` rounds."""
+
+    batch: int
+    survives_worker_loss: ClassVar[bool] = True
+
+    def start(self, round_id: int, workers: Any, *, size: int | None = None) -> RennalaRound:
+        return FirstReportRound(round_id, workers, batch=self.batch, size=size)
+
+
+def ignores_kappa(*args: Any, **kwargs: Any) -> Any:
+    """Wrong: the simulator with every communication time dropped."""
+    return simulate(*args, **{**kwargs, "kappa": 0.0})
+
+
+H, KAPPA, BATCH = [1.0, 2.0, 3.0], [5.0, 7.0, 11.0], 4
+# With h = (1, 2, 3), the 4th gradient is ready at time 3 (worker 0 has 3, workers 1 and 2
+# one each): every round takes 3 to compute, then max kappa = 11 over its three senders.
+READY_AT = 3.0
+
+
+def charges_compute_and_communication(sim: Any, rule: Any) -> None:
+    """Every round lasts until the rule's batch is ready plus max kappa_i over its senders."""
+    rounds = list(
+        sim(MeanAgent(), lambda: Reveal(LENGTH), h=H, kappa=KAPPA, aggregator=rule, lr=0.1,
+            horizon=10, gamma=1.0, iterations=3, seed=0)
+    )  # fmt: skip
+    previous = 0.0
+    for r in rounds:
+        senders = [worker for worker, count in r.contributions.items() if count > 0]
+        assert r.used >= BATCH and r.compute == READY_AT
+        assert r.communication == max(KAPPA[worker] for worker in senders)
+        assert r.time == pytest.approx(previous + r.compute + r.communication)
+        previous = r.time
+
+
+@pytest.mark.parametrize(
+    ("sim", "rule", "wrong"),
+    [
+        (simulate, pg.Rennala(batch=BATCH), False),
+        (ignores_kappa, pg.Rennala(batch=BATCH), True),
+        (simulate, FirstReport(batch=BATCH), True),
+    ],
+    ids=["right", "simulator-ignores-kappa", "round-ends-at-first-report"],
+)
+def test_a_round_waits_for_its_batch_and_pays_kappa(sim: Any, rule: Any, wrong: bool) -> None:
+    if wrong:
+        with pytest.raises(AssertionError):
+            charges_compute_and_communication(sim, rule)
+    else:
+        charges_compute_and_communication(sim, rule)
+
+
+def averages_the_allreduce(make_round: Any) -> None:
+    """An all-reduced round's gradient is the pooled mean: the reduced sum over the count."""
+    rng = np.random.default_rng(1)
+    sums = [rng.normal(size=5), rng.normal(size=5)]
+    round_ = make_round()
+    assert round_.add_reduced(4, sums[0] + sums[1], {0: 3, 1: 2}) and round_.done
+    np.testing.assert_allclose(round_.result(), (sums[0] + sums[1]) / 5, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("make_round", "wrong"),
+    [
+        (lambda: pg.Rennala(batch=5).start(4, [0, 1], size=5), False),
+        (lambda: SummingRound(4, [0, 1], batch=5, size=5), True),
+    ],
+    ids=["right", "allreduce-sums"],
+)
+def test_an_allreduce_round_averages(make_round: Any, wrong: bool) -> None:
+    if wrong:
+        with pytest.raises(AssertionError):
+            averages_the_allreduce(make_round)
+    else:
+        averages_the_allreduce(make_round)
+
+
+async def rounds_hold_their_batch(workers: WorkerTasks, rule: Any, batch: int) -> None:
+    """The networked trainer: every round aggregates at least the rule's batch."""
+    async with aps.Learner(
+        "memory://", num_workers=2, policy=AGENT, autoreset_mode="SameStep", timeouts=FAST
+    ) as learner:
+        for _ in range(2):
+            workers.start(learner.url, env=Reveal, num_envs=ENVS, policy=AGENT)
+        await learner.wait_for_workers()
+        trainer = pg.NIGT(MeanAgent(), aggregator=rule, lr=0.25, horizon=10)
+        async with asyncio.timeout(60):
+            stats = [s async for s in trainer.train(learner, 3)]
+    assert len(stats) == 3
+    assert all(s.used >= batch for s in stats), [s.used for s in stats]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "server-round-ends-at-first-report"])
+async def test_a_server_round_waits_for_its_batch(workers: WorkerTasks, wrong: bool) -> None:
+    # 16 envs' worth of trajectories per worker: far more than any one report holds.
+    batch = 16 * ENVS
+    rule = FirstReport(batch=batch) if wrong else pg.Rennala(batch=batch)
+    if wrong:
+        with pytest.raises(AssertionError):
+            await rounds_hold_their_batch(workers, rule, batch)
+    else:
+        await rounds_hold_their_batch(workers, rule, batch)

@@ -354,7 +354,8 @@ def afedpg(
     give them: ``alpha`` and ``eta`` are constants (the paper's delay-adaptive ``alpha_k``
     and decaying ``eta_k`` schedules are not implemented), and a worker's lookahead uses the
     same ``alpha`` as the server. The comparison paper (arXiv 2509.24305) tunes AFedPG on the
-    same constant grids as Rennala NIGT.
+    same constant grids as Rennala NIGT; ``python -m experiments.nigt`` sweeps ``alpha``
+    (``--alpha``) for want of the schedules.
 
     Time: worker ``i``'s gradient is ready ``h[i]`` after it received its point and reaches
     the server ``kappa[i]`` later (one vector sent per gradient); the server's step and the
