@@ -271,7 +271,8 @@ class PreauthBudget:
         try:
             ticket._abort()
         finally:
-            if self._report is not None:
+            # An answered probe that lingers is not a refused peer: it got its answer.
+            if self._report is not None and ticket.stage is not Stage.ANSWERED:
                 self._report(text)
 
     def __repr__(self) -> str:
