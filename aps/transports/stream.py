@@ -15,6 +15,7 @@ import asyncio
 import collections
 import errno
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from typing import cast
 from aps.errors import ConnectError, Timeout
 from aps.framing import FrameDecoder
 from aps.transports._util import tls_refused
-from aps.transports.budget import Ticket
+from aps.transports.budget import PreauthBudget, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ __all__ = [
     "BACKLOG",
     "READ_LIMIT",
     "AcceptTrouble",
+    "Acceptor",
     "StreamConnection",
     "dial",
     "looks_like_tls",
@@ -303,8 +305,8 @@ TLS_RECORD = b"\x16\x03"
 
 
 def looks_like_tls(first: bytes) -> bool:
-    """Whether a stream that begins with ``first`` is a TLS ClientHello, not aps frames."""
-    return first[:2] == TLS_RECORD
+    """Whether a stream that begins with ``first`` (one byte or more) is a TLS hello."""
+    return bool(first) and TLS_RECORD.startswith(first[:2])
 
 
 def tls_hint(peer: str) -> str:
@@ -403,3 +405,168 @@ def raise_fd_limit() -> tuple[int, int] | None:
         return None
     log.info("raised the open-file limit from %d to %d (the hard limit)", soft, target)
     return soft, target
+
+
+class Acceptor:
+    """Accepts connections on a listening socket, each counted from its first byte.
+
+    Each accepted socket takes a :class:`~aps.transports.budget.Ticket` of ``budget`` at
+    once, before any TLS or protocol state exists, or is closed at once when the budget is
+    full. With ``ssl_context``, the socket costs nothing but itself until its first bytes
+    arrive; bytes that are not a TLS hello close it (reported to the budget in one line),
+    and the TLS handshake runs under the ticket's deadline. Then
+    ``loop.connect_accepted_socket`` hands it to ``protocol(ticket)``, whose
+    ``connection_made`` should point the ticket's abort at its transport
+    (:meth:`Ticket.on_abort`). Failed accepts pause accepting (:class:`AcceptTrouble`).
+
+    Args:
+        sock: a bound, listening socket; the acceptor owns it from here.
+        budget: the listener's pre-auth budget.
+        ssl_context: a server-side context for TLS, or ``None``.
+        protocol: makes the protocol of one connection.
+        peer: how logs name the peer at an address ``accept`` returned.
+        what: how logs name the listener.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        budget: PreauthBudget,
+        ssl_context: ssl.SSLContext | None,
+        protocol: Callable[[Ticket], asyncio.BaseProtocol],
+        peer: Callable[[object], str],
+        what: str,
+    ) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._budget = budget
+        self._ssl = ssl_context
+        self._protocol = protocol
+        self._peer = peer
+        self._what = what
+        self._closed = False
+        self._opening: set[asyncio.Task[None]] = set()
+        self.trouble = AcceptTrouble(what)
+        """Failed accepts (out of file descriptors, say), counted and logged in intervals."""
+        self._task = asyncio.get_running_loop().create_task(
+            self._accept_loop(), name=f"aps accept ({what})"
+        )
+
+    async def aclose(self) -> None:
+        """Stop accepting, close the socket and abort the connections still opening."""
+        if self._closed:
+            return
+        self._closed = True
+        self._task.cancel()
+        await asyncio.wait([self._task])
+        self._sock.close()
+        for task in list(self._opening):
+            task.cancel()
+        if self._opening:
+            await asyncio.wait(self._opening)
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                # Out of descriptors: the connection waits in the kernel's backlog while
+                # accepting pauses, and the log says so once per interval.
+                await asyncio.sleep(self.trouble.note(exc))
+                continue
+            try:
+                self._arrived(conn, address)
+            except Exception:
+                # Nothing about one connection may stop the listener from accepting the next.
+                log.exception("setting up a connection on %s failed", self._what)
+                conn.close()
+
+    def _arrived(self, conn: socket.socket, address: object) -> None:
+        """Count ``conn`` against the budget (or close it at once) and start opening it."""
+        conn.setblocking(False)
+        peer = self._peer(address)
+        host = str(address[0]) if isinstance(address, tuple) and address else peer
+        ticket = self._budget.enter(peer, host, abort=conn.close)
+        if ticket is None:
+            conn.close()  # every ticket taken, busy ones included: nothing is cheaper
+            return
+        task = asyncio.get_running_loop().create_task(self._open(conn, ticket))
+
+        def cancel() -> None:
+            task.cancel()
+
+        ticket.on_abort(cancel)
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, conn: socket.socket, ticket: Ticket) -> None:
+        """Hand ``conn`` to a protocol (after its TLS handshake, if any)."""
+        loop = asyncio.get_running_loop()
+        opened = False
+        try:
+            context = self._ssl
+            if context is not None:
+                first = await _first_bytes(conn)
+                if not first:
+                    ticket.release()  # it left before saying anything
+                    conn.close()
+                    return
+                if not looks_like_tls(first):
+                    ticket.release()
+                    conn.close()
+                    self._budget.note(
+                        f"{ticket.peer}: ConnectionLost: it does not look like TLS: its first "
+                        "bytes are not a TLS hello; dial it with TLS (--tls-ca)"
+                    )
+                    return
+            protocol = self._protocol(ticket)
+            # The TLS handshake runs under the ticket's deadline; cancelling this task (an
+            # eviction, the deadline) aborts it, and the protocol's connection_made hands
+            # the abort over to its transport once it is open.
+            await loop.connect_accepted_socket(
+                lambda: protocol,
+                sock=conn,
+                ssl=context,
+                ssl_handshake_timeout=None if context is None else ticket.remaining(),
+            )
+            opened = True
+        except asyncio.CancelledError:
+            # Evicted, past its deadline, or the listener closed: the socket goes now.
+            if not opened:
+                conn.close()
+            ticket.release()
+            raise
+        except (OSError, ConnectionError, TimeoutError) as exc:  # ssl.SSLError included
+            conn.close()
+            if ticket.held:
+                ticket.release()
+                self._budget.note(f"{ticket.peer}: ConnectionLost: {reason(exc)}")
+
+
+async def _first_bytes(conn: socket.socket) -> bytes:
+    """Wait until ``conn`` is readable and peek at its first bytes without reading them.
+
+    ``b""``: the peer closed (or reset) the connection before sending anything.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return conn.recv(len(TLS_RECORD), socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            return b""
+        readable = loop.create_future()
+        fd = conn.fileno()
+        loop.add_reader(fd, _resolve, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(fd)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -72,8 +72,7 @@ from aps.transports._util import (
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, PreauthBudget, Ticket
 from aps.transports.stream import (
-    TLS_RECORD,
-    AcceptTrouble,
+    Acceptor,
     StreamConnection,
     dial,
     looks_like_tls,
@@ -366,7 +365,7 @@ class TCPListener:
     passes. A TLS connection costs nothing but its socket until its first bytes arrive; bytes
     that are not a TLS hello close it with one line. When the process runs out of file
     descriptors, accepting pauses briefly and one line per interval says so
-    (:class:`~aps.transports.stream.AcceptTrouble`).
+    (:class:`~aps.transports.stream.Acceptor`).
     """
 
     _transport_type = TCPTransport
@@ -386,12 +385,8 @@ class TCPListener:
         self._ssl = ssl_context
         self.preauth = preauth if preauth is not None else PreauthBudget()
         """The pre-auth budget of this listener's connections; see :mod:`aps.transports.budget`."""
-        self._sock: socket.socket | None = None
-        self._accept_task: asyncio.Task[None] | None = None
-        self._opening: set[asyncio.Task[None]] = set()
+        self._acceptor: Acceptor | None = None
         self._queue: AcceptQueue[TCPTransport] = AcceptQueue(f"listener {requested}")
-        self.trouble = AcceptTrouble(f"listener {requested}")
-        """Failed accepts (out of file descriptors, say), counted and logged in intervals."""
 
     @property
     def url(self) -> str:
@@ -434,15 +429,8 @@ class TCPListener:
         if self._queue.closed:
             return
         unaccepted = self._queue.close()
-        if self._accept_task is not None:
-            self._accept_task.cancel()
-            await asyncio.wait([self._accept_task])
-        if self._sock is not None:
-            self._sock.close()
-        for task in list(self._opening):
-            task.cancel()
-        if self._opening:
-            await asyncio.wait(self._opening)
+        if self._acceptor is not None:
+            await self._acceptor.aclose()
         for transport in unaccepted:
             await transport.aclose()
 
@@ -462,92 +450,21 @@ class TCPListener:
 
     def _serve(self, sock: socket.socket) -> None:
         """Start accepting on the bound, listening ``sock``."""
-        sock.setblocking(False)
-        self._sock = sock
-        self._accept_task = asyncio.get_running_loop().create_task(
-            self._accept_loop(sock), name=f"aps accept {self._url}"
-        )
+        max_frame_size, on_connect = self._max_frame_size, self._on_connect
 
-    async def _accept_loop(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, address = await loop.sock_accept(sock)
-            except OSError as exc:
-                if self._queue.closed:
-                    return
-                # Out of descriptors: the connection waits in the kernel's backlog while
-                # accepting pauses, and the log says so once per interval.
-                await asyncio.sleep(self.trouble.note(exc))
-                continue
-            try:
-                self._arrived(conn, address)
-            except Exception:
-                # Nothing about one connection may stop the listener from accepting the next.
-                log.exception("setting up a connection on %s failed", self._url)
-                conn.close()
-
-    def _arrived(self, conn: socket.socket, address: object) -> None:
-        """Count ``conn`` against the budget (or close it at once) and start opening it."""
-        conn.setblocking(False)
-        peer = self._peer_at(address)
-        host = str(address[0]) if isinstance(address, tuple) and address else peer
-        ticket = self.preauth.enter(peer, host, abort=conn.close)
-        if ticket is None:
-            conn.close()  # every ticket taken, busy ones included: nothing is cheaper
-            return
-        task = asyncio.get_running_loop().create_task(self._open(conn, ticket))
-
-        def cancel() -> None:
-            task.cancel()
-
-        ticket.on_abort(cancel)
-        self._opening.add(task)
-        task.add_done_callback(self._opening.discard)
-
-    async def _open(self, conn: socket.socket, ticket: Ticket) -> None:
-        """Make ``conn`` a transport in the accept queue (after its TLS handshake, if any)."""
-        loop = asyncio.get_running_loop()
-        opened = False
-        try:
-            context = self._ssl
-            if context is not None:
-                first = await _first_bytes(conn)
-                if not first:
-                    ticket.release()  # it left before saying anything
-                    conn.close()
-                    return
-                if not looks_like_tls(first):
-                    ticket.release()
-                    conn.close()
-                    self.preauth.note(
-                        f"{ticket.peer}: ConnectionLost: it does not look like TLS: its first "
-                        "bytes are not a TLS hello; dial it with TLS (--tls-ca)"
-                    )
-                    return
-            connection = StreamConnection(self._max_frame_size, self._on_connect)
+        def protocol(ticket: Ticket) -> StreamConnection:
+            connection = StreamConnection(max_frame_size, on_connect)
             connection.preauth = ticket
-            # The TLS handshake runs under the ticket's deadline; cancelling this task (an
-            # eviction, the deadline) aborts it, and connection_made hands the abort over
-            # to the transport once it is open.
-            await loop.connect_accepted_socket(
-                lambda: connection,
-                sock=conn,
-                ssl=context,
-                ssl_handshake_timeout=None if context is None else ticket.remaining(),
-            )
-            opened = True
-        except asyncio.CancelledError:
-            # Evicted, past its deadline, or the listener closed: the socket goes now.
-            if not opened:
-                conn.close()
-            ticket.release()
-            raise
-        except (OSError, ssl.SSLError, ConnectionError, TimeoutError) as exc:
-            conn.close()
-            if ticket.held:
-                ticket.release()
-                self.preauth.note(f"{ticket.peer}: ConnectionLost: {reason(exc)}")
+            return connection
+
+        self._acceptor = Acceptor(
+            sock,
+            budget=self.preauth,
+            ssl_context=self._ssl,
+            protocol=protocol,
+            peer=self._peer_at,
+            what=f"listener {self._url}",
+        )
 
     def _on_connect(self, connection: StreamConnection) -> None:
         assert connection.transport is not None  # this runs in connection_made
@@ -572,33 +489,6 @@ class TCPListener:
     def _peer_for(self, connection: StreamConnection) -> str:
         assert connection.transport is not None
         return _peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown")
-
-
-async def _first_bytes(conn: socket.socket) -> bytes:
-    """Wait until ``conn`` is readable and peek at its first bytes without reading them.
-
-    ``b""``: the peer closed (or reset) the connection before sending anything.
-    """
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            return conn.recv(len(TLS_RECORD), socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            return b""
-        readable = loop.create_future()
-        fd = conn.fileno()
-        loop.add_reader(fd, _resolve, readable)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(fd)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class TCPFactory:
