@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
 import os
 import socket
 import ssl
@@ -545,6 +546,20 @@ _ACCEPTED_QUEUE = (16, 4)
 _ACCEPT_BACKLOG = 128
 
 
+class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """websockets' server logger, its per-connection INFO lines demoted to DEBUG.
+
+    websockets says "connection closed" at INFO for every connection: under a flood of
+    connections that never prove anything, a line each (the budget's report sums them up).
+    """
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        super().log(logging.DEBUG if level == logging.INFO else level, msg, *args, **kwargs)
+
+
+_SERVER_LOG = _Quiet(logging.getLogger("websockets.server"), {})
+
+
 class _Serving:
     """Stands in for the asyncio server websockets' own ``serve`` makes (this listener accepts)."""
 
@@ -591,6 +606,7 @@ class WebSocketListener:
         self._server: Server = ws_serve(
             self._handle,
             open_timeout=None,  # the pre-auth budget's deadline covers the opening
+            logger=_SERVER_LOG,
             compression=None,
             ping_interval=None,
             close_timeout=_CLOSE_TIMEOUT,
