@@ -168,15 +168,23 @@ async def _close_all(idle: list[_Pair]) -> None:
             pass
 
 
+@pytest.mark.parametrize("scheme", ["tcp", "wss"])
 async def test_idle_connections_to_a_tls_listener_are_counted_before_their_hello(
-    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], scheme: str
 ) -> None:
     """No ClientHello, ever: each still takes a ticket at accept, the oldest are closed at
-    once for newcomers, and a TLS client then connects."""
+    once for newcomers, and a TLS client then connects (TCP+TLS and wss:// alike)."""
     server, client = tls
-    factory = TCPFactory(server_ssl_context=server, client_ssl_context=client)
-    async with await factory.listen(TCP) as listener:
-        budget = listener.preauth
+    factory: transports.TransportFactory
+    if scheme == "wss":
+        pytest.importorskip("websockets")
+        from aps.transports.websocket import WebSocketFactory
+
+        factory = WebSocketFactory(server_ssl_context=server, client_ssl_context=client)
+    else:
+        factory = TCPFactory(server_ssl_context=server, client_ssl_context=client)
+    async with await factory.listen(f"{scheme}://127.0.0.1:0") as listener:
+        budget = listener.preauth  # type: ignore[attr-defined]
         idle = await _open_idle(listener.url, 3 * budget.limit)
         try:
             await until(lambda: budget.evicted >= 2 * budget.limit)
@@ -189,6 +197,33 @@ async def test_idle_connections_to_a_tls_listener_are_counted_before_their_hello
             assert await accepted.receive() == b"ping"
             await dialed.aclose()
             await accepted.aclose()
+        finally:
+            await _close_all(idle)
+
+
+async def test_evicted_handshakes_are_closed_at_once() -> None:
+    """40 simultaneous silent connections from one address to a learner: the 24 evicted for
+    newcomers are closed then, long before any deadline; the 16 kept stay open."""
+    timeouts = aps.Timeouts(connect=30, handshake=30, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        idle = await _open_idle(learner.url, 40)
+        try:
+
+            async def closed(reader: asyncio.StreamReader) -> bool:
+                try:
+                    while await reader.read(4096):  # the challenge, then the end or nothing
+                        pass
+                except ConnectionError:
+                    pass
+                return True
+
+            waits = [asyncio.create_task(closed(reader)) for reader, _ in idle]
+            # Far below the 30 s deadline: what is closed now was closed for newcomers.
+            done, pending = await asyncio.wait(waits, timeout=5)
+            for task in pending:
+                task.cancel()
+            assert len(done) == 40 - aps.learner.MAX_HANDSHAKES_PER_HOST
+            assert learner._pool.refused == len(done)
         finally:
             await _close_all(idle)
 
