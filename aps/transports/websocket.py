@@ -23,6 +23,11 @@ fragments they receive as they arrive (:class:`_Gatherer`, hooked into the conne
 into each frame (:func:`_send_uncopied`, in place of its protocol's ``send_frame``). Those
 two seams of websockets' sans-I/O design, and its protocol's ``writes`` list, have the same
 shape in websockets 14.2 to 17.4, the releases the WebSocket tests pass on.
+
+A listener accepts its sockets itself (:class:`~aps.transports.stream.Acceptor`), so that
+each counts against its pre-auth budget from the first byte, TLS included; it builds each
+``ServerConnection`` (with its ``ServerProtocol``) as websockets' ``serve`` would, and hands
+it to the connection handler of a websockets ``Server`` that is never bound.
 """
 
 from __future__ import annotations
