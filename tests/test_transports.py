@@ -589,7 +589,7 @@ def test_tcp_send_queues_small_frames_behind_a_large_one_then_waits(loop: str) -
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_tcp_reading_pauses_while_whole_frames_wait(loop: str) -> None:
-    from aps.transports import tcp
+    from aps.transports import stream
 
     frames = [bytes([i % 256]) * 65_000 for i in range(400)]  # 26 MB in all
 
@@ -605,7 +605,7 @@ def test_tcp_reading_pauses_while_whole_frames_wait(loop: str) -> None:
                 connection = transport._connection
                 await until(lambda: connection._reading_paused, "reading to pause")
                 # Bounded: the limit plus what one read brought past it.
-                assert connection.decoder.ready_bytes < tcp._READ_LIMIT + 2**20
+                assert connection.decoder.ready_bytes < stream.READ_LIMIT + 2**20
                 for i, frame in enumerate(frames):
                     assert await transport.receive() == frame, i
 
@@ -1285,6 +1285,8 @@ def test_public_names() -> None:
         "Listener",
         "TransportFactory",
         "DEFAULT_MAX_FRAME_SIZE",
+        "is_local",
+        "PreauthBudget",
         "register",
         "get_factory",
         "scheme_of",

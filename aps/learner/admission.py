@@ -9,15 +9,20 @@ A peer whose Hello says ``probe=True`` (``aps check``) is answered instead, once
 checked out: a :class:`~aps.messages.ProbeResult` with this learner's proof and what a
 ``describe`` callback says of the learner, then, when the probe asks for them (it has
 checked that proof and reads large frames), its spaces, then the end. A probe goes
-through the same limits and deadlines as any handshake, never reaches ``join`` and is never
-counted as a refusal; a probe with a wrong proof is refused like any worker, and learns
-nothing else.
+through the same limits and deadlines as any handshake until it is answered; then it is the
+first to make room for a newcomer and has a short deadline to ask for the spaces. It never
+reaches ``join`` and is never counted as a refusal; a probe with a wrong proof is refused
+like any worker, and learns nothing else.
 
-Nothing an unauthenticated peer does may cost the learner much or keep honest workers out:
-at most :data:`MAX_HANDSHAKES` handshakes run at once and :data:`MAX_HANDSHAKES_PER_HOST`
-idle ones per address, an idle one makes room for a newer connection, a learner that is busy
-says when to dial again, and refusals are logged in bursts, not one line each (a flood of bad
-connections must not become a flood of log lines).
+Nothing an unauthenticated peer does may cost the learner much or keep honest workers out.
+Every connection spends one :class:`~aps.transports.budget.PreauthBudget` from its first
+byte: the listener's, which counts TLS and WebSocket opening handshakes too, and which the
+gate adopts (its deadline becomes ``Timeouts.handshake``, from accept); for a listener
+without one, the gate's own. At most :data:`MAX_HANDSHAKES` connections are pending and
+:data:`MAX_HANDSHAKES_PER_HOST` idle ones per address, an idle one is aborted at once to make
+room for a newer connection, a learner that is busy says when to dial again, and refusals
+are logged in bursts, not one line each (a flood of bad connections must not become a flood
+of log lines).
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from aps.errors import (
@@ -54,6 +58,15 @@ from aps.messages import (
 from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.session import Session, Timeouts
 from aps.transports.base import Listener, Transport
+from aps.transports.budget import (
+    DEFAULT_LIMIT,
+    DEFAULT_PER_HOST,
+    PreauthBudget,
+    Ticket,
+    budget_of,
+    ticket_of,
+)
+from aps.transports.stream import raise_fd_limit
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +79,7 @@ __all__ = [
     "reject",
 ]
 
-MAX_HANDSHAKES = 64
+MAX_HANDSHAKES = DEFAULT_LIMIT
 """The most handshakes a learner runs at once.
 
 A new connection beyond it takes the place of the oldest one that has not said hello yet (an
@@ -74,7 +87,7 @@ honest worker says it one round trip after it connects, so a flood of idle conne
 cannot keep one out); when every handshake in progress is past its hello, the new
 connection is told ``Reject(retry_after=...)`` and the worker dials again later."""
 
-MAX_HANDSHAKES_PER_HOST = 16
+MAX_HANDSHAKES_PER_HOST = DEFAULT_PER_HOST
 """The most handshakes from one address that have not said hello; a new one from that
 address takes the place of its oldest."""
 
@@ -86,16 +99,6 @@ REFUSAL_LOG_INTERVAL = 10.0
 by one; the rest are summed up in one line."""
 
 REFUSAL_LOG_BURST = 5
-
-
-@dataclass(slots=True, eq=False)
-class _Pending:
-    """A handshake in progress."""
-
-    task: asyncio.Task[None]
-    peer: str
-    host: str
-    greeted: bool = False  # the peer said hello: it is past the cheap stage of a flood
 
 
 class _RefusalLog:
@@ -136,6 +139,12 @@ class _RefusalLog:
                 *(self._unlogged, REFUSAL_LOG_INTERVAL, self._latest),
             )
             self._unlogged = 0
+
+
+def _cancel(holder: list[asyncio.Task[None]]) -> None:
+    """Abort a handshake the gate counts itself: cancel its task, which closes it."""
+    if holder:
+        holder[0].cancel()
 
 
 def _host_of(peer: str) -> str:
@@ -192,14 +201,27 @@ class Gate:
         self._describe = describe
         self._accept_task: asyncio.Task[None] | None = None
         self._admissions: set[asyncio.Task[None]] = set()
-        self._pending: dict[asyncio.Task[None], _Pending] = {}
         self._refusal_log = _RefusalLog()
+        # One budget from the first byte: the listener's own when it has one (its TLS and
+        # WebSocket handshakes count), else the gate's, for its handshakes alone.
+        budget = budget_of(listener)
+        self._shared = budget is not None
+        self._budget = budget or PreauthBudget(
+            limit=MAX_HANDSHAKES, per_host=MAX_HANDSHAKES_PER_HOST, deadline=timeouts.handshake
+        )
         self.refusals: list[str] = []
         """The latest refusals (``"PEER: TYPE: reason"``), newest last, a few at most."""
 
     def start(self) -> None:
-        """Start accepting connections."""
+        """Start accepting connections.
+
+        The gate adopts the listener's pre-auth budget (its deadline becomes
+        ``timeouts.handshake``, from accept) and raises the process's soft limit on open
+        files towards the hard one, once, saying so in one log line.
+        """
         if self._accept_task is None:
+            self._budget.adopt(deadline=self.timeouts.handshake, report=self._refusal_log.note)
+            raise_fd_limit()
             self._accept_task = asyncio.create_task(self._accept_loop(), name="aps accept loop")
 
     @property
@@ -249,108 +271,114 @@ class Gate:
             Role.LEARNER,
             heartbeat_interval=self.timeouts.heartbeat_interval,
         )
-        host = _host_of(session.peer)
-        if self._make_room(host):
-            task = asyncio.create_task(self._admit(session), name=f"aps admit {session.peer}")
-            self._pending[task] = _Pending(task, session.peer, host)
-            task.add_done_callback(self._forget_pending)
-        elif len(self._admissions) < 2 * MAX_HANDSHAKES:
-            task = asyncio.create_task(self._turn_away(session), name="aps turn away")
-        else:
-            # Even the answers to busy refusals are backed up: drop the connection.
-            self._refusal_log.note(f"{session.peer}: Busy: the learner is overloaded; dropped")
+        ticket = ticket_of(transport)
+        if ticket is None and self._shared:
+            # Its ticket already ended (evicted or timed out while it waited to be
+            # accepted, and reported then): nothing is left to say to it.
             task = asyncio.create_task(session.aclose(), name="aps drop")
+        else:
+            if ticket is None:
+                # A listener without a budget of its own: the gate counts its handshakes.
+                holder: list[asyncio.Task[None]] = []
+                ticket = self._budget.enter(
+                    session.peer, _host_of(session.peer), abort=lambda: _cancel(holder)
+                )
+                if ticket is None:
+                    self._refusal_log.note(
+                        f"{session.peer}: Busy: the learner is overloaded; dropped"
+                    )
+                    task = asyncio.create_task(session.aclose(), name="aps drop")
+                    self._track(task)
+                    return
+                if not ticket.busy:
+                    task = asyncio.create_task(
+                        self._admit(session, ticket), name=f"aps admit {session.peer}"
+                    )
+                    holder.append(task)
+                    self._track(task)
+                    return
+            if ticket.busy:
+                task = asyncio.create_task(self._turn_away(session, ticket), name="aps turn away")
+            else:
+                task = asyncio.create_task(
+                    self._admit(session, ticket), name=f"aps admit {session.peer}"
+                )
+        self._track(task)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
         self._admissions.add(task)
         task.add_done_callback(self._admissions.discard)
 
-    def _forget_pending(self, task: asyncio.Task[None]) -> None:
-        self._pending.pop(task, None)
-
-    def _make_room(self, host: str) -> bool:
-        """Whether a new handshake from ``host`` may start, evicting an idle one if needed.
-
-        The evicted handshake is the oldest that has not said hello, from the same host when
-        that host holds :data:`MAX_HANDSHAKES_PER_HOST` of them. ``False``: every
-        handshake in progress is past its hello, and the new connection must wait.
-        """
-        idle = [p for p in self._pending.values() if not p.greeted]
-        from_host = [p for p in idle if p.host == host]
-        if len(from_host) >= MAX_HANDSHAKES_PER_HOST:
-            victim: _Pending | None = from_host[0]
-        elif len(self._pending) >= MAX_HANDSHAKES:
-            victim = idle[0] if idle else None
-            if victim is None:
-                return False
-        else:
-            return True
-        assert victim is not None
-        del self._pending[victim.task]
-        victim.task.cancel()
-        self._refusal_log.note(
-            f"{victim.peer}: Timeout: dropped before its hello, to make room for a newer "
-            f"connection ({MAX_HANDSHAKES} handshakes at most, {MAX_HANDSHAKES_PER_HOST} per "
-            "address)"
-        )
-        return True
-
-    async def _turn_away(self, session: Session) -> None:
+    async def _turn_away(self, session: Session, ticket: Ticket) -> None:
         """Tell a connection the learner is busy, and when to dial again."""
+        limit = self._budget.limit
         self._refusal_log.note(
-            f"{session.peer}: Busy: {MAX_HANDSHAKES} handshakes in progress; told to dial again"
+            f"{session.peer}: Busy: {limit} handshakes in progress; told to dial again"
         )
-        reason = f"the learner is busy with {MAX_HANDSHAKES} handshakes; dial again"
-        with contextlib.suppress(ApsError):
-            async with asyncio.timeout(1.0):
-                await session.send(Reject(kind="Busy", reason=reason, retry_after=BUSY_RETRY_AFTER))
-        await session.aclose()
+        reason = f"the learner is busy with {limit} handshakes; dial again"
+        try:
+            with contextlib.suppress(ApsError):
+                async with asyncio.timeout(1.0):
+                    await session.send(
+                        Reject(kind="Busy", reason=reason, retry_after=BUSY_RETRY_AFTER)
+                    )
+        finally:
+            ticket.release()
+            await session.aclose()
 
-    async def _admit(self, session: Session) -> None:
+    async def _admit(self, session: Session, ticket: Ticket) -> None:
         admitted = False
         reason = ""
         try:
-            admitted = await self._authenticate(session)
+            admitted = await self._authenticate(session, ticket)
             reason = "" if admitted else "the check is over"
         except ApsError as exc:
-            reason = self._refuse(session, exc)
+            reason = self._refuse(session, exc, ticket)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # A bug must not leave a silent task behind: refuse the worker and say why.
             log.exception("admitting %s failed unexpectedly", session.peer)
-            reason = self._refuse(session, exc)
+            reason = self._refuse(session, exc, ticket)
         finally:
+            ticket.release()
             if not admitted:
                 # The goodbye tells the peer why (unless a Reject or a goodbye already did).
                 await session.aclose(reason)
 
-    def _refuse(self, session: Session, exc: BaseException) -> str:
-        """Log and remember why ``session`` was refused; return the reason for its goodbye."""
+    def _refuse(self, session: Session, exc: BaseException, ticket: Ticket) -> str:
+        """Log and remember why ``session`` was refused; return the reason for its goodbye.
+
+        A connection the budget ended (evicted, past its deadline) was reported by it.
+        """
         reason = f"{type(exc).__name__}: {exc}"
         text = f"{session.peer}: {reason}"
         self.refusals.append(text)
         del self.refusals[:-20]  # keep the last few for error messages, never grow
-        self._refusal_log.note(text)
+        if ticket.ended is None:
+            self._refusal_log.note(text)
         return reason[:200]
 
-    async def _authenticate(self, session: Session) -> bool:
+    async def _authenticate(self, session: Session, ticket: Ticket) -> bool:
         """Challenge the peer; once it proved the token, hand it to ``join`` with our proof.
 
-        Returns whether the peer was handed to ``join``: ``False`` for a probe, answered.
+        The hello must arrive before the ticket's deadline, counted from accept (TLS and
+        WebSocket handshakes included). Returns whether the peer was handed to ``join``:
+        ``False`` for a probe, answered.
         """
         timeouts = self.timeouts
         nonce = os.urandom(NONCE_SIZE)
         try:
-            async with asyncio.timeout(timeouts.handshake):
+            async with asyncio.timeout(ticket.remaining()):
                 await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
                 hello = await session.receive(timeout=None, operation="the worker's hello")
-                pending = self._pending.get(asyncio.current_task())  # type: ignore[arg-type]
-                if pending is not None:
-                    pending.greeted = True
+                ticket.greeted()
         except TimeoutError as exc:
             if isinstance(exc, Timeout):
                 raise
             raise Timeout(
-                f"no hello from {session.peer} within {timeouts.handshake} s; dropped it",
+                f"no hello from {session.peer} within {timeouts.handshake} s of its "
+                "connection; dropped it",
                 operation="handshake",
                 seconds=timeouts.handshake,
             ) from None
@@ -364,23 +392,29 @@ class Gate:
         session.authenticated()
         proof = b"" if self._token is None else learner_proof(self._token, nonce, hello.nonce)
         if hello.probe:
-            await self._answer_probe(session, proof)
+            await self._answer_probe(session, proof, ticket)
             return False
+        # Past the pre-auth stage: the pool's own deadlines hold from here.
+        ticket.release()
         await self._join(session, hello, proof)
         return True
 
-    async def _answer_probe(self, session: Session, proof: bytes) -> None:
+    async def _answer_probe(self, session: Session, proof: bytes, ticket: Ticket) -> None:
         """Tell a probe that proved the token about this learner; the caller closes it.
 
-        The conversation is bounded by the handshake deadline like the rest of the handshake,
-        and a probe that leaves early (or breaks the protocol) is logged at debug level: it
-        is not a refused worker. The spaces are sent only when asked for: until then the
-        probe's frame limit is a handshake's.
+        Once answered, the probe keeps its ticket at the lowest stage: it has
+        :data:`~aps.transports.budget.PROBE_DEADLINE` seconds to ask for the spaces, and a
+        newcomer evicts it before any other connection, so idle probes holding the token
+        never keep a worker out. A probe that leaves early (or breaks the protocol) is
+        logged at debug level: it is not a refused worker. The spaces are sent only when
+        asked for: until then the probe's frame limit is a handshake's.
         """
         result, spaces = self._describe()
         try:
-            async with asyncio.timeout(self.timeouts.handshake):
+            async with asyncio.timeout(ticket.remaining()):
                 await session.send(dataclasses.replace(result, proof=proof))
+            ticket.answered()
+            async with asyncio.timeout(ticket.remaining()):
                 request = await session.receive(timeout=None, operation="the check's request")
                 assert isinstance(request, SpacesRequest)  # the protocol table allows no other
                 await session.send(spaces)

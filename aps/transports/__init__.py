@@ -2,8 +2,11 @@
 
 The contracts are in :mod:`aps.transports.base`; URL schemes map to factories through
 :func:`register` and :func:`get_factory`. The built-in factories live in
-:mod:`aps.transports.tcp`, :mod:`aps.transports.websocket` and :mod:`aps.transports.memory`;
-the first two are imported only when a URL needs them.
+:mod:`aps.transports.tcp`, :mod:`aps.transports.unix`, :mod:`aps.transports.websocket` and
+:mod:`aps.transports.memory`; the first three are imported only when a URL needs them. Every
+built-in listener counts its connections from their first byte against a
+:class:`PreauthBudget` (:mod:`aps.transports.budget`); stream transports share
+:mod:`aps.transports.stream`.
 
 Example:
     >>> import asyncio
@@ -29,6 +32,7 @@ from aps.transports.base import (
     TransportFactory,
     is_local,
 )
+from aps.transports.budget import PreauthBudget
 from aps.transports.memory import memory_transport_pair
 from aps.transports.registry import connect, get_factory, listen, register, scheme_of
 
@@ -40,6 +44,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     # capabilities
     "is_local",
+    "PreauthBudget",
     # schemes
     "register",
     "get_factory",

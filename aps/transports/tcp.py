@@ -36,13 +36,13 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import logging
+import os
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self, cast
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from aps._typing import Frame
@@ -53,12 +53,10 @@ from aps.errors import (
     EndOfStream,
     FrameTooLarge,
     InvalidState,
-    Timeout,
     TransportClosed,
 )
 from aps.framing import (
     HEADER_SIZE,
-    FrameDecoder,
     check_max_frame_size,
     frame_header,
     frame_view,
@@ -70,19 +68,25 @@ from aps.transports._util import (
     format_host,
     is_loopback_host,
     owned_payload,
-    tls_refused,
 )
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
+from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, PreauthBudget, Ticket
+from aps.transports.stream import (
+    Acceptor,
+    StreamConnection,
+    dial,
+    looks_like_tls,
+    reason,
+    tls_hint,
+)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TCPFactory", "TCPListener", "TCPTransport"]
 
-# Reading pauses once whole frames of this many bytes wait for receive(), so a slow consumer
-# bounds the memory a fast peer can make it hold. A frame being read is always finished.
-_READ_LIMIT = 2 * 2**20
+# Connections the kernel queues for accept() while the listener is busy or paused.
+_ACCEPT_BACKLOG = 128
 
-# send() waits while more than this many bytes wait in the write buffer, besides the last
-# large frame (one over this size): a small frame does not wait for a large one to leave.
-_BACKLOG = 64 * 2**10
 
 # Frames up to this size are copied behind their header and written with one call (one
 # syscall, one TCP segment for small messages). Larger payloads are written separately so the
@@ -93,177 +97,6 @@ _COALESCE_LIMIT = 64 * 2**10
 # before it aborts the connection. A live peer takes milliseconds; a dead one must not block
 # its closer forever.
 _CLOSE_TIMEOUT = 5.0
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return str(exc) or type(exc).__name__
-
-
-class _Connection(asyncio.BufferedProtocol):
-    """The event loop's side of one connection: frames in, write flow control out.
-
-    Bytes are read straight into the :class:`~aps.framing.FrameDecoder`'s memory: a large
-    frame is allocated once at its announced size (after the size check) and filled by the
-    socket reads themselves, so it is neither grown nor copied on its way in.
-    """
-
-    def __init__(
-        self, max_frame_size: int, on_connect: Callable[[_Connection], None] | None = None
-    ) -> None:
-        self.decoder = FrameDecoder(max_frame_size)
-        self.transport: asyncio.Transport | None = None
-        self._on_connect = on_connect
-        self._loop = asyncio.get_running_loop()
-        self._over_ssl = False
-        self._reading_paused = False
-        self._writing_paused = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        # The wire size of the last large frame written since the buffer last drained, and
-        # the bytes written after it: small frames may queue behind one large frame.
-        self._large = 0
-        self._after_large = 0
-        # Set when the peer ended its side (eof) or the connection is gone (lost).
-        self.eof = False
-        self.lost = False
-        self.lost_error: BaseException | None = None
-        self.closed: asyncio.Future[None] = self._loop.create_future()
-
-    # asyncio.BufferedProtocol callbacks.
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's do not subclass asyncio.Transport).
-        self.transport = cast(asyncio.Transport, transport)
-        self._over_ssl = transport.get_extra_info("sslcontext") is not None
-        # Nothing is read until the first receive(): the owner may first lower the frame
-        # limit (a session does, until the peer proved the token), and a connection waiting
-        # to be accepted costs its kernel buffer only, never a frame-sized one here. A TLS
-        # client is the exception: its last handshake message leaves only when it reads or
-        # writes, and its owner lowers the limit before control returns to the loop anyway.
-        if self._on_connect is not None or not self._over_ssl:
-            self._pause_reading()
-        if self._on_connect is not None:
-            self._on_connect(self)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.decoder.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        decoder = self.decoder
-        decoder.buffer_updated(nbytes)
-        if decoder.ready_bytes or decoder.failed:
-            if decoder.ready_bytes >= _READ_LIMIT or decoder.failed:
-                # A refused header leaves nothing worth reading: receive() closes.
-                self._pause_reading()
-            self.wake()
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        self.wake()
-        # Plain TCP stays open for writing after the peer's FIN (as asyncio streams do);
-        # TLS cannot half-close.
-        return not self._over_ssl
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self.lost_error = exc
-        self.wake()
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                if exc is None:
-                    waiter.set_result(None)
-                else:
-                    waiter.set_exception(exc)
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._large = self._after_large = 0  # the buffer drained: nothing large waits
-        self.wake_senders()
-
-    # Used by TCPTransport.
-
-    def wake(self) -> None:
-        """Wake the pending receive(), if any, to look at the state again."""
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def wake_senders(self) -> None:
-        """Wake every send() waiting for buffer space (aclose does too, so they see it)."""
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait(self) -> None:
-        """Wait until :meth:`wake` is called; cancelling loses nothing."""
-        self._waiter = self._loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def frame_taken(self) -> None:
-        """receive() took a frame: read again if the backlog is small enough now."""
-        if self._reading_paused and self.decoder.ready_bytes < _READ_LIMIT:
-            self._reading_paused = False
-            assert self.transport is not None
-            if not self.transport.is_closing():
-                self.transport.resume_reading()
-
-    def handed_over(self, nbytes: int) -> None:
-        """Count a frame of ``nbytes`` (header included) just written to the transport."""
-        if nbytes > _BACKLOG:
-            self._large = nbytes
-            self._after_large = 0
-        else:
-            self._after_large += nbytes
-
-    def writable(self) -> bool:
-        """Whether a frame may be written at once: nothing to drain, nothing broken."""
-        transport = self.transport
-        return not (
-            self._writing_paused or self.lost or transport is None or transport.is_closing()
-        )
-
-    async def drain(self, transport: asyncio.Transport) -> None:
-        """Wait while the write buffer holds more than 64 KiB besides the last large frame.
-
-        A wait lasts until the buffer is back below asyncio's low-water mark (16 KiB by
-        default), which also forgets the large frame.
-
-        Raises:
-            ConnectionResetError: the connection is gone (or broke meanwhile).
-        """
-        allowance = _BACKLOG
-        if self._after_large <= _BACKLOG:
-            allowance += self._large
-        if self._writing_paused and not self.lost:
-            if transport.get_write_buffer_size() > allowance:
-                waiter = self._loop.create_future()
-                self._drain_waiters.append(waiter)
-                try:
-                    await waiter
-                finally:
-                    if waiter in self._drain_waiters:
-                        self._drain_waiters.remove(waiter)
-        if self.lost:
-            raise self.lost_error or ConnectionResetError("connection lost")
-
-    def _pause_reading(self) -> None:
-        if not self._reading_paused:
-            self._reading_paused = True
-            assert self.transport is not None
-            if not self.transport.is_closing():
-                self.transport.pause_reading()
 
 
 class TCPTransport:
@@ -277,7 +110,7 @@ class TCPTransport:
 
     def __init__(
         self,
-        connection: _Connection,
+        connection: StreamConnection,
         transport: asyncio.Transport,
         *,
         peer: str,
@@ -292,6 +125,7 @@ class TCPTransport:
         self._senders = 0  # send() calls holding or waiting for the lock
         self._receiving = False
         self._closed = False
+        self._tls = transport.get_extra_info("sslcontext") is not None
         address = transport.get_extra_info("peername")
         self._is_local = isinstance(address, tuple) and is_loopback_host(str(address[0]))
         sock = self._transport.get_extra_info("socket")
@@ -314,6 +148,15 @@ class TCPTransport:
     def is_local(self) -> bool:
         """Whether the other end is on this host (a loopback address); see :func:`is_local`."""
         return self._is_local
+
+    @property
+    def preauth(self) -> Ticket | None:
+        """The pre-auth ticket of an accepted connection still counted, else ``None``.
+
+        See :mod:`aps.transports.budget`; a dialed connection has none.
+        """
+        ticket = self._connection.preauth
+        return ticket if ticket is not None and ticket.held else None
 
     @property
     def max_frame_size(self) -> int:
@@ -384,7 +227,7 @@ class TCPTransport:
             except Exception as exc:  # what broke the connection: any backend error
                 if not self._closed:
                     raise ConnectionLost(
-                        f"connection to {self.peer} lost while sending: {_reason(exc)}"
+                        f"connection to {self.peer} lost while sending: {reason(exc)}"
                     ) from exc
             if self._closed:
                 raise TransportClosed(f"cannot send to {self.peer}: this transport is closed")
@@ -427,8 +270,10 @@ class TCPTransport:
             while True:
                 try:
                     frame = connection.decoder.next_frame()
-                except FrameTooLarge:
+                except FrameTooLarge as exc:
                     await self.aclose()
+                    if not self._tls and looks_like_tls(exc.size.to_bytes(4, "little")):
+                        raise ConnectionLost(tls_hint(self.peer)) from exc
                     raise
                 if frame is not None:
                     connection.frame_taken()
@@ -449,12 +294,19 @@ class TCPTransport:
         error = connection.lost_error
         if error is not None:
             lost = ConnectionLost(
-                f"connection to {self.peer} lost while receiving: {_reason(error)}"
+                f"connection to {self.peer} lost while receiving: {reason(error)}"
             )
             lost.__cause__ = error
             return lost
         partial = connection.decoder.partial
         if partial is None:
+            if not connection.received_any and not self._tls and self.preauth is None:
+                # A dialed connection closed before a single byte: what a TLS listener does
+                # to a plain client once its handshake deadline passes.
+                return EndOfStream(
+                    f"{self.peer} closed the connection before sending anything; if it "
+                    "listens with TLS, dial it with TLS (--tls-ca)"
+                )
             return EndOfStream(f"{self.peer} closed the connection")
         arrived, expected = partial
         return ConnectionLost(
@@ -505,15 +357,35 @@ class TCPTransport:
 
 
 class TCPListener:
-    """A bound TCP (or TLS) server socket; create it with :meth:`TCPFactory.listen`."""
+    """A bound TCP (or TLS) server socket; create it with :meth:`TCPFactory.listen`.
+
+    The listener accepts connections itself, so that every one is counted from its first
+    byte: each takes a :class:`~aps.transports.budget.Ticket` of :attr:`preauth` at accept,
+    before its TLS handshake, and is aborted when the budget evicts it or its deadline
+    passes. A TLS connection costs nothing but its socket until its first bytes arrive; bytes
+    that are not a TLS hello close it with one line. When the process runs out of file
+    descriptors, accepting pauses briefly and one line per interval says so
+    (:class:`~aps.transports.stream.Acceptor`).
+    """
 
     _transport_type = TCPTransport
 
-    def __init__(self, *, scheme: str, requested: str, max_frame_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        scheme: str,
+        requested: str,
+        max_frame_size: int,
+        ssl_context: ssl.SSLContext | None = None,
+        preauth: PreauthBudget | None = None,
+    ) -> None:
         self._scheme = scheme
         self._url = requested
         self._max_frame_size = max_frame_size
-        self._server: asyncio.Server | None = None
+        self._ssl = ssl_context
+        self.preauth = preauth if preauth is not None else PreauthBudget()
+        """The pre-auth budget of this listener's connections; see :mod:`aps.transports.budget`."""
+        self._acceptor: Acceptor | None = None
         self._queue: AcceptQueue[TCPTransport] = AcceptQueue(f"listener {requested}")
 
     @property
@@ -529,25 +401,37 @@ class TCPListener:
     async def accept(self) -> TCPTransport:
         """Wait for the next connection (after its TLS handshake, if any).
 
+        A connection that ended while it waited (evicted, timed out, or closed by its peer)
+        is skipped. Unless the budget was adopted (by a learner's gate), the connection's
+        ticket is released here.
+
         Cancellation: no connection is lost.
 
         Raises:
             TransportClosed: the listener was closed (also wakes a pending call).
         """
-        return await self._queue.get()
+        while True:
+            transport = await self._queue.get()
+            connection = transport._connection
+            if connection.lost:
+                detach(transport.aclose)
+                continue
+            if connection.preauth is not None and not self.preauth.holds_after_accept:
+                connection.preauth.release()
+            return transport
 
     async def aclose(self) -> None:
         """Stop listening and wake pending ``accept`` calls; idempotent.
 
-        Connections already accepted stay open; connections nobody accepted are closed.
+        Connections already accepted stay open; connections nobody accepted (in their TLS
+        handshake or in the queue) are closed.
         """
         if self._queue.closed:
             return
-        if self._server is not None:
-            # Closes the listening sockets at once. Server.wait_closed() is not awaited: since
-            # Python 3.12 it also waits for every accepted connection to end.
-            self._server.close()
-        for transport in self._queue.close():
+        unaccepted = self._queue.close()
+        if self._acceptor is not None:
+            await self._acceptor.aclose()
+        for transport in unaccepted:
             await transport.aclose()
 
     async def __aenter__(self) -> Self:
@@ -564,8 +448,28 @@ class TCPListener:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
-    def _on_connect(self, connection: _Connection) -> None:
+    def _serve(self, sock: socket.socket) -> None:
+        """Start accepting on the bound, listening ``sock``."""
+        max_frame_size, on_connect = self._max_frame_size, self._on_connect
+
+        def protocol(ticket: Ticket) -> StreamConnection:
+            connection = StreamConnection(max_frame_size, on_connect)
+            connection.preauth = ticket
+            return connection
+
+        self._acceptor = Acceptor(
+            sock,
+            budget=self.preauth,
+            ssl_context=self._ssl,
+            protocol=protocol,
+            peer=self._peer_at,
+            what=f"listener {self._url}",
+        )
+
+    def _on_connect(self, connection: StreamConnection) -> None:
         assert connection.transport is not None  # this runs in connection_made
+        if connection.preauth is not None:
+            connection.preauth.on_abort(connection.transport.abort)
         transport = self._transport_type(
             connection,
             connection.transport,
@@ -576,7 +480,13 @@ class TCPListener:
             # The listener closed while this connection was being set up.
             detach(transport.aclose)
 
-    def _peer_for(self, connection: _Connection) -> str:
+    def _peer_at(self, address: object) -> str:
+        """How logs name the peer at ``address`` (what ``accept`` returned)."""
+        if isinstance(address, tuple) and len(address) >= 2:
+            return f"{self._scheme}://{format_host(str(address[0]))}:{address[1]}"
+        return f"{self._scheme}://unknown"
+
+    def _peer_for(self, connection: StreamConnection) -> str:
         assert connection.transport is not None
         return _peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown")
 
@@ -589,9 +499,12 @@ class TCPFactory:
         server_ssl_context: TLS for :meth:`listen` only (overrides ``ssl_context``).
         client_ssl_context: TLS for :meth:`connect` only (overrides ``ssl_context``).
         max_frame_size: the largest frame sent or received, in bytes (at most 4 GiB - 1).
+        preauth_limit: connections each listener holds before they proved the token (TLS
+            handshakes included); see :mod:`aps.transports.budget`.
+        preauth_per_host: of those, idle ones from one source address.
 
     Raises:
-        ConfigError: ``max_frame_size`` is out of range.
+        ConfigError: ``max_frame_size`` or a pre-auth limit is out of range.
     """
 
     def __init__(
@@ -601,8 +514,12 @@ class TCPFactory:
         server_ssl_context: ssl.SSLContext | None = None,
         client_ssl_context: ssl.SSLContext | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        preauth_limit: int = DEFAULT_LIMIT,
+        preauth_per_host: int = DEFAULT_PER_HOST,
     ) -> None:
         self.max_frame_size = check_max_frame_size(max_frame_size)
+        self._preauth_limits = {"limit": preauth_limit, "per_host": preauth_per_host}
+        PreauthBudget(**self._preauth_limits)  # refuses bad limits now, not at listen
         self._server_ssl = server_ssl_context or ssl_context
         self._client_ssl = client_ssl_context or ssl_context
 
@@ -618,9 +535,9 @@ class TCPFactory:
         scheme, host, port = _parse_url(url, listening=False)
         assert host is not None  # _parse_url refuses a url without one
         context = check_ssl_side(self._client_ssl, "client", url, "TCPFactory")
-        transport, connection = await _dial(
+        transport, connection = await dial(
             lambda: asyncio.get_running_loop().create_connection(
-                lambda: _Connection(self.max_frame_size), host, port, ssl=context
+                lambda: StreamConnection(self.max_frame_size), host, port, ssl=context
             ),
             url,
             timeout,
@@ -649,73 +566,46 @@ class TCPFactory:
         """
         scheme, host, port = _parse_url(url, listening=True)
         context = check_ssl_side(self._server_ssl, "server", url, "TCPFactory")
-        listener = TCPListener(scheme=scheme, requested=url, max_frame_size=self.max_frame_size)
+        listener = TCPListener(
+            scheme=scheme,
+            requested=url,
+            max_frame_size=self.max_frame_size,
+            ssl_context=context,
+            preauth=self._preauth(),
+        )
         try:
-            if port == 0:
-                host = await _first_address(host)
-            max_frame_size = self.max_frame_size
-            server = await asyncio.get_running_loop().create_server(
-                lambda: _Connection(max_frame_size, listener._on_connect),
-                host,
-                port,
-                ssl=context,
-            )
+            family, address = await _bind_address(host, port)
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                if os.name == "posix":  # as asyncio does: rebinding a port in TIME_WAIT
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and host is None:
+                    with contextlib.suppress(OSError):  # both families, where it can
+                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.bind(address)
+                sock.listen(_ACCEPT_BACKLOG)
+            except BaseException:
+                sock.close()
+                raise
         except OSError as exc:
             raise ConnectError(
-                f"cannot listen on {url!r}: {_reason(exc)}; pick another port "
+                f"cannot listen on {url!r}: {reason(exc)}; pick another port "
                 "(0 picks a free one) or stop the process that holds it",
                 url=url,
             ) from exc
-        bound_host, bound_port = server.sockets[0].getsockname()[:2]
-        listener._server = server
+        bound_host, bound_port = sock.getsockname()[:2]
         listener._url = f"{scheme}://{format_host(bound_host)}:{bound_port}"
+        listener._serve(sock)
         return listener
+
+    def _preauth(self) -> PreauthBudget:
+        """A fresh budget for one listener, with this factory's limits."""
+        limits = self._preauth_limits
+        return PreauthBudget(**limits)
 
     def __repr__(self) -> str:
         tls = "tls" if self._server_ssl or self._client_ssl else "plain"
         return f"TCPFactory({tls}, max_frame_size={self.max_frame_size})"
-
-
-async def _dial(
-    opening: Callable[[], Awaitable[tuple[asyncio.BaseTransport, _Connection]]],
-    url: str,
-    timeout: float | None,
-    *,
-    there: str,
-    at: str,
-) -> tuple[asyncio.Transport, _Connection]:
-    """Open a connection with ``opening()`` within ``timeout``, its errors made aps's.
-
-    ``there`` and ``at`` finish the advice of the errors: "check that a listener runs
-    {there} or raise the timeout", "check that a listener runs {at}".
-
-    Raises:
-        ConnectError: refused, unreachable, or the handshake failed.
-        AuthError: the peer's TLS certificate failed verification (never worth a retry).
-        Timeout: not connected within ``timeout`` seconds.
-    """
-    try:
-        async with asyncio.timeout(timeout) as deadline:
-            transport, connection = await opening()
-    except TimeoutError as exc:
-        if deadline.expired():
-            raise Timeout(
-                f"connecting to {url!r} took longer than {timeout} s; check that a listener "
-                f"runs {there} or raise the timeout",
-                operation="connect",
-                seconds=timeout,
-            ) from exc
-        raise ConnectError(f"cannot connect to {url!r}: {_reason(exc)}", url=url) from exc
-    except ssl.SSLCertVerificationError as exc:
-        # Not a learner that is not up yet: dialing again meets the same certificate.
-        raise tls_refused(url, exc) from exc
-    except OSError as exc:
-        raise ConnectError(
-            f"cannot connect to {url!r}: {_reason(exc)}; check that a listener runs {at}",
-            url=url,
-        ) from exc
-    # A stream transport (uvloop's do not subclass asyncio.Transport).
-    return cast(asyncio.Transport, transport), connection
 
 
 def _parse_url(url: str, *, listening: bool) -> tuple[str, str | None, int]:
@@ -745,11 +635,20 @@ def _parse_url(url: str, *, listening: bool) -> tuple[str, str | None, int]:
     return parts.scheme, host, port
 
 
-async def _first_address(host: str | None) -> str:
+async def _bind_address(host: str | None, port: int) -> tuple[int, tuple[Any, ...]]:
+    """The family and address to bind for ``host`` (``None``: every interface).
+
+    The first that resolves, so that one port reaches the listener.
+    """
     infos = await asyncio.get_running_loop().getaddrinfo(
-        host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
-    return str(infos[0][4][0])
+    if host is None and socket.has_dualstack_ipv6():
+        for family, _, _, _, address in infos:
+            if family == socket.AF_INET6:
+                return family, address
+    family, _, _, _, address = infos[0]
+    return family, address
 
 
 def _peer_of(transport: asyncio.BaseTransport, scheme: str, *, fallback: str) -> str:

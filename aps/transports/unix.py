@@ -45,7 +45,8 @@ from urllib.parse import unquote, urlsplit
 from aps.errors import ConfigError, ConnectError
 from aps.framing import check_max_frame_size
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
-from aps.transports.tcp import TCPListener, TCPTransport, _Connection, _dial, _reason
+from aps.transports.stream import StreamConnection, dial, reason
+from aps.transports.tcp import TCPListener, TCPTransport
 
 __all__ = ["MAX_PATH_BYTES", "UnixFactory", "UnixListener", "UnixTransport"]
 
@@ -54,6 +55,9 @@ MAX_PATH_BYTES = 107 if sys.platform.startswith("linux") else 103
 the BSDs), the terminating NUL included."""
 
 _SEND_BUFFER = 4 * 2**20
+
+# Connections the kernel queues for accept() while the listener is busy or paused.
+_ACCEPT_BACKLOG = 128
 
 _USAGE = "write it as unix:///absolute/path.sock, or unix:// for a fresh private path"
 
@@ -119,7 +123,10 @@ class UnixListener(TCPListener):
                 with contextlib.suppress(OSError):
                     os.rmdir(self._owned_dir)
 
-    def _peer_for(self, connection: _Connection) -> str:
+    def _peer_for(self, connection: StreamConnection) -> str:
+        return self._url
+
+    def _peer_at(self, address: object) -> str:
         return self._url
 
 
@@ -151,9 +158,9 @@ class UnixFactory:
         """
         path = _parse_url(url, listening=False)
         assert path is not None  # _parse_url refuses a url without one
-        transport, connection = await _dial(
+        transport, connection = await dial(
             lambda: asyncio.get_running_loop().create_unix_connection(
-                lambda: _Connection(self.max_frame_size), path
+                lambda: StreamConnection(self.max_frame_size), path
             ),
             url,
             timeout,
@@ -179,7 +186,7 @@ class UnixFactory:
             except OSError as exc:
                 raise ConnectError(
                     f"cannot listen on {url!r}: no directory for the socket could be made "
-                    f"({_reason(exc)}); set TMPDIR to a writable directory, or listen on "
+                    f"({reason(exc)}); set TMPDIR to a writable directory, or listen on "
                     "unix:///writable/path.sock or tcp://127.0.0.1:0",
                     url=url,
                 ) from exc
@@ -188,22 +195,22 @@ class UnixFactory:
         listener = UnixListener(
             requested=url, path=path, owned_dir=owned_dir, max_frame_size=self.max_frame_size
         )
-        max_frame_size = self.max_frame_size
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            server = await asyncio.get_running_loop().create_unix_server(
-                lambda: _Connection(max_frame_size, listener._on_connect), path
-            )
+            sock.bind(path)
+            sock.listen(_ACCEPT_BACKLOG)
         except OSError as exc:
+            sock.close()
             if owned_dir is not None:
                 with contextlib.suppress(OSError):
                     os.rmdir(owned_dir)
             raise ConnectError(
-                f"cannot listen on {url!r}: {_reason(exc)}; check that the directory exists "
+                f"cannot listen on {url!r}: {reason(exc)}; check that the directory exists "
                 "and this user may write to it",
                 url=url,
             ) from exc
-        listener._server = server
         listener._url = f"unix://{path}"
+        listener._serve(sock)
         return listener
 
     def __repr__(self) -> str:
@@ -284,14 +291,14 @@ def _clear_stale(path: str, url: str) -> None:
         except OSError as exc:
             raise ConnectError(
                 f"cannot listen on {url!r}: the socket file a stopped listener left there "
-                f"cannot be removed ({_reason(exc)}); remove it or pick another path",
+                f"cannot be removed ({reason(exc)}); remove it or pick another path",
                 url=url,
             ) from exc
         return
     except BlockingIOError:
         pass  # alive, its backlog full
     except OSError as exc:
-        raise ConnectError(f"cannot listen on {url!r}: {_reason(exc)}", url=url) from exc
+        raise ConnectError(f"cannot listen on {url!r}: {reason(exc)}", url=url) from exc
     finally:
         probe.close()
     raise ConnectError(

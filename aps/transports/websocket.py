@@ -23,6 +23,11 @@ fragments they receive as they arrive (:class:`_Gatherer`, hooked into the conne
 into each frame (:func:`_send_uncopied`, in place of its protocol's ``send_frame``). Those
 two seams of websockets' sans-I/O design, and its protocol's ``writes`` list, have the same
 shape in websockets 14.2 to 17.4, the releases the WebSocket tests pass on.
+
+A listener accepts its sockets itself (:class:`~aps.transports.stream.Acceptor`), so that
+each counts against its pre-auth budget from the first byte, TLS included; it builds each
+``ServerConnection`` (with its ``ServerProtocol``) as websockets' ``serve`` would, and hands
+it to the connection handler of a websockets ``Server`` that is never bound.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
+import os
+import socket
 import ssl
 import struct
 from collections.abc import Callable, Iterator
@@ -62,6 +70,8 @@ from aps.transports._util import (
     tls_refused,
 )
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
+from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, PreauthBudget, Ticket
+from aps.transports.stream import Acceptor
 
 try:
     from websockets.asyncio.client import ClientConnection, connect as ws_connect
@@ -75,7 +85,7 @@ try:
         WebSocketException,
     )
     from websockets.frames import CloseCode, Frame as WsFrame, Opcode
-    from websockets.protocol import Event, Protocol, Side
+    from websockets.protocol import Event, Protocol, Side, State
     from websockets.server import ServerProtocol
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
@@ -110,6 +120,26 @@ same CPU, 64 KiB ones more: see benchmarks/README.md.)
 """
 
 
+def max_fragments(limit: int) -> int:
+    """The most fragments of one message under a message limit of ``limit`` bytes.
+
+    aps itself sends :data:`FRAGMENT_SIZE` pieces; a peer may use smaller ones, down to
+    16 KiB on average, plus a few. Before accept (a 64 KiB limit) that is 68 fragments: a
+    pending connection cannot park thousands of one-byte fragments.
+    """
+    return 64 + limit // (16 * 1024)
+
+
+class TooManyFragments(Exception):
+    """A message came in more fragments than :func:`max_fragments` allows (closes it)."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(
+            f"a message in more than {count - 1} fragments under a limit of {limit} bytes; "
+            f"at most {max_fragments(limit)} are read"
+        )
+
+
 class _Gatherer:
     """Assembles a fragmented binary message as its fragments arrive.
 
@@ -123,21 +153,27 @@ class _Gatherer:
 
     Nothing larger than the connection's message limit is allocated: the guess is taken only
     within the limit, and websockets refuses a message whose fragments exceed the limit
-    before it reads the fragment that would.
+    before it reads the fragment that would. A message in more than :func:`max_fragments`
+    pieces is refused (:class:`TooManyFragments`), and pieces are joined into one growing
+    buffer as they come, so tiny fragments cost their bytes, not an object each.
     """
 
     def __init__(self) -> None:
         self.expected = 0  # the size of the last fragmented message
         self._buffer: bytes | bytearray | None = None
         self._view: memoryview | None = None
-        self._pieces: list[bytes | bytearray | memoryview] = []
+        self._joined = bytearray()  # the message so far, when there is no guessed buffer
         self._size = 0
+        self._count = 0
         self._gathering = False
 
     def add(self, frame: WsFrame, limit: int | None) -> WsFrame | None:
         """Return the frame to hand on: ``frame``, a whole message, or ``None`` for now.
 
         ``limit``: the connection's largest message in bytes (``None``: no limit).
+
+        Raises:
+            TooManyFragments: the message came in more pieces than the limit allows.
         """
         if frame.opcode is Opcode.BINARY and not frame.fin:
             self.clear()
@@ -147,6 +183,11 @@ class _Gatherer:
                 self._buffer, self._view = allocate(guess)
         elif frame.opcode is not Opcode.CONT or not self._gathering:
             return frame  # a whole message, or a fragment of a text message
+        self._count += 1
+        if limit is not None and self._count > max_fragments(limit):
+            count = self._count
+            self.clear()
+            raise TooManyFragments(count, limit)
         data = frame.data
         end = self._size + len(data)
         view = self._view
@@ -154,9 +195,9 @@ class _Gatherer:
             view[self._size : end] = data
         else:
             if view is not None:  # longer than the previous one: join it instead
-                self._pieces.append(bytes(view[: self._size]))
+                self._joined += view[: self._size]
                 self._drop_buffer()
-            self._pieces.append(data)
+            self._joined += data
         self._size = end
         if not frame.fin:
             return None
@@ -164,11 +205,12 @@ class _Gatherer:
 
     def _finish(self) -> bytes:
         self._gathering = False
+        self._count = 0
         self.expected = size = self._size
         view, buffer = self._view, self._buffer
         if view is None or buffer is None:
-            message = b"".join(self._pieces)
-            self._pieces.clear()
+            message = bytes(self._joined)
+            self._joined = bytearray()
             return message
         self._view = self._buffer = None
         if size == view.nbytes:
@@ -182,7 +224,8 @@ class _Gatherer:
         """Forget a message half gathered (the connection ended), so its buffer is reused."""
         self._gathering = False
         self._size = 0
-        self._pieces.clear()
+        self._count = 0
+        self._joined = bytearray()
         self._drop_buffer()
 
     def _drop_buffer(self) -> None:
@@ -203,7 +246,12 @@ class _Gathering(Connection):
 
     def process_event(self, event: Event) -> None:
         if isinstance(event, WsFrame):  # not the opening handshake
-            handed_on = self.aps_gatherer.add(event, getattr(self.protocol, _LIMIT))
+            try:
+                handed_on = self.aps_gatherer.add(event, getattr(self.protocol, _LIMIT))
+            except TooManyFragments:
+                # Closed at once: its fragments are gone, and so is anything after them.
+                self.transport.abort()
+                return
             if handed_on is None:
                 return  # gathering: websockets sees the message once it is whole
             event = handed_on
@@ -304,6 +352,15 @@ class WebSocketTransport:
     def is_local(self) -> bool:
         """Whether the other end is on this host (a loopback address); see :func:`is_local`."""
         return self._is_local
+
+    @property
+    def preauth(self) -> Ticket | None:
+        """The pre-auth ticket of an accepted connection still counted, else ``None``.
+
+        See :mod:`aps.transports.budget`; a dialed connection has none.
+        """
+        ticket: Ticket | None = getattr(self._connection, "aps_ticket", None)
+        return ticket if ticket is not None and ticket.held else None
 
     @property
     def max_frame_size(self) -> int:
@@ -472,34 +529,114 @@ class WebSocketTransport:
         return ConnectionLost(f"connection to {self.peer} lost: {exc}")
 
 
-MAX_OPENING = 64
-"""The most connections a listener holds before they are accepted (opening handshakes and
-connections waiting in the accept queue); more are closed at once."""
+MAX_OPENING = DEFAULT_LIMIT
+"""The most connections a listener holds before they proved the token (its pre-auth budget's
+default limit; opening handshakes and connections waiting in the accept queue included)."""
+
+MAX_OPENING_BYTES = 16 * 1024
+"""The most bytes a connection may send before its opening handshake is done: the HTTP
+request and its headers (an aps client sends a few hundred). More closes it at once."""
 
 UNACCEPTED_FRAME_SIZE = 64 * 1024
 """The largest message read from a connection nobody has accepted yet; accept() restores the
 listener's limit."""
 
+# Messages queued before a connection is accepted, at most (websockets' max_queue): each is
+# within UNACCEPTED_FRAME_SIZE, and nobody reads them until accept. accept() restores
+# websockets' default.
+_UNACCEPTED_QUEUE = 1
+_ACCEPTED_QUEUE = (16, 4)
+
+# Connections the kernel queues for accept() while the listener is busy or paused.
+_ACCEPT_BACKLOG = 128
+
+
+class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """websockets' server logger, its per-connection INFO lines demoted to DEBUG.
+
+    websockets says "connection closed" at INFO for every connection: under a flood of
+    connections that never prove anything, a line each (the budget's report sums them up).
+    """
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        super().log(logging.DEBUG if level == logging.INFO else level, msg, *args, **kwargs)
+
+
+_SERVER_LOG = _Quiet(logging.getLogger("websockets.server"), {})
+
+
+class _Serving:
+    """Stands in for the asyncio server websockets' own ``serve`` makes (this listener accepts)."""
+
+    def __init__(self, listener: WebSocketListener) -> None:
+        self._listener = listener
+
+    def is_serving(self) -> bool:
+        return self._listener.is_serving()
+
 
 class WebSocketListener:
     """A WebSocket server; create it with :meth:`WebSocketFactory.listen`.
 
-    At most :data:`MAX_OPENING` connections wait before :meth:`accept` takes them (opening
-    handshakes included, each ended after websockets' 10 s opening timeout); more are closed at
-    once, so idle connections cannot use up the process's file descriptors, and until it is
-    accepted a connection's messages are limited to :data:`UNACCEPTED_FRAME_SIZE`.
+    The listener accepts connections itself (as the TCP one does): every connection takes a
+    :class:`~aps.transports.budget.Ticket` of :attr:`preauth` from accept, before its TLS
+    handshake (``wss://``) and its opening handshake, and is aborted when the budget evicts
+    it or its deadline passes, so idle connections can neither use up the process's file
+    descriptors nor keep an honest worker out. Until it is accepted, a connection may send
+    :data:`MAX_OPENING_BYTES` of opening handshake, messages of at most
+    :data:`UNACCEPTED_FRAME_SIZE` and, in fragments, few of them (see :class:`_Gatherer`).
     """
 
-    def __init__(self, *, requested: str, max_frame_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        requested: str,
+        max_frame_size: int,
+        ssl_context: ssl.SSLContext | None = None,
+        preauth: PreauthBudget | None = None,
+    ) -> None:
         self._url = requested
         self._max_frame_size = max_frame_size
-        self._server: Server | None = None
+        self._ssl = ssl_context
+        self.preauth = preauth if preauth is not None else PreauthBudget()
+        """The pre-auth budget of this listener's connections; see :mod:`aps.transports.budget`."""
+        self._acceptor: Acceptor | None = None
         self._queue: AcceptQueue[WebSocketTransport] = AcceptQueue(f"listener {requested}")
-        self.opening = 0
-        """Connections not accepted yet (opening handshakes and the accept queue)."""
-        self.refused = 0
-        """Connections closed at once because :data:`MAX_OPENING` were waiting."""
         self._waiting: set[ServerConnection] = set()
+        self.oversized = 0
+        """Connections closed for sending more than :data:`MAX_OPENING_BYTES` before their
+        opening handshake was done."""
+        # websockets' server object, never bound: it runs each connection's opening handshake
+        # and handler (its per-connection logic), while this listener accepts the sockets.
+        self._server: Server = ws_serve(
+            self._handle,
+            open_timeout=None,  # the pre-auth budget's deadline covers the opening
+            logger=_SERVER_LOG,
+            compression=None,
+            ping_interval=None,
+            close_timeout=_CLOSE_TIMEOUT,
+        )
+        # What websockets asks of the asyncio server it would have made: whether it serves
+        # (a connection's opening handshake answers 503 once it does not).
+        self._server.server = _Serving(self)  # type: ignore[assignment]
+
+    def is_serving(self) -> bool:
+        """Whether the listener still accepts connections."""
+        return not self._queue.closed
+
+    @property
+    def opening(self) -> int:
+        """Connections not accepted yet (opening handshakes and the accept queue)."""
+        return len(self._waiting)
+
+    @property
+    def refused(self) -> int:
+        """Connections closed before they were accepted.
+
+        Evicted to make room, refused when the budget was full, or sending too much opening
+        handshake.
+        """
+        return self.preauth.evicted + self.preauth.refused + self.oversized
 
     def _connection_class(self) -> type[ServerConnection]:
         """The ServerConnection that counts this listener's unaccepted connections."""
@@ -516,19 +653,39 @@ class WebSocketListener:
                 protocol.send_frame = functools.partial(  # type: ignore[method-assign]
                     _send_uncopied, protocol, protocol.send_frame
                 )
+                self.aps_ticket: Ticket | None = None
+                self.aps_opening_bytes = 0
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                ticket = self.aps_ticket
+                if ticket is not None:
+                    ticket.on_abort(cast(asyncio.Transport, transport).abort)
                 super().connection_made(transport)
-                if listener.opening >= MAX_OPENING:
-                    listener.refused += 1
-                    cast(asyncio.Transport, transport).abort()
-                    return
-                listener.opening += 1
                 listener._waiting.add(self)
                 self.aps_waiting = True
 
+            def data_received(self, data: bytes) -> None:
+                if self.protocol.state is State.CONNECTING:
+                    # websockets buffers a request line and headers up to 1 MiB; a pending
+                    # connection may cost a few KiB.
+                    self.aps_opening_bytes += len(data)
+                    if self.aps_opening_bytes > MAX_OPENING_BYTES:
+                        listener.oversized += 1
+                        ticket = self.aps_ticket
+                        if ticket is not None and ticket.held:
+                            ticket.release()
+                            listener.preauth.note(
+                                f"{ticket.peer}: ConnectionLost: sent more than "
+                                f"{MAX_OPENING_BYTES} bytes of opening handshake; closed it"
+                            )
+                        self.transport.abort()
+                        return
+                super().data_received(data)
+
             def connection_lost(self, exc: Exception | None) -> None:
                 listener.taken(self)
+                if self.aps_ticket is not None:
+                    self.aps_ticket.release()
                 super().connection_lost(exc)
 
         return _Counted
@@ -537,7 +694,6 @@ class WebSocketListener:
         """``connection`` no longer waits: it was accepted, or it ended."""
         if getattr(connection, "aps_waiting", False):
             connection.aps_waiting = False  # type: ignore[attr-defined]
-            self.opening -= 1
             self._waiting.discard(connection)
 
     @property
@@ -553,15 +709,29 @@ class WebSocketListener:
     async def accept(self) -> WebSocketTransport:
         """Wait for the next connection whose opening handshake succeeded.
 
+        A connection that ended while it waited is skipped. Unless the budget was adopted
+        (by a learner's gate), the connection's ticket is released here.
+
         Cancellation: no connection is lost.
 
         Raises:
             TransportClosed: the listener was closed (also wakes a pending call).
         """
-        transport = await self._queue.get()
-        self.taken(transport._connection)  # type: ignore[arg-type]
-        transport.max_frame_size = self._max_frame_size
-        return transport
+        while True:
+            transport = await self._queue.get()
+            connection = transport._connection
+            self.taken(connection)  # type: ignore[arg-type]
+            if connection.transport.is_closing():
+                detach(transport.aclose)
+                continue
+            ticket: Ticket | None = getattr(connection, "aps_ticket", None)
+            if ticket is not None and not self.preauth.holds_after_accept:
+                ticket.release()
+            transport.max_frame_size = self._max_frame_size
+            messages: Any = getattr(connection, "recv_messages", None)
+            if hasattr(messages, "high") and hasattr(messages, "low"):
+                messages.high, messages.low = _ACCEPTED_QUEUE
+            return transport
 
     async def aclose(self) -> None:
         """Stop listening and wake pending ``accept`` calls; idempotent.
@@ -570,15 +740,13 @@ class WebSocketListener:
         """
         if self._queue.closed:
             return
-        if self._server is not None:
-            # Close the listening sockets now; websockets' own close() does the rest in a
-            # background task, which lives until the accepted connections end.
-            self._server.server.close()
-            self._server.close(close_connections=False)
-        for transport in self._queue.close():
+        unaccepted = self._queue.close()
+        if self._acceptor is not None:
+            await self._acceptor.aclose()
+        for transport in unaccepted:
             await transport.aclose()
-        # Connections still in their opening handshake would otherwise live on until
-        # websockets' opening timeout, after their listener (and perhaps their loop) ended.
+        # Connections still in their opening handshake would otherwise live on until their
+        # deadline, after their listener (and perhaps their loop) ended.
         for connection in list(self._waiting):
             connection.transport.abort()
 
@@ -595,6 +763,39 @@ class WebSocketListener:
 
     def __repr__(self) -> str:
         return f"<WebSocketListener {self.url}>"
+
+    def _serve(self, sock: socket.socket) -> None:
+        """Start accepting on the bound, listening ``sock``."""
+        counted = self._connection_class()
+        server = self._server
+        limit = min(self._max_frame_size, UNACCEPTED_FRAME_SIZE)
+
+        def protocol(ticket: Ticket) -> ServerConnection:
+            connection = counted(
+                ServerProtocol(max_size=limit, logger=server.logger),
+                server,
+                ping_interval=None,
+                ping_timeout=None,
+                close_timeout=_CLOSE_TIMEOUT,
+                max_queue=_UNACCEPTED_QUEUE,
+            )
+            connection.aps_ticket = ticket  # type: ignore[attr-defined]
+            return connection
+
+        self._acceptor = Acceptor(
+            sock,
+            budget=self.preauth,
+            ssl_context=self._ssl,
+            protocol=protocol,
+            peer=self._peer_at,
+            what=f"listener {self._url}",
+        )
+
+    def _peer_at(self, address: object) -> str:
+        scheme = self._url.partition("://")[0] or "ws"
+        if isinstance(address, tuple) and len(address) >= 2:
+            return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
+        return f"{scheme}://unknown"
 
     async def _handle(self, connection: ServerConnection) -> None:
         # websockets closes a connection when its handler returns, so the handler lives as
@@ -618,9 +819,12 @@ class WebSocketFactory:
         client_ssl_context: TLS for ``wss://`` clients (overrides ``ssl_context``);
             without one, clients trust the system's certificate authorities.
         max_frame_size: the largest frame sent or received, in bytes.
+        preauth_limit: connections each listener holds before they proved the token (TLS
+            and opening handshakes included); see :mod:`aps.transports.budget`.
+        preauth_per_host: of those, idle ones from one source address.
 
     Raises:
-        ConfigError: ``max_frame_size`` is not a positive int.
+        ConfigError: ``max_frame_size`` or a pre-auth limit is out of range.
     """
 
     def __init__(
@@ -630,8 +834,12 @@ class WebSocketFactory:
         server_ssl_context: ssl.SSLContext | None = None,
         client_ssl_context: ssl.SSLContext | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        preauth_limit: int = DEFAULT_LIMIT,
+        preauth_per_host: int = DEFAULT_PER_HOST,
     ) -> None:
         self.max_frame_size = check_max_frame_size(max_frame_size, ceiling=2**63 - 1)
+        self._preauth_limits = {"limit": preauth_limit, "per_host": preauth_per_host}
+        PreauthBudget(**self._preauth_limits)  # refuses bad limits now, not at listen
         self._server_ssl = server_ssl_context or ssl_context
         self._client_ssl = client_ssl_context or ssl_context
 
@@ -703,30 +911,36 @@ class WebSocketFactory:
                 "server_ssl_context= (an ssl.PROTOCOL_TLS_SERVER context with "
                 "load_cert_chain) to WebSocketFactory, or use ws://"
             )
-        listener = WebSocketListener(requested=url, max_frame_size=self.max_frame_size)
+        listener = WebSocketListener(
+            requested=url,
+            max_frame_size=self.max_frame_size,
+            ssl_context=context,
+            preauth=PreauthBudget(**self._preauth_limits),
+        )
         try:
-            server = await ws_serve(
-                listener._handle,
-                host,
-                port,
-                ssl=context,
-                max_size=min(self.max_frame_size, UNACCEPTED_FRAME_SIZE),
-                compression=None,
-                ping_interval=None,
-                close_timeout=_CLOSE_TIMEOUT,
-                create_connection=listener._connection_class(),
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )
+            family, _, _, _, address = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                if os.name == "posix":  # as asyncio does: rebinding a port in TIME_WAIT
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(_ACCEPT_BACKLOG)
+            except BaseException:
+                sock.close()
+                raise
         except OSError as exc:
             raise ConnectError(
                 f"cannot listen on {url!r}: {(exc.strerror or str(exc)).lower()}; pick another "
                 "port (0 picks a free one) or stop the process that holds it",
                 url=url,
             ) from exc
-        sockets = list(server.sockets)
-        bound_host, bound_port = sockets[0].getsockname()[:2]
+        bound_host, bound_port = sock.getsockname()[:2]
         scheme = "wss" if secure else "ws"
-        listener._server = server
         listener._url = f"{scheme}://{format_host(bound_host)}:{bound_port}{path}"
+        listener._serve(sock)
         return listener
 
     def __repr__(self) -> str:

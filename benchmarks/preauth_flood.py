@@ -1,0 +1,384 @@
+"""Attack a real learner with idle connections that never prove the token, and measure it.
+
+A learner runs in a child process on 127.0.0.1 with its file-descriptor limit lowered (soft
+and hard, so aps cannot raise it) and logs to a file. This process opens ``--connections``
+idle connections to it (plain TCP, TCP+TLS without a ClientHello, WebSocket without an HTTP
+request), each dialed again as soon as the learner closes it. After ``--warmup`` seconds an
+honest worker (another child) dials in; the script reports:
+
+- ``admitted_s``: from the worker's start to the learner's ``wait_for_workers`` returning;
+- ``rss_growth_mb``: the learner's peak RSS during the flood minus its RSS before;
+- ``log_lines``: lines the learner logged during the run (refusals are summed up);
+- ``learner_sockets`` / ``close_wait``: the learner's sockets, and those in CLOSE_WAIT, 1 s
+  after the attacker left (read from ``/proc/<pid>/fd`` and ``/proc/net/tcp*``);
+- ``pending_kib``: the learner's RSS growth per pending connection while 64 of them hold a
+  ticket each, having sent what costs most on that transport before proving the token (the
+  aps challenge left unanswered; a TLS ClientHello; 16 KiB of HTTP headers).
+
+Goals (issue 29): admitted within 5 s, RSS +<100 MB, <100 log lines, nothing in CLOSE_WAIT,
+<=64 KiB per pending connection. Linux only (``/proc``). Example::
+
+    python benchmarks/preauth_flood.py --transport tls --connections 2500
+    python benchmarks/preauth_flood.py --transport ws --connections 100 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TOKEN = "a token for the pre-auth flood benchmark, 0123456789abcdef"
+TRANSPORTS = ("tcp", "tls", "ws")
+PENDING = 64  # tickets a learner's budget holds by default
+
+
+def _certificate(directory: Path) -> tuple[Path, Path]:
+    """A throwaway self-signed certificate for 127.0.0.1."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def _factory(transport: str, tls_dir: str | None, *, server: bool) -> Any:
+    from aps.transports.tcp import TCPFactory
+    from aps.transports.websocket import WebSocketFactory
+
+    if transport == "ws":
+        return WebSocketFactory()
+    if transport == "tcp":
+        return TCPFactory()
+    assert tls_dir is not None
+    if server:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(Path(tls_dir) / "cert.pem", Path(tls_dir) / "key.pem")
+        return TCPFactory(server_ssl_context=context)
+    context = ssl.create_default_context(cafile=str(Path(tls_dir) / "cert.pem"))
+    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return TCPFactory(client_ssl_context=context)
+
+
+# The learner child.
+
+
+def learner_main(args: argparse.Namespace) -> None:
+    """Run a learner under a lowered fd limit until stdin closes."""
+    import logging
+
+    import aps
+    from aps._loop import run
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (args.fd_limit, args.fd_limit))
+    logging.basicConfig(filename=args.log, level=logging.INFO, format="%(name)s %(message)s")
+
+    async def main() -> None:
+        scheme = "ws" if args.transport == "ws" else "tcp"
+        factory = _factory(args.transport, args.tls_dir, server=True)
+        timeouts = aps.Timeouts(connect=120, handshake=args.handshake, step=60)
+        url = f"{scheme}://127.0.0.1:0"
+        async with aps.Learner(
+            url, num_workers=1, token=TOKEN, factory=factory, timeouts=timeouts
+        ) as learner:
+            print(f"url {learner.url}", flush=True)
+            loop = asyncio.get_running_loop()
+            stdin = asyncio.StreamReader()
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+            waiting = asyncio.create_task(learner.wait_for_workers(120))
+            ended = asyncio.create_task(stdin.read())
+            done, _ = await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if waiting in done:
+                print(f"admitted {time.monotonic()}", flush=True)
+                await learner.reset(seed=0)
+                await ended
+            waiting.cancel()
+
+    run(main())
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    """Run an honest worker until the learner ends."""
+    import aps
+    from aps._loop import run
+
+    factory = _factory(args.transport, args.tls_dir, server=False)
+    worker = aps.Worker(
+        args.url,
+        "CartPole-v1",
+        token=TOKEN,
+        factory=factory,
+        timeouts=aps.Timeouts(connect=120, handshake=args.handshake),
+    )
+    with contextlib.suppress(Exception):
+        run(worker.run())
+
+
+# Measurements of the learner process.
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _sockets(pid: int) -> tuple[int, int]:
+    """The process's sockets, and how many of its TCP sockets are in CLOSE_WAIT."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    close_wait = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "08" and fields[9] in inodes:  # 08: CLOSE_WAIT
+                    close_wait += 1
+    return len(inodes), close_wait
+
+
+# The attacker.
+
+
+class Flood:
+    """``count`` idle connections to ``host:port``, each dialed again when it is closed."""
+
+    def __init__(self, host: str, port: int, count: int) -> None:
+        self.host, self.port, self.count = host, port, count
+        self.dials = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._hold()) for _ in range(self.count)]
+
+    async def _hold(self) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            self.dials += 1
+            self._writers.add(writer)
+            try:
+                # Idle: read whatever comes (a challenge) until the learner closes.
+                while await reader.read(65536):
+                    pass
+            except OSError:
+                pass
+            finally:
+                self._writers.discard(writer)
+                writer.close()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for writer in list(self._writers):
+            writer.close()
+
+
+def _client_hello() -> bytes:
+    """The bytes of a TLS ClientHello, made with a memory BIO (nothing is dialed)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_side=False)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def _pending(host: str, port: int, transport: str) -> list[socket.socket]:
+    """``PENDING`` connections that each sent what costs most before proving the token."""
+    loop = asyncio.get_running_loop()
+    hello = _client_hello()
+    headers = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 8000 + b"\r\n"
+    held = []
+    for _ in range(PENDING):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, port))
+        if transport == "tls":
+            await loop.sock_sendall(sock, hello)
+        elif transport == "ws":
+            await loop.sock_sendall(sock, headers)  # an unfinished request, 8 KiB in
+        held.append(sock)
+    await asyncio.sleep(1.0)
+    return held
+
+
+async def attack(args: argparse.Namespace) -> dict[str, Any]:
+    """Run one attack against a fresh learner; return the figures."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, args.connections + 2 * PENDING + 256)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    here = Path(__file__).resolve()  # noqa: ASYNC240  # once, before anything runs
+    with tempfile.TemporaryDirectory() as scratch:
+        tls_dir = None
+        if args.transport == "tls":
+            _certificate(Path(scratch))
+            tls_dir = scratch
+        log_path = Path(scratch) / "learner.log"
+        common = ["--transport", args.transport, "--handshake", str(args.handshake)]
+        if tls_dir:
+            common += ["--tls-dir", tls_dir]
+        # Popen returns at once; the children are waited for in the finally, briefly.
+        learner = subprocess.Popen(  # noqa: ASYNC220
+            [
+                *(sys.executable, str(here), "--learner"),
+                *("--fd-limit", str(args.fd_limit), "--log", str(log_path), *common),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        worker: subprocess.Popen[str] | None = None
+        flood: Flood | None = None
+        try:
+            assert learner.stdout is not None and learner.stdin is not None
+            url = learner.stdout.readline().split()[1]
+            host, port = url.split("://")[1].rstrip("/").rsplit(":", 1)
+            await asyncio.sleep(0.5)
+            baseline = _rss_kib(learner.pid)
+
+            # Memory per pending connection, before the flood.
+            held = await _pending(host, int(port), args.transport)
+            pending_kib = (_rss_kib(learner.pid) - baseline) / PENDING
+            for sock in held:
+                sock.close()
+            await asyncio.sleep(1.0)
+
+            flood = Flood(host, int(port), args.connections)
+            flood.start()
+            peak = baseline
+            started = time.monotonic()
+            while time.monotonic() - started < args.warmup:
+                peak = max(peak, _rss_kib(learner.pid))
+                await asyncio.sleep(0.2)
+            worker_started = time.monotonic()
+            worker = subprocess.Popen(  # noqa: ASYNC220
+                [sys.executable, str(here), "--worker", "--url", url, *common],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            line = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(None, learner.stdout.readline),
+                args.deadline,
+            )
+            admitted_s = float(line.split()[1]) - worker_started if line else None
+            peak = max(peak, _rss_kib(learner.pid))
+            dials = flood.dials
+            await flood.stop()
+            flood = None
+            await asyncio.sleep(1.0)
+            sockets, close_wait = _sockets(learner.pid)
+            log_lines = len(log_path.read_text().splitlines()) if log_path.exists() else 0
+            return {
+                "transport": args.transport,
+                "connections": args.connections,
+                "fd_limit": args.fd_limit,
+                "dials": dials,
+                "admitted_s": admitted_s,
+                "rss_before_mb": round(baseline / 1024, 1),
+                "rss_growth_mb": round((peak - baseline) / 1024, 1),
+                "log_lines": log_lines,
+                "learner_sockets": sockets,
+                "close_wait": close_wait,
+                "pending_kib": round(pending_kib, 1),
+            }
+        finally:
+            if flood is not None:
+                await flood.stop()
+            if worker is not None:
+                worker.kill()
+                worker.wait()
+            with contextlib.suppress(OSError):
+                assert learner.stdin is not None
+                learner.stdin.close()
+            try:
+                learner.wait(10)
+            except subprocess.TimeoutExpired:
+                learner.kill()
+                learner.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--transport", choices=TRANSPORTS, default="tcp")
+    parser.add_argument("--connections", type=int, default=2500)
+    parser.add_argument("--fd-limit", type=int, default=1024)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--deadline", type=float, default=60.0)
+    parser.add_argument("--handshake", type=float, default=5.0)
+    parser.add_argument("--json", type=Path)
+    # Internal: the child processes.
+    parser.add_argument("--learner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--log", help=argparse.SUPPRESS)
+    parser.add_argument("--tls-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.learner:
+        learner_main(args)
+        return
+    if args.worker:
+        worker_main(args)
+        return
+    result = asyncio.run(attack(args))
+    print(json.dumps(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
