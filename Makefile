@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool]' --group test --group lint --group examples --group docs --group experiments
+	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool,compression]' --group test --group lint --group examples --group docs --group experiments
 	touch $@
 
 demo: $(VENV)/.installed
