@@ -85,22 +85,30 @@ _NAMES = {code: name for name, code in CODEC_IDS.items()}
 THRESHOLD: Final = 4096
 """Arrays of fewer bytes than this travel plain.
 
-Measured with ``benchmarks/compression.py``: under 4 KiB a call's fixed cost (a few
-microseconds) is a large share of the time, CartPole- and MuJoCo-sized float observations
-shrink little, and the bytes saved are small beside the frame's own overhead; from 4 KiB up,
-Atari frames shrink to a fraction of their size at hundreds of MB/s.
+Measured with ``benchmarks/compression.py`` (``benchmarks/results/compression-*.json``):
+at 1 KiB and under, MuJoCo and CartPole float observations do not shrink at all (ratio
+1.01 to 1.04 with zstd and lz4) and a call's fixed cost holds both codecs to 30 to 400
+MB/s; at 4 KiB Humanoid's float64 observations shrink to 0.75 and Pong frames to 0.04, at
+250 to 1,000 MB/s. Below 4 KiB an array saves under 4 KiB whatever it holds, while
+every array there would pay the fixed cost.
 """
 
 LEVELS: Final = {"zstd": 1, "lz4": 0}
 """The level each codec runs at (zstd's 1; lz4's block default, its fastest mode).
 
-Measured with ``benchmarks/compression.py``: on Atari frames zstd's higher levels gain a
-few percent of ratio for several times the CPU, which a worker needs for its envs.
+Measured with ``benchmarks/compression.py``: on Humanoid float64 observations of 16 KiB
+and more, zstd 3 compresses at half to two thirds of level 1's speed for a ratio better
+by under 0.01 (0.684 against 0.690), and zstd 6 at a sixth of it; on Pong frames every
+level already reaches 0.01 or less from 16 KiB. lz4's high-compression mode (9) runs 5 to
+100 times slower than its default for a ratio better by 0.01 to 0.02.
 """
 
 MAX_RATIO: Final = 0.875
-"""An array whose compressed bytes are more than this share of its raw bytes travels plain:
-float weights and random data gain nothing worth the receiver's decompression."""
+"""An array whose compressed bytes are more than this share of its raw bytes travels plain.
+
+Measured: CartPole float32 observations only reach 0.94 with zstd (1.004 with lz4) and
+random bytes 1.00, not worth the receiver's inflate; MuJoCo float64 observations (0.69
+with zstd, 0.73 with lz4) and pixels (0.01 to 0.04) pass."""
 
 _PACKAGES = {"zstd": "zstandard", "lz4": "lz4"}
 
