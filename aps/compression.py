@@ -160,7 +160,7 @@ def _missing(codec: str, who: str) -> None:
         f"missing {who} {codec}",
         logging.WARNING,
         "compression=%r asked for, but this %s cannot import %s; its arrays travel "
-        "uncompressed (install the compression extra: pip install 'aps-rl[compression]')",
+        "uncompressed (install the compression extra: pip install 'aps[compression]')",
         codec,
         who,
         _PACKAGES[codec],
