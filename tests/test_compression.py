@@ -666,3 +666,37 @@ def test_weights_decode_equal_from_a_compressed_frame() -> None:
         decoded = codec.decode(frame, compression=name)
         assert isinstance(decoded, Weights)
         assert_same(decoded.arrays, arrays)
+
+
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    given,
+    settings,
+    strategies as st,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    codec_id=st.sampled_from([ZSTD, LZ4, 0, 255]),
+    shape=st.lists(st.integers(0, 2**20), max_size=3).map(tuple),
+    body=st.one_of(
+        st.binary(max_size=64),
+        st.integers(0, 5000).map(zstd_of),
+        st.integers(0, 5000).map(lz4_of),
+    ),
+    cut=st.integers(0, 8),
+)
+def test_any_compressed_payload_decodes_or_is_a_wire_error(
+    codec_id: int, shape: tuple[int, ...], body: bytes, cut: int
+) -> None:
+    payload = ext(codec_id, U8, shape, body).data
+    frames = [reset_result(msgpack.ExtType(EXT_COMPRESSED, payload[: len(payload) - cut]))]
+    for frame in frames:
+        for negotiated in ("zstd", "lz4", "none"):
+            try:
+                message = codec.decode(frame, compression=negotiated, max_frame_size=LIMIT)
+            except aps.WireError:
+                continue
+            assert isinstance(message, ResetResult)
+            assert message.obs.shape == shape and not message.obs.flags.writeable
