@@ -21,6 +21,7 @@ import gymnasium as gym
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 zstandard = pytest.importorskip("zstandard")
 lz4_block = pytest.importorskip("lz4.block")
@@ -666,14 +667,6 @@ def test_weights_decode_equal_from_a_compressed_frame() -> None:
         decoded = codec.decode(frame, compression=name)
         assert isinstance(decoded, Weights)
         assert_same(decoded.arrays, arrays)
-
-
-from hypothesis import (  # noqa: E402
-    HealthCheck,
-    given,
-    settings,
-    strategies as st,
-)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
