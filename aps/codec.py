@@ -99,7 +99,7 @@ from aps._wire import (
     _is_large,
     _unpadded_header,
 )
-from aps.compression import Compressor, inflater
+from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
 from aps.messages import MESSAGE_TYPES, Message
 from aps.spaces import space_from_wire, space_to_wire
@@ -616,6 +616,18 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
 # Decoding (the ext hooks and the zero-copy walk are in aps._unpack)
 
 
+_SMALL_FRAME = 4096
+_COMPRESSED_CODE = bytes([EXT_COMPRESSED])
+
+
+def _may_hold_compressed(frame: Frame, size: int) -> bool:
+    """Whether ``frame`` may hold a compressed array: ``False`` only if it cannot."""
+    if size > _SMALL_FRAME:
+        return True  # scanning a large frame costs more than the hook
+    data = frame if type(frame) is bytes or type(frame) is bytearray else bytes(frame)
+    return _COMPRESSED_CODE in data
+
+
 def decode(
     frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, compression: str = "none"
 ) -> Message:
@@ -645,11 +657,11 @@ def decode(
     """
     size = _frame_size(frame, max_frame_size)
     data: Frame = frame
-    ext_hook = (
-        _TOP_HOOK
-        if compression == "none"
-        else _make_ext_hook(0, inflater(compression, max_frame_size))
-    )
+    ext_hook = _TOP_HOOK
+    # A compressed array's ext code is a byte of the frame: a small frame without that byte
+    # (most of a step's) needs no hook that inflates, which costs a few us to make.
+    if compression != "none" and _may_hold_compressed(frame, size):
+        ext_hook = _make_ext_hook(0, inflater(compression, max_frame_size))
     # Only bytes are viewed in place: a view of a caller's bytearray would not be read-only.
     if type(frame) is bytes and size > _LARGE_ARRAY:
         found = _large_arrays(frame)

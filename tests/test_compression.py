@@ -684,7 +684,8 @@ def test_any_compressed_payload_decodes_or_is_a_wire_error(
     codec_id: int, shape: tuple[int, ...], body: bytes, cut: int
 ) -> None:
     payload = ext(codec_id, U8, shape, body).data
-    frames = [reset_result(msgpack.ExtType(EXT_COMPRESSED, payload[: len(payload) - cut]))]
+    frame = reset_result(msgpack.ExtType(EXT_COMPRESSED, payload[: len(payload) - cut]))
+    frames = [frame, bytearray(frame), memoryview(frame)]
     for frame in frames:
         for negotiated in ("zstd", "lz4", "none"):
             try:
@@ -693,3 +694,17 @@ def test_any_compressed_payload_decodes_or_is_a_wire_error(
                 continue
             assert isinstance(message, ResetResult)
             assert message.obs.shape == shape and not message.obs.flags.writeable
+
+
+def test_small_compressed_frames_decode_from_any_buffer() -> None:
+    """A 4 KiB array of zeros compresses to a frame of a few dozen bytes; any buffer holds it."""
+    message = ResetResult(obs=np.zeros((64, 64), np.uint8), info={})
+    for name in compression.CODECS:
+        frame = codec.encode(message, compressor=compression.compressor(name))
+        assert len(frame) < 100
+        for buffer in (frame, bytearray(frame), memoryview(frame)):
+            decoded = codec.decode(buffer, compression=name)
+            assert isinstance(decoded, ResetResult)
+            assert decoded.obs.tobytes() == message.obs.tobytes()
+        with pytest.raises(aps.WireError, match="negotiated no compression"):
+            codec.decode(memoryview(frame))
