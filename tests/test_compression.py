@@ -708,3 +708,15 @@ def test_small_compressed_frames_decode_from_any_buffer() -> None:
             assert decoded.obs.tobytes() == message.obs.tobytes()
         with pytest.raises(aps.WireError, match="negotiated no compression"):
             codec.decode(memoryview(frame))
+
+
+@pytest.mark.parametrize("url", [TCP, "unix://", "memory://"])
+async def test_auto_stays_plain_over_the_real_local_transports(url: str) -> None:
+    async with aps.Learner(url, num_workers=1, token=TOKEN, timeouts=FAST) as learner:
+        tasks = await run_workers(learner, 1)
+        try:
+            await learner.reset(seed=0)
+            assert sessions(learner) == ["none"]
+            assert transports.is_local(learner._pool.remotes[0].session._transport)
+        finally:
+            await stop(tasks)
