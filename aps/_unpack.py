@@ -22,6 +22,7 @@ import numpy as np
 from aps._wire import (
     _LARGE_ARRAY,
     _LONGEST_HEADER,
+    EXT_COMPRESSED,
     EXT_NDARRAY,
     EXT_OBJECT_ARRAY,
     EXT_SCALAR,
@@ -95,7 +96,16 @@ def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> 
     return array
 
 
-def _make_ext_hook(depth: int) -> Callable[[int, bytes], Any]:
+def _make_ext_hook(
+    depth: int, inflate: Callable[[bytes], np.ndarray[Any, Any]] | None = None
+) -> Callable[[int, bytes], Any]:
+    """The ext hook for values nested ``depth`` object arrays deep.
+
+    ``inflate`` turns the payload of a compressed array into the array (see
+    :func:`aps.compression.inflater`); without it a compressed array is refused. A hook
+    with it is made per frame (it counts what the frame inflated), the nested ones on use.
+    """
+
     def ext_hook(code: int, data: bytes) -> Any:
         if code == EXT_NDARRAY:
             return _unpack_array(data)
@@ -107,10 +117,19 @@ def _make_ext_hook(depth: int) -> Callable[[int, bytes], Any]:
         if code == EXT_OBJECT_ARRAY:
             if depth >= MAX_OBJECT_DEPTH:
                 raise WireError(f"object arrays nest deeper than {MAX_OBJECT_DEPTH} levels")
-            return _unpack_object_array(data, _EXT_HOOKS[depth + 1])
+            inner = _EXT_HOOKS[depth + 1] if inflate is None else _make_ext_hook(depth + 1, inflate)
+            return _unpack_object_array(data, inner)
+        if code == EXT_COMPRESSED:
+            if inflate is None:
+                raise WireError(
+                    "compressed array on a connection that negotiated no compression; the "
+                    "peer is not a compatible aps peer"
+                )
+            return inflate(data)
         raise WireError(
             f"unknown msgpack extension code {code}; known: {EXT_NDARRAY} (array), "
-            f"{EXT_SCALAR} (numpy scalar), {EXT_OBJECT_ARRAY} (object array)"
+            f"{EXT_SCALAR} (numpy scalar), {EXT_OBJECT_ARRAY} (object array), "
+            f"{EXT_COMPRESSED} (compressed array)"
         )
 
     return ext_hook
@@ -223,10 +242,12 @@ def _with_references(frame: bytes, found: list[tuple[int, int, int]]) -> bytes:
         return b"".join(parts)
 
 
-def _reference_hook(frame: bytes, found: list[tuple[int, int, int]]) -> Callable[[int, bytes], Any]:
+def _reference_hook(
+    frame: bytes, found: list[tuple[int, int, int]], base: Callable[[int, bytes], Any] = _TOP_HOOK
+) -> Callable[[int, bytes], Any]:
     def ext_hook(code: int, data: bytes) -> Any:
         if code != _EXT_REFERENCE:
-            return _TOP_HOOK(code, data)
+            return base(code, data)
         _, payload, length = found[int.from_bytes(data, "big")]
         return _view_array(frame, payload, length)
 

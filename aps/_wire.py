@@ -33,6 +33,9 @@ EXT_SCALAR: Final = 2
 EXT_OBJECT_ARRAY: Final = 3
 """msgpack extension code of a numpy object array (its elements encoded one by one)."""
 
+EXT_COMPRESSED: Final = 4
+"""msgpack extension code of a compressed numpy array (see :mod:`aps.compression`)."""
+
 DTYPES: Final = (
     "bool",
     "int8",

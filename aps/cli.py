@@ -128,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
         "without --policy or --allow-policy the worker runs no policy",
     )
     worker.add_argument(
+        "--compression",
+        default="auto",
+        metavar="CODEC",
+        help="codecs this worker offers for arrays of 4 KiB or more: auto (every one it can "
+        "import; the learner compresses only off this host), zstd, lz4 or none (default: "
+        "auto)",
+    )
+    worker.add_argument(
         "--env-kwargs",
         type=_json_object,
         default=None,
@@ -467,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             vector=args.vector,
             policy=args.policy,
             allow_policy=args.allow_policy,
+            compression=args.compression,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

@@ -26,6 +26,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
 from aps.collect import Metrics, Rollout, WeightPrecision
+from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, ConnectError, InvalidState
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
@@ -219,6 +220,8 @@ class ClusterEnv(VectorEnv):
             :class:`aps.Learner`.
         overlap_weights: let a chosen version travel while the worker keeps acting with the
             one it holds; see :class:`aps.Learner`.
+        compression: ``"auto"`` (default), ``"zstd"``, ``"lz4"`` or ``"none"``: how large
+            arrays travel; see :class:`aps.Learner` and :mod:`aps.compression`.
 
     Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
     vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
@@ -257,6 +260,7 @@ class ClusterEnv(VectorEnv):
         policy_kwargs: dict[str, Any] | None = None,
         weight_precision: WeightPrecision = "exact",
         overlap_weights: bool = False,
+        compression: str = "auto",
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
@@ -278,6 +282,7 @@ class ClusterEnv(VectorEnv):
             policy_kwargs=policy_kwargs,
             weight_precision=weight_precision,
             overlap_weights=overlap_weights,
+            compression=compression,
         )
         self._default_seed = _seed
         self._portal = _Portal(use_uvloop)
@@ -323,6 +328,7 @@ class ClusterEnv(VectorEnv):
         policy_kwargs: dict[str, Any] | None = None,
         weight_precision: WeightPrecision = "exact",
         overlap_weights: bool = False,
+        compression: str = "auto",
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
@@ -362,6 +368,8 @@ class ClusterEnv(VectorEnv):
             policy_kwargs: see the class.
             weight_precision: see the class.
             overlap_weights: see the class.
+            compression: see the class; ``"auto"`` never compresses here (every worker is
+                on this host), ``"zstd"`` or ``"lz4"`` does.
         """
         chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
         if chosen not in _LOCAL_URLS:
@@ -378,6 +386,7 @@ class ClusterEnv(VectorEnv):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
         if timeouts is not None and not isinstance(timeouts, Timeouts):
             raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
+        check_compression(compression)  # before any worker starts
 
         def start(transport: str) -> ClusterEnv:
             token = secrets.token_hex(16)
@@ -407,6 +416,7 @@ class ClusterEnv(VectorEnv):
                 policy_kwargs=policy_kwargs,
                 weight_precision=weight_precision,
                 overlap_weights=overlap_weights,
+                compression=compression,
                 _seed=seed,
             )
 

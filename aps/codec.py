@@ -22,6 +22,9 @@ numpy values are msgpack extension types:
 - :data:`EXT_OBJECT_ARRAY`: an object array (Gymnasium puts odd info values such as
   ``final_obs`` in them): the msgpack array ``[shape, [element, ...]]``, each element encoded
   by these same rules; it decodes to an object array of that shape.
+- :data:`~aps.compression.EXT_COMPRESSED`: a numeric array compressed with the codec the
+  connection negotiated in its handshake (see :mod:`aps.compression`); only
+  :func:`encode` with a compressor writes it, and only :func:`decode` told the codec reads it.
 
 Decoded arrays are read-only views over the received payload: copy them (``np.array(x)``)
 before writing to them.
@@ -47,6 +50,7 @@ and the decoders' last step, a frame body to a message. Below it, importing noth
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable
@@ -67,7 +71,14 @@ from aps._fast_pack import (
     _pack_tree,
 )
 from aps._typing import Frame
-from aps._unpack import _TOP_HOOK, _large_arrays, _reference_hook, _str_keys, _with_references
+from aps._unpack import (
+    _TOP_HOOK,
+    _large_arrays,
+    _make_ext_hook,
+    _reference_hook,
+    _str_keys,
+    _with_references,
+)
 from aps._wire import (
     _LARGE_ARRAY,
     _LITTLE,
@@ -88,6 +99,7 @@ from aps._wire import (
     _is_large,
     _unpadded_header,
 )
+from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
 from aps.messages import MESSAGE_TYPES, Message
 from aps.spaces import space_from_wire, space_to_wire
@@ -137,19 +149,29 @@ def _ext_array(array: np.ndarray[Any, Any], code: int) -> msgpack.ExtType:
     return _new_ext(code, _header(name, array.shape) + array.tobytes())
 
 
-def _ext_object_array(array: np.ndarray[Any, Any]) -> msgpack.ExtType:
+def _ext_object_array(
+    array: np.ndarray[Any, Any], compressor: Compressor | None = None
+) -> msgpack.ExtType:
     if array.dtype != object:
         raise _dtype_error(array.dtype)  # a structured dtype holding objects
     # Object arrays hold odd, rare values; a Python loop over them is the only way anyway.
-    payload = _packb([array.shape, list(array.reshape(-1))])
+    payload = _packb([array.shape, list(array.reshape(-1))], compressor)
     return _new_ext(EXT_OBJECT_ARRAY, payload)
 
 
-def _default(value: Any) -> Any:
-    """Turn what msgpack cannot pack natively (with ``strict_types``) into what it can."""
+def _default(value: Any, compressor: Compressor | None = None) -> Any:
+    """Turn what msgpack cannot pack natively (with ``strict_types``) into what it can.
+
+    With a ``compressor``, numeric arrays it finds worth compressing become
+    :data:`~aps.compression.EXT_COMPRESSED` extensions.
+    """
     if type(value) is np.ndarray:
         if value.dtype.hasobject:
-            return _ext_object_array(value)
+            return _ext_object_array(value, compressor)
+        if compressor is not None:
+            packed = compressor.pack(value)
+            if packed is not None:
+                return packed
         return _ext_array(value, EXT_NDARRAY)
     # Checked before the built-ins: np.float64 is a float subclass but must stay a numpy scalar.
     if isinstance(value, np.generic):
@@ -167,7 +189,7 @@ def _default(value: Any) -> Any:
     if isinstance(value, dict):
         return dict(value)
     if isinstance(value, np.ndarray):
-        return _default(np.asarray(value))
+        return _default(np.asarray(value), compressor)
     if isinstance(value, bool | int):
         return int(value)
     if isinstance(value, float):
@@ -184,11 +206,12 @@ def _default(value: Any) -> Any:
     )
 
 
-def _packb(value: Any) -> bytes:
+def _packb(value: Any, compressor: Compressor | None = None) -> bytes:
     # A fresh Packer per call keeps encode() safe to call from many threads. Its buffer starts
     # small: msgpack's default of 256 KiB costs a fresh allocation (~15 us) whenever a second
     # Packer runs inside default(), and the buffer grows by doubling for large arrays anyway.
-    packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True, buf_size=1024)
+    default = _default if compressor is None else functools.partial(_default, compressor=compressor)
+    packer = msgpack.Packer(default=default, use_bin_type=True, strict_types=True, buf_size=1024)
     result: bytes = packer.pack(value)
     return result
 
@@ -199,7 +222,7 @@ _STAND_IN = msgpack.ExtType(EXT_NDARRAY, b"")
 _STAND_IN_BYTES = b"\xc7\x00" + bytes([EXT_NDARRAY])
 
 
-def _pack_frame(body: dict[str, Any]) -> bytes:
+def _pack_frame(body: dict[str, Any], compressor: Compressor | None = None) -> bytes:
     """Pack ``body``, copying each large array's data exactly once, into the frame itself.
 
     msgpack would copy a large array three times (``tobytes()``, the ext payload, its own
@@ -210,6 +233,9 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
     also lays out non-contiguous and big-endian arrays on the way). Each large array's
     header is padded so that its data starts at a multiple of :data:`ALIGNMENT` from the
     start of the frame, where the decoder views it.
+
+    With a ``compressor``, an array it compresses is packed as its compressed extension
+    instead, however large.
     """
     large: list[tuple[int, np.ndarray[Any, Any], np.dtype[Any], bytes]] = []
     # default() reaches the packer through this list, emptied once packing ends: a closure
@@ -223,7 +249,11 @@ def _pack_frame(body: dict[str, Any]) -> bytes:
             or value.nbytes < _LARGE_ARRAY - _LONGEST_HEADER
             or value.dtype.hasobject
         ):
-            return _default(value)
+            return _default(value, compressor)
+        if compressor is not None:
+            packed = compressor.pack(value)
+            if packed is not None:
+                return packed
         name = _WIRE_NAME.get(value.dtype)
         if name is None:
             little = _SWAPPED.get(value.dtype.str)
@@ -442,13 +472,16 @@ def _type_name(value: Any) -> str:
     return type(value).__qualname__
 
 
-def encode(message: Message) -> bytes:
+def encode(message: Message, *, compressor: Compressor | None = None) -> bytes:
     """Encode one message as one frame.
 
     Arrays are copied into the frame; the message may be reused or mutated afterwards.
 
     Args:
         message: an instance of one of the types in :data:`aps.messages.MESSAGE_TYPES`.
+        compressor: the connection's negotiated compression (see :mod:`aps.compression`),
+            or ``None`` to send every array plain. A frame made with one decodes only where
+            :func:`decode` is given its codec.
 
     Returns:
         The frame, a msgpack map.
@@ -467,11 +500,12 @@ def encode(message: Message) -> bytes:
             f"known tags: {_KNOWN_TAGS}"
         )
     frame = _pack_small(spec, message, containers=True)
-    if frame is not None:
+    # A frame under the threshold holds no array worth compressing: the fast path's is final.
+    if frame is not None and (compressor is None or len(frame) < compressor.threshold):
         return frame
     body = _body(spec, message)
     try:
-        return _pack_frame(body)
+        return _pack_frame(body, compressor)
     except Exception as exc:
         raise _locate(spec, body, exc) from exc
 
@@ -582,7 +616,21 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
 # Decoding (the ext hooks and the zero-copy walk are in aps._unpack)
 
 
-def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Message:
+_SMALL_FRAME = 4096
+_COMPRESSED_CODE = bytes([EXT_COMPRESSED])
+
+
+def _may_hold_compressed(frame: Frame, size: int) -> bool:
+    """Whether ``frame`` may hold a compressed array: ``False`` only if it cannot."""
+    if size > _SMALL_FRAME:
+        return True  # scanning a large frame costs more than the hook
+    data = frame if type(frame) is bytes or type(frame) is bytearray else bytes(frame)
+    return _COMPRESSED_CODE in data
+
+
+def decode(
+    frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, compression: str = "none"
+) -> Message:
     """Decode one frame into the message it holds.
 
     The contract: for any input this returns a valid message or raises :class:`WireError`;
@@ -594,6 +642,9 @@ def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Mes
     Args:
         frame: the bytes one transport frame carried.
         max_frame_size: the largest frame accepted, in bytes; checked before any parsing.
+            The compressed arrays of one frame may inflate to this many bytes together.
+        compression: the codec the connection negotiated (``"none"``: a compressed array
+            is refused); see :mod:`aps.compression`.
 
     Returns:
         The message, an instance of the type its tag names.
@@ -607,12 +658,16 @@ def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Mes
     size = _frame_size(frame, max_frame_size)
     data: Frame = frame
     ext_hook = _TOP_HOOK
+    # A compressed array's ext code is a byte of the frame: a small frame without that byte
+    # (most of a step's) needs no hook that inflates, which costs a few us to make.
+    if compression != "none" and _may_hold_compressed(frame, size):
+        ext_hook = _make_ext_hook(0, inflater(compression, max_frame_size))
     # Only bytes are viewed in place: a view of a caller's bytearray would not be read-only.
     if type(frame) is bytes and size > _LARGE_ARRAY:
         found = _large_arrays(frame)
         if found is not None:
             data = _with_references(frame, found)
-            ext_hook = _reference_hook(frame, found)
+            ext_hook = _reference_hook(frame, found, ext_hook)
     try:
         # No container can hold more items than the frame has bytes.
         body = msgpack.unpackb(

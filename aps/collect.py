@@ -14,6 +14,7 @@ import numpy as np
 
 from aps import codec
 from aps._typing import Array
+from aps.compression import CODECS, compressor
 from aps.errors import ConfigError
 from aps.messages import Weights
 
@@ -330,6 +331,7 @@ class PolicyVersions:
         self.epsilon: float | None = None
         self._weights: dict[int, dict[str, Array]] = {}
         self._frames: dict[int, bytes] = {}
+        self._compressed: dict[tuple[int, str], bytes] = {}
         self._behaviour: dict[int, dict[str, float]] = {}
         self._nbytes: dict[int, int] = {}
         self._wrapped: Any = None  # the Policy around the user's agent, built once
@@ -383,9 +385,22 @@ class PolicyVersions:
         """The arrays of ``version`` (which must still be kept), read-only."""
         return self._weights[version]
 
-    def frame(self, version: int) -> bytes:
-        """The encoded :class:`~aps.messages.Weights` of ``version`` (which must be kept)."""
-        return self._frames[version]
+    def frame(self, version: int, compression: str = "none") -> bytes:
+        """The encoded :class:`~aps.messages.Weights` of ``version`` (which must be kept).
+
+        With a codec (a connection's negotiated :mod:`aps.compression`), the frame is
+        compressed once per version and codec, however many workers it goes to.
+        """
+        if compression == "none":
+            return self._frames[version]
+        key = (version, compression)
+        frame = self._compressed.get(key)
+        if frame is None:
+            plain = self._frames[version]
+            message = codec.decode(plain, max_frame_size=len(plain))  # views, as published
+            frame = codec.encode(message, compressor=compressor(compression))
+            self._compressed[key] = frame
+        return frame
 
     def nbytes(self, version: int) -> int:
         """Bytes of ``version``'s arrays."""
@@ -411,6 +426,8 @@ class PolicyVersions:
         for version in [v for v in self._weights if v not in keep]:
             del self._weights[version]
             del self._frames[version]
+            for name in CODECS:
+                self._compressed.pop((version, name), None)
             del self._nbytes[version]
             del self._behaviour[version]
 

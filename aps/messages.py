@@ -8,9 +8,9 @@ The conversation (``L`` learner, ``W`` worker)::
 
     L -> W  Challenge(protocol_version, nonce)
     W -> L  Hello(protocol_version, nonce, proof, env_id, num_envs, seed, host, pid, label,
-                  resume, served, version, probe)
+                  resume, served, version, probe, compression)
     L -> W  Welcome(worker_id, autoreset_mode, policy, session_id, resumed, policy_kwargs,
-                    proof, resume_window)
+                    proof, resume_window, compression)
             or  Reject(kind, reason, retry_after, proof)
             or  ProbeResult(proof, aps_version, ...), to a Hello(probe=True); then
     W -> L  SpacesRequest()               L -> W  ProbeSpaces(observation_space, action_space)
@@ -94,7 +94,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped on every incompatible change of the wire format; the handshake checks it.
 
 Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
@@ -105,7 +105,10 @@ Challenge instead of a malformed frame, and ``aps check`` stops at an older lear
 Challenge before it could be taken for a worker.
 
 Version 6 added the all-reduce aggregation of gradient rounds (:class:`ReduceGradients`,
-:class:`GradientsReduced`), which a version 5 worker could not decode."""
+:class:`GradientsReduced`), which a version 5 worker could not decode.
+
+Version 7 added compression negotiated in the handshake (``Hello.compression``,
+``Welcome.compression``) and the compressed array extension of :mod:`aps.compression`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +159,9 @@ class Hello(Message):
     """Not a worker: ``aps check`` asking about the learner. Once its proof is checked the
     learner answers with a :class:`ProbeResult` (and its spaces when asked) and closes; the
     probe takes no worker's place."""
+    compression: str = ""
+    """The codecs this worker can compress arrays with, comma-separated in its order of
+    preference (``"zstd,lz4"``; empty: none); see :mod:`aps.compression`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +188,9 @@ class Welcome(Message):
     resume_window: float = 0.0
     """Seconds the learner keeps a lost worker's session for it to resume (0: unknown);
     a worker whose connection drops dials again for no longer than this."""
+    compression: str = "none"
+    """The codec both directions compress large arrays with from the next frame on: one the
+    worker's Hello offered, or ``"none"``; see :mod:`aps.compression`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,10 @@ reads only handshake-sized frames and decodes them with :func:`aps.codec.decode_
 a peer that has proved nothing cannot make this side allocate more than a few KiB. The
 transport's own limit is lowered meanwhile when it exposes a settable ``max_frame_size``
 (every built-in does), so a large frame is refused from its header, before its body is read.
+
+Once the handshake chose a codec (:meth:`Session.compress`), the session encodes with it and
+accepts arrays compressed with it, and no other; the arrays of one frame may inflate to the
+session's frame limit, no more (see :mod:`aps.compression`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aps import codec
+from aps import codec, compression
 from aps.errors import (
     ConfigError,
     EndOfStream,
@@ -34,7 +38,7 @@ from aps.errors import (
 )
 from aps.messages import Goodbye, Heartbeat, Message
 from aps.protocol import Connection, Role, State
-from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport
+from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport, is_local
 
 __all__ = ["Session", "Timeouts"]
 
@@ -103,6 +107,8 @@ class Session:
         self._max_frame_size: int = getattr(transport, "max_frame_size", DEFAULT_MAX_FRAME_SIZE)
         self._authenticated = False
         self._limit_transport(min(self._max_frame_size, codec.HANDSHAKE_FRAME_SIZE))
+        self._compression = "none"
+        self._compressor: compression.Compressor | None = None
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -138,6 +144,34 @@ class Session:
                 self._transport.max_frame_size = size
 
     @property
+    def is_local(self) -> bool:
+        """Whether the peer is on this host, as the transport says (see ``transports.is_local``)."""
+        return is_local(self._transport)
+
+    @property
+    def compression(self) -> str:
+        """The codec this connection compresses large arrays with (``"none"``: none)."""
+        return self._compression
+
+    def compress(self, name: str) -> None:
+        """Compress with ``name`` from the next frame on, both ways (the handshake's choice).
+
+        Raises:
+            ConfigError: ``name`` is neither a codec of :data:`aps.compression.CODECS` nor
+                ``"none"``.
+        """
+        self._compressor = compression.compressor(name)
+        self._compression = name
+
+    def encode(self, message: Message) -> bytes:
+        """``message`` as this session sends it: compressed as negotiated.
+
+        Raises:
+            WireError: the message holds a value the codec cannot carry.
+        """
+        return codec.encode(message, compressor=self._compressor)
+
+    @property
     def state(self) -> State:
         """The protocol state of this connection."""
         return self._connection.state
@@ -153,7 +187,8 @@ class Session:
         Args:
             message: what to send.
             frame: ``message`` already encoded, when the caller sends the same message to
-                many peers (weights) and encodes it once.
+                many peers (weights) and encodes it once: plain (:func:`aps.codec.encode`),
+                which every peer reads, or with this session's compressor (:meth:`encode`).
 
         Raises:
             WireError: the message holds a value the codec cannot carry (nothing was sent).
@@ -167,7 +202,7 @@ class Session:
             raise TransportClosed(f"cannot send to {self.peer}: the session is closed")
         # _send's body, written out: this runs for every message, one coroutine fewer.
         if frame is None:
-            frame = codec.encode(message)
+            frame = codec.encode(message, compressor=self._compressor)
         self._connection.send(message)
         self._last_send = time.monotonic()
         await self._transport.send(frame)
@@ -175,7 +210,7 @@ class Session:
     async def _send(self, message: Message, frame: bytes | None = None) -> None:
         """:meth:`send` without the closed check (the goodbye of :meth:`aclose`)."""
         if frame is None:
-            frame = codec.encode(message)
+            frame = codec.encode(message, compressor=self._compressor)
         self._connection.send(message)
         self._last_send = time.monotonic()
         await self._transport.send(frame)
@@ -216,7 +251,9 @@ class Session:
                 self._waiting = None
             try:
                 if self._authenticated:
-                    message = codec.decode(frame, max_frame_size=self._max_frame_size)
+                    message = codec.decode(
+                        frame, max_frame_size=self._max_frame_size, compression=self._compression
+                    )
                 else:
                     message = codec.decode_handshake(frame)
                 self._connection.receive(message)

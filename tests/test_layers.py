@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "aps.messages",
         "aps.codec",
+        "aps.compression",
         "aps._wire",
         "aps._fast_pack",
         "aps._unpack",
@@ -46,6 +47,7 @@ FORBIDDEN = {
     "aps.transports": (
         "aps.messages",
         "aps.codec",
+        "aps.compression",
         "aps._wire",
         "aps._fast_pack",
         "aps._unpack",

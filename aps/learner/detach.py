@@ -246,7 +246,8 @@ class Detach:
             version=version, arrays=versions.weights(version), epsilon=versions.epsilon
         )
         # Encoded once, when published, however many workers it goes to.
-        await self._pool.send(remote, message, versions.frame(version))
+        frame = versions.frame(version, remote.session.compression)
+        await self._pool.send(remote, message, frame)
         metrics = remote.metrics
         metrics.version = version
         metrics.syncs += 1

@@ -14,6 +14,7 @@ from gymnasium.vector.utils import batch_space
 from aps import codec, transports
 from aps._typing import Array, Info
 from aps.collect import Chunk, Metrics, Rollout, WeightPrecision
+from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
@@ -81,6 +82,12 @@ class Learner:
         policy_kwargs: keyword arguments for the ``policy`` factory (``hidden_size=256``), so
             one factory builds every network size. Plain data: workers receive them in their
             welcome, never code.
+        compression: how arrays of 4 KiB or more travel, both ways (:mod:`aps.compression`):
+            ``"auto"`` (default) compresses with zstd (else lz4) for workers that are not on
+            this host, and not for loopback, Unix or in-memory ones; ``"zstd"`` or ``"lz4"``
+            for every worker that offers it; ``"none"`` never. A worker that lacks the
+            library (the ``compression`` extra) or was started with ``--compression none``
+            gets no compression, said once in the log.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -111,6 +118,7 @@ class Learner:
         weight_precision: WeightPrecision = "exact",
         policy_kwargs: dict[str, Any] | None = None,
         overlap_weights: bool = False,
+        compression: str = "auto",
     ) -> None:
         if isinstance(listen, str) and factory is None:
             # The scheme first: a URL aps cannot listen on says so, before anything is
@@ -174,6 +182,7 @@ class Learner:
             reconnect_timeout=self.reconnect_timeout,
         )
         self._pool.policy_kwargs = policy_kwargs
+        self._pool.compression = check_compression(compression)
         self.policy_kwargs = policy_kwargs
         self._lockstep = Lockstep(self._pool)
         if weight_precision not in ("exact", "float16"):

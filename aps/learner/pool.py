@@ -32,6 +32,7 @@ from gymnasium.vector import AutoresetMode
 from aps import transports
 from aps._version import __version__
 from aps.collect import WorkerMetrics
+from aps.compression import choose as choose_compression
 from aps.errors import (
     ApsError,
     ConfigError,
@@ -222,6 +223,8 @@ class WorkerPool:
         self._policy = policy
         self.policy_kwargs: dict[str, Any] | None = None
         """The policy factory's keyword arguments, sent in every welcome (set by the learner)."""
+        self.compression = "auto"
+        """The learner's compression setting, applied in every welcome (set by the learner)."""
         self.launcher = launcher
         self.on_worker_lost: OnWorkerLost = on_worker_lost
         self.reconnect_timeout = reconnect_timeout
@@ -420,6 +423,10 @@ class WorkerPool:
         resumed: bool,
     ) -> None:
         """Send the welcome and wait until the worker's envs are ready with the right spaces."""
+        offered = tuple(hello.compression.split(",")) if hello.compression else ()
+        chosen = choose_compression(
+            self.compression, offered, local=session.is_local, peer=session.peer
+        )
         await session.send(
             Welcome(
                 worker_id=worker_id,
@@ -430,8 +437,10 @@ class WorkerPool:
                 policy_kwargs=self.policy_kwargs,
                 proof=proof,
                 resume_window=self.reconnect_timeout if self.on_worker_lost == "wait" else 0.0,
+                compression=chosen,
             )
         )
+        session.compress(chosen)  # from the worker's Ready on, both ways
         # Building envs runs user code and may take long: the step deadline bounds it.
         ready = await session.receive(
             timeout=self.timeouts.step, operation="the worker to build its envs"

@@ -16,7 +16,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from aps import codec
 from aps.batching import check_batch
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
@@ -73,7 +72,7 @@ class StepServer:
         self._weights_error: ApsError | None = None
         self.served = 0
         """Requests of this session answered."""
-        self._answers: collections.OrderedDict[int, tuple[Message, bytes]] = (
+        self._answers: collections.OrderedDict[int, tuple[Message, bytes, str]] = (
             collections.OrderedDict()
         )
         # What check_batch accepts for an array action space, worked out once: the actions
@@ -116,7 +115,9 @@ class StepServer:
                     "which this worker no longer holds; the learner is not a compatible aps "
                     "learner"
                 )
-            await session.send(kept[0], frame=kept[1])
+            # Encoded again if the connection that resumed compresses otherwise.
+            same = kept[2] == session.compression
+            await session.send(kept[0], frame=kept[1] if same else None)
             return True
         if seq != self.served:
             raise ProtocolError(
@@ -135,7 +136,7 @@ class StepServer:
             answer = await self._rollout(request)
         # Encoded once: the frame is what is sent, and what is kept for a resend.
         try:
-            frame = codec.encode(answer)
+            frame = session.encode(answer)
         except WireError as exc:
             if not isinstance(request, EnvCall):
                 raise
@@ -149,8 +150,8 @@ class StepServer:
                 ),
                 seq,
             )
-            frame = codec.encode(answer)
-        answers[seq] = (answer, frame)
+            frame = session.encode(answer)
+        answers[seq] = (answer, frame, session.compression)
         while len(answers) > MAX_IN_FLIGHT:
             answers.popitem(last=False)
         self.served += 1

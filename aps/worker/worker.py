@@ -36,6 +36,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from aps import transports
+from aps.compression import check_setting as check_compression, offer as offer_compression
 from aps.errors import (
     ApsError,
     AuthError,
@@ -125,6 +126,9 @@ class Worker:
         allow_policy: more policies this worker may run, as :mod:`fnmatch` patterns of import
             paths (``"mypkg.agents:*"``). Without ``policy`` and ``allow_policy`` the worker
             runs no policy: only a learner that chooses the actions can use it.
+        compression: the codecs this worker offers the learner, which chooses
+            (:mod:`aps.compression`): ``"auto"`` (default) every one it can import, ``"zstd"``
+            or ``"lz4"`` that one, ``"none"`` none.
 
     Raises:
         ConfigError: a bad argument, such as an unknown ``vector``, an id EnvPool lacks, or
@@ -154,6 +158,7 @@ class Worker:
         vector: str = "sync",
         policy: str | None = None,
         allow_policy: Sequence[str] = (),
+        compression: str = "auto",
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -189,6 +194,7 @@ class Worker:
             )
         self.policy = policy
         self.allow_policy = tuple(allow_policy)
+        self.compression = check_compression(compression)
         self._resume_window = 0.0  # from the learner's Welcome: how long it keeps our session
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
@@ -380,6 +386,7 @@ class Worker:
         token = self._token
         # The proof covers our own nonce: a peer that relays it gains nothing it can replay.
         proof = b"" if token is None else worker_proof(token, challenge.nonce, nonce)
+        offered = offer_compression(self.compression)
         await session.send(
             Hello(
                 protocol_version=PROTOCOL_VERSION,
@@ -394,6 +401,7 @@ class Worker:
                 served=0 if self._server is None else self._server.served,
                 version=-1 if self._server is None else self._server.version,
                 nonce=nonce,
+                compression=",".join(offered),
             )
         )
         answer = await session.receive(timeout=None, operation="the learner's welcome")
@@ -415,6 +423,13 @@ class Worker:
         if isinstance(answer, Reject):
             raise self._refused(answer, verified=True)
         session.authenticated()
+        if answer.compression != "none" and answer.compression not in offered:
+            raise ProtocolError(
+                f"the learner at {session.peer} chose compression {answer.compression!r}, "
+                f"which this worker did not offer (it offered {list(offered) or 'none'}); the "
+                "learner is not a compatible aps learner"
+            )
+        session.compress(answer.compression)  # from our Ready on, both ways
         return answer
 
     def _unverified(self, error: ApsError) -> ApsError | _Retry:
