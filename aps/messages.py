@@ -94,7 +94,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped on every incompatible change of the wire format; the handshake checks it.
 
 Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
@@ -105,7 +105,10 @@ Challenge instead of a malformed frame, and ``aps check`` stops at an older lear
 Challenge before it could be taken for a worker.
 
 Version 6 added the all-reduce aggregation of gradient rounds (:class:`ReduceGradients`,
-:class:`GradientsReduced`), which a version 5 worker could not decode."""
+:class:`GradientsReduced`), which a version 5 worker could not decode.
+
+Version 7 carries spaces, env specs and numpy Generators in :class:`EnvCallResult` as tagged
+maps (:func:`aps.spaces.value_to_wire`), which a version 6 learner would hand on unread."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,6 +27,7 @@ from aps.messages import (
     Welcome,
 )
 from aps.session import Timeouts
+from aps.spaces import value_from_wire
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
 
@@ -462,11 +463,13 @@ class Learner:
                 in their own process (``vector="sync"``, the default).
 
         Returns:
-            One value per env reached.
+            One value per env reached. Spaces, env specs and numpy Generators come back
+            rebuilt from data (a Generator as a copy; see :func:`aps.spaces.value_to_wire`).
 
         Raises:
             ConfigError: a bad kind, name, index or value count, or arguments that are not
                 plain data; nothing was sent.
+            WireError: a worker sent a space, env spec or Generator that is not valid.
             WorkerError: an env raised, or returned a value that is not plain data.
             InvalidState | WorkerLost | Timeout: as :meth:`step`.
         """
@@ -487,7 +490,9 @@ class Learner:
                 f"{values!r:.200}"
             )
         await self._detach.end_stream()
-        return await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
+        results = await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
+        # Spaces, env specs and Generators travel as tagged maps (aps.spaces.value_to_wire).
+        return tuple(value_from_wire(value) for value in results)
 
     # DETACH: workers act with their own policy copy.
 
