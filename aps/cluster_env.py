@@ -118,6 +118,7 @@ class _Portal:
     """One event loop on a private daemon thread, and a blocking way to run coroutines on it."""
 
     def __init__(self, use_uvloop: bool | None) -> None:
+        self._pid = os.getpid()
         self._loop = new_event_loop(use_uvloop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="aps-loop", daemon=True)
         self._thread.start()
@@ -133,9 +134,16 @@ class _Portal:
         """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``.
 
         Raises:
-            InvalidState: the portal is closed (its env was closed), or the call comes from
-                the loop thread itself.
+            InvalidState: the portal is closed (its env was closed), the call comes from
+                the loop thread itself, or from a forked child of the process that made it.
         """
+        if self.forked:
+            coroutine.close()
+            raise InvalidState(
+                f"this ClusterEnv belongs to process {self._pid}; process {os.getpid()} is a "
+                "fork of it, where its event loop and connections do not run; make a new "
+                "ClusterEnv in the child if it needs one"
+            )
         if self._loop.is_closed():
             coroutine.close()  # never awaited on purpose: no "was never awaited" warning
             raise InvalidState("this ClusterEnv is closed; create a new one to step again")
@@ -146,9 +154,17 @@ class _Portal:
         self._loop.call_soon_threadsafe(pending.start, coroutine)
         return pending
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is a copy in a forked child: the loop thread stayed in the parent."""
+        return os.getpid() != self._pid
+
     def close(self) -> None:
-        """Stop the loop and join the thread; idempotent."""
-        if self._loop.is_closed():
+        """Stop the loop and join the thread; idempotent. In a forked child, nothing.
+
+        A child must not write to the loop's wake-up pipe: it is the parent's too.
+        """
+        if self.forked or self._loop.is_closed():
             return
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -177,6 +193,13 @@ def _close_at_exit() -> None:
 # runs its exit hooks last in, first out: the thread pools stop after our hook has run.
 _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_at_exit)
+
+# A forked child (multiprocessing's default on Linux: AsyncVectorEnv's subprocesses) runs
+# threading's exit hooks as it ends; the envs it inherited belong to the parent, whose loop
+# thread did not come along: closing them there would wait forever, and would say goodbye
+# on the parent's connections.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_OPEN.clear)
 
 
 def _raise_as_gymnasium(error: WorkerError) -> NoReturn:
@@ -706,8 +729,13 @@ class ClusterEnv(VectorEnv):
         return self._learner.metrics
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Say goodbye to the workers, stop local ones, and end the private loop."""
+        """Say goodbye to the workers, stop local ones, and end the private loop.
+
+        In a forked child, where the env is the parent's, this only marks the copy closed.
+        """
         _OPEN.discard(self)
+        if self._portal.forked:
+            return
         pending: _Pending[Any] | None
         for pending in (self._pending_step, self._pending_rollout):
             if pending is not None:
