@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from aps.errors import (
     ApsError,
     AuthError,
+    EndOfStream,
     InvalidState,
     ProtocolError,
     Timeout,
@@ -326,6 +327,8 @@ class Gate:
     def _refuse(self, session: Session, exc: BaseException) -> str:
         """Log and remember why ``session`` was refused; return the reason for its goodbye."""
         reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, EndOfStream) and session.goodbye:
+            reason = f"the worker left: {session.goodbye}"  # its own words, from its goodbye
         text = f"{session.peer}: {reason}"
         self.refusals.append(text)
         del self.refusals[:-20]  # keep the last few for error messages, never grow
