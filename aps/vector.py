@@ -494,15 +494,20 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every env; a seed builds the envs anew with it (see the class).
 
+        A list of seeds, one per env, is taken when it is what an int gives (``seed + i``
+        for env ``i``, as Stable-Baselines3's ``seed()`` sets them) or all ``None``.
+
         Raises:
             ConfigError: options were given, or a seed that is no int in
-                ``[0, 2**31 - num_envs)``.
+                ``[0, 2**31 - num_envs)``, or a list of seeds of another kind.
         """
         if options is not None:
             raise ConfigError(
                 f"vector='envpool' takes no reset options, got {options!r}; use vector='sync' "
                 "or 'async' for envs that read options"
             )
+        if isinstance(seed, list | tuple):
+            seed = _first_of_consecutive(seed, self.num_envs)
         if seed is not None:
             if not isinstance(seed, int) or not 0 <= seed < _SEED_LIMIT - self.num_envs:
                 raise ConfigError(
@@ -585,6 +590,28 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
     def close_extras(self, **kwargs: Any) -> None:
         """Stop EnvPool's threads."""
         self._pool.close()
+
+
+def _first_of_consecutive(seeds: list[int | None] | tuple[int | None, ...], num_envs: int) -> Any:
+    """The int that seeds EnvPool's envs as ``seeds`` asks, or ``None`` for all ``None``.
+
+    Raises:
+        ConfigError: ``seeds`` are not ``s, s + 1, ...`` (EnvPool seeds its envs only so).
+    """
+    if len(seeds) == num_envs and all(seed is None for seed in seeds):
+        return None
+    first = seeds[0] if seeds else None
+    if (
+        len(seeds) != num_envs
+        or not isinstance(first, int)
+        or list(seeds) != [first + i for i in range(num_envs)]
+    ):
+        raise ConfigError(
+            f"vector='envpool' seeds env i with seed + i, so per-env seeds must be "
+            f"{num_envs} consecutive ints (or all None), got {list(seeds)!r:.200}; give one int "
+            "seed, or use vector='sync' or 'async' for other seeds"
+        )
+    return first
 
 
 def _take(value: Any, index: int) -> Any:

@@ -497,3 +497,19 @@ def test_broken_envpool_arrays_are_refused() -> None:
     with pytest.raises(aps.MissingDependency):
         _check_layout(np.zeros((3, 4)), {"env_id": np.broadcast_to(np.int32(0), (3,))})
     _check_layout(np.zeros((3, 4)), {"env_id": np.arange(3), "one": np.zeros((1, 1))[:, :1]})
+
+
+@needs_envpool
+def test_envpool_takes_consecutive_per_env_seeds_as_one() -> None:
+    pool = EnvPoolVectorEnv("CartPole-v1", num_envs=3)
+    try:
+        by_int, _ = pool.reset(seed=11)
+        by_list, _ = pool.reset(seed=[11, 12, 13])
+        np.testing.assert_array_equal(by_list, by_int)
+        pool.reset(seed=[None, None, None])  # goes on unseeded
+        with pytest.raises(aps.ConfigError, match="3 consecutive ints"):
+            pool.reset(seed=[11, 13, 12])
+        with pytest.raises(aps.ConfigError, match="3 consecutive ints"):
+            pool.reset(seed=[11, None, 13])
+    finally:
+        pool.close()
