@@ -255,7 +255,9 @@ class ClusterEnv(VectorEnv):
         listen: the URL to bind, or a bound listener.
         num_workers: how many workers to wait for.
         token: shared secret the workers must prove (required off loopback).
-        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or
+            ``DISABLED`` (the caller resets ended envs with ``reset(options={"reset_mask":
+            mask})``), as in Gymnasium.
         timeouts: deadlines, see :class:`~aps.session.Timeouts`.
         insecure: allow a non-loopback address without a token.
         use_uvloop: run the private loop on uvloop (default: when installed).
@@ -538,7 +540,8 @@ class ClusterEnv(VectorEnv):
             seed, self._default_seed = self._default_seed, None
         pending = self._portal.submit(self._learner.reset(seed=seed, options=options))
         result = self._batch_result(pending, "reset")
-        self._out_of_step = None
+        if options is None or np.all(options.get("reset_mask", True)):
+            self._out_of_step = None  # every env was reset: in step again
         return result
 
     def step(self, actions: Any) -> tuple[Any, Array, Array, Array, Info]:

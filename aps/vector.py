@@ -151,7 +151,13 @@ class LeanSyncVectorEnv(SyncVectorEnv):
         self._pending = False
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs; see :meth:`gymnasium.vector.SyncVectorEnv.reset`."""
+        """Reset the envs; see :meth:`gymnasium.vector.SyncVectorEnv.reset`.
+
+        A ``reset_mask`` that marks none of these envs leaves them as they are (see
+        :func:`marks_none`).
+        """
+        if marks_none(kwargs.get("options"), self.num_envs):
+            return concatenate(self.single_observation_space, self._env_obs, self._observations), {}
         result = super().reset(**kwargs)
         self._pending = bool(self._autoreset_envs.any())
         return result
@@ -263,6 +269,24 @@ _FINAL_KEYS: dict[str, None] = dict.fromkeys(
 )
 
 
+def marks_none(options: object, num_envs: int) -> bool:
+    """Whether ``options`` hold a ``reset_mask`` of ``num_envs`` Falses.
+
+    The learner cuts a vector-wide ``reset_mask`` into each worker's part; a worker whose
+    part marks none of its envs answers with their current observations and no infos,
+    where Gymnasium's own vector envs (which see the whole mask) would refuse the mask.
+    """
+    if not isinstance(options, dict):
+        return False
+    mask = options.get("reset_mask")
+    return (
+        isinstance(mask, np.ndarray)
+        and mask.dtype == np.bool_
+        and mask.shape == (num_envs,)
+        and not mask.any()
+    )
+
+
 def _async_vector_env(
     env_fn: Callable[[], gym.Env[Any, Any]], num_envs: int, mode: AutoresetMode
 ) -> _AsyncVectorEnv:
@@ -338,7 +362,13 @@ class _RebuildOnError(VectorWrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs; see :meth:`gymnasium.vector.VectorEnv.reset`."""
+        """Reset the envs; see :meth:`gymnasium.vector.VectorEnv.reset`.
+
+        A ``reset_mask`` that marks none of these envs leaves them as they are (see
+        :func:`marks_none`).
+        """
+        if marks_none(options, self.num_envs):
+            return self._pool.observations, {}
         try:
             return self._pool.reset(seed=seed, options=options)
         except Exception:

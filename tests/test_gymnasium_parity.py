@@ -27,6 +27,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 import aps
 from aps.cluster_env import as_raised
+from aps.testing import envs as test_envs
 from tests.test_cluster_env import assert_same
 from tests.test_vector_backends import ExplodingEnv
 
@@ -419,4 +420,86 @@ def test_metadata_names_the_autoreset_mode(mode: AutoresetMode) -> None:
         assert_same(envs.reset(seed=2), expected.reset(seed=2), "reset")
     finally:
         envs.close()
+        expected.close()
+
+
+@pytest.mark.parametrize(("transport", "vector"), [("memory", "sync"), ("unix", "async")])
+def test_disabled_autoreset_equals_gymnasiums(transport: str, vector: str) -> None:
+    # Nothing resets by itself: the caller resets the ended envs with a reset_mask, which
+    # reaches each worker as its part (a worker none of whose envs it marks keeps them).
+    mode = AutoresetMode.DISABLED
+    env: Any = "aps.testing.envs:BoxEnv"
+    actual = aps.ClusterEnv.local(
+        env,
+        num_workers=NUM_WORKERS,
+        envs_per_worker=ENVS_PER_WORKER,
+        transport=transport,
+        vector=vector,
+        autoreset_mode=mode,
+    )
+    fns = [test_envs.BoxEnv] * NUM_ENVS
+    references = [
+        SyncVectorEnv(fns, autoreset_mode=mode),
+        AsyncVectorEnv(fns, autoreset_mode=mode),
+    ]
+    rng = np.random.default_rng(0)
+    try:
+        assert actual.metadata["autoreset_mode"] is mode
+        results = [envs.reset(seed=4) for envs in (actual, *references)]
+        for expected in results[1:]:
+            assert_same(results[0], expected, "reset")
+        partial = 0
+        for t in range(40):
+            actions = rng.uniform(-1, 1, (NUM_ENVS, *test_envs.BoxEnv().action_space.shape))
+            actions = actions.astype(np.float32)
+            results = [envs.step(actions) for envs in (actual, *references)]
+            for expected in results[1:]:
+                assert_same(results[0], expected, f"step {t}")
+            _, _, terminated, truncated, _ = results[0]
+            ended = terminated | truncated
+            if ended.any():
+                options = {"reset_mask": ended}
+                results = [envs.reset(options=dict(options)) for envs in (actual, *references)]
+                for expected in results[1:]:
+                    assert_same(results[0], expected, f"partial reset at {t}")
+                partial += int(
+                    not ended[:ENVS_PER_WORKER].any() or not ended[ENVS_PER_WORKER:].any()
+                )
+        assert partial > 0  # a reset where one worker's envs were all left alone
+    finally:
+        actual.close()
+        for envs in references:
+            envs.close()
+
+
+def test_disabled_refuses_to_step_an_ended_env_as_gymnasium() -> None:
+    mode = AutoresetMode.DISABLED
+    actual = aps.ClusterEnv.local(
+        "CartPole-v1",
+        num_workers=1,
+        transport="memory",
+        autoreset_mode=mode,
+        env_kwargs={"max_episode_steps": 2},
+    )
+    expected = SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=2)], autoreset_mode=mode
+    )
+    actions = np.zeros(1, dtype=np.int64)
+    try:
+        for envs in (actual, expected):
+            envs.reset(seed=0)
+            envs.step(actions)
+            assert envs.step(actions)[3].tolist() == [True]  # truncated
+        with pytest.raises(AssertionError):
+            expected.step(actions)
+        with pytest.raises(AssertionError):
+            actual.step(actions)
+        with pytest.raises(aps.ConfigError, match=r"reset_mask'\] must be a numpy bool array"):
+            actual.reset(options={"reset_mask": np.zeros(1, dtype=np.bool_)})
+        with pytest.raises(aps.ConfigError, match=r"of shape \(1,\)"):
+            actual.reset(options={"reset_mask": [True]})
+        actual.reset(options={"reset_mask": np.ones(1, dtype=np.bool_)})
+        actual.step(actions)
+    finally:
+        actual.close()
         expected.close()
