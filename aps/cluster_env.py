@@ -284,6 +284,13 @@ class ClusterEnv(VectorEnv):
     At interpreter exit an env that was not closed is closed (its local workers stop), without
     a word; after :meth:`close`, every method raises :class:`~aps.errors.InvalidState`.
 
+    As Gymnasium's vector envs: ``metadata``, ``render_mode`` and ``spec`` come from the envs
+    (see :meth:`_describe`), ``np_random_seed`` and ``np_random`` hold one entry per env, an
+    env's error is raised as its own type when it is a built-in one (:func:`as_raised`),
+    and after a step that raised, stepping is refused until :meth:`reset`. A process that
+    forks (``AsyncVectorEnv``'s subprocesses, ``multiprocessing``) leaves its envs to the
+    parent: in the child they refuse every call, and its exit does not close them.
+
     Raises:
         Timeout: the workers did not all arrive in time.
         ConfigError: bad arguments.
