@@ -353,7 +353,7 @@ def test_a_worker_that_cannot_serve_its_env_reaches_the_user_with_its_reason(
     with pytest.raises(aps.WorkerLost) as caught:
         aps.ClusterEnv.local(env, num_workers=1, transport=transport)
     message = str(caught.value)
-    assert "the worker left: ConfigError: space is a Text" in message
+    assert "EndOfStream: the worker left: ConfigError: space is a Text" in message
     assert "FlattenObservation" in message  # the fix, in the worker's own words
     assert "bye" not in message
 

@@ -328,7 +328,8 @@ class Gate:
         """Log and remember why ``session`` was refused; return the reason for its goodbye."""
         reason = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, EndOfStream) and session.goodbye:
-            reason = f"the worker left: {session.goodbye}"  # its own words, from its goodbye
+            # The worker's own words, from its goodbye, not the transport's "closed".
+            reason = f"{type(exc).__name__}: the worker left: {session.goodbye}"
         text = f"{session.peer}: {reason}"
         self.refusals.append(text)
         del self.refusals[:-20]  # keep the last few for error messages, never grow
