@@ -284,8 +284,10 @@ class ClusterEnv(VectorEnv):
     At interpreter exit an env that was not closed is closed (its local workers stop), without
     a word; after :meth:`close`, every method raises :class:`~aps.errors.InvalidState`.
 
-    As Gymnasium's vector envs: ``metadata``, ``render_mode`` and ``spec`` come from the envs
-    (see :meth:`_describe`), ``np_random_seed`` and ``np_random`` hold one entry per env, an
+    As Gymnasium's vector envs: ``metadata`` (the envs', with ``autoreset_mode``),
+    ``render_mode`` and ``spec`` come from env 0 (``spec`` as ``gymnasium.make_vec(...,
+    vectorization_mode="async")`` sets it, so ``gymnasium.make_vec(envs.spec)`` makes the
+    same envs locally), ``np_random_seed`` and ``np_random`` hold one entry per env, an
     env's error is raised as its own type when it is a built-in one (:func:`as_raised`),
     and after a step that raised, stepping is refused until :meth:`reset`. A process that
     forks (``AsyncVectorEnv``'s subprocesses, ``multiprocessing``) leaves its envs to the
