@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import builtins
 import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -18,16 +20,17 @@ import secrets
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
 from aps.collect import Metrics, Rollout, WeightPrecision
 from aps.compression import check_setting as check_compression
-from aps.errors import ConfigError, ConnectError, InvalidState
+from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
@@ -36,7 +39,7 @@ from aps.sync import SyncStrategy
 from aps.transports.base import Listener
 from aps.worker import EnvSpec
 
-__all__ = ["ClusterEnv"]
+__all__ = ["ClusterEnv", "as_raised"]
 
 log = logging.getLogger("aps.cluster_env")
 
@@ -56,6 +59,30 @@ _LOCAL_URLS = {
 
 
 _UNKNOWN = object()
+
+
+def as_raised(error: WorkerError) -> Exception:
+    """The exception an env's error is raised as on the learner, as Gymnasium raises it.
+
+    Gymnasium's ``AsyncVectorEnv`` raises its subprocess's exception again in the main
+    process; here a worker's exception of a built-in type (``RuntimeError``, ``ValueError``,
+    ``AssertionError``...) is raised as that type, with the worker's message, and with
+    ``error`` (which holds the worker's traceback) as its cause. The type is looked up by
+    name in :mod:`builtins`, on this side, and only a subclass of :class:`Exception` is
+    taken: nothing from the worker is unpickled or chooses code. Any other type (the env's
+    own, a library's, aps's) is raised as the :class:`~aps.errors.WorkerError` itself,
+    which names it.
+    """
+    module, _, name = error.remote_type.rpartition(".")
+    kind = getattr(builtins, name, None) if module == "builtins" else None
+    if not isinstance(kind, type) or not issubclass(kind, Exception):
+        return error
+    try:
+        raised = kind(error.message)
+    except Exception:  # a type whose constructor wants more (UnicodeDecodeError): keep ours
+        return error
+    raised.__cause__ = error
+    return raised
 
 
 class _Pending(Generic[T]):
@@ -92,6 +119,7 @@ class _Portal:
     """One event loop on a private daemon thread, and a blocking way to run coroutines on it."""
 
     def __init__(self, use_uvloop: bool | None) -> None:
+        self._pid = os.getpid()
         self._loop = new_event_loop(use_uvloop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="aps-loop", daemon=True)
         self._thread.start()
@@ -107,9 +135,16 @@ class _Portal:
         """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``.
 
         Raises:
-            InvalidState: the portal is closed (its env was closed), or the call comes from
-                the loop thread itself.
+            InvalidState: the portal is closed (its env was closed), the call comes from
+                the loop thread itself, or from a forked child of the process that made it.
         """
+        if self.forked:
+            coroutine.close()
+            raise InvalidState(
+                f"this ClusterEnv belongs to process {self._pid}; process {os.getpid()} is a "
+                "fork of it, where its event loop and connections do not run; make a new "
+                "ClusterEnv in the child if it needs one"
+            )
         if self._loop.is_closed():
             coroutine.close()  # never awaited on purpose: no "was never awaited" warning
             raise InvalidState("this ClusterEnv is closed; create a new one to step again")
@@ -120,9 +155,17 @@ class _Portal:
         self._loop.call_soon_threadsafe(pending.start, coroutine)
         return pending
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is a copy in a forked child: the loop thread stayed in the parent."""
+        return os.getpid() != self._pid
+
     def close(self) -> None:
-        """Stop the loop and join the thread; idempotent."""
-        if self._loop.is_closed():
+        """Stop the loop and join the thread; idempotent. In a forked child, nothing.
+
+        A child must not write to the loop's wake-up pipe: it is the parent's too.
+        """
+        if self.forked or self._loop.is_closed():
             return
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -151,6 +194,20 @@ def _close_at_exit() -> None:
 # runs its exit hooks last in, first out: the thread pools stop after our hook has run.
 _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_at_exit)
+
+# A forked child (multiprocessing's default on Linux: AsyncVectorEnv's subprocesses) runs
+# threading's exit hooks as it ends; the envs it inherited belong to the parent, whose loop
+# thread did not come along: closing them there would wait forever, and would say goodbye
+# on the parent's connections.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_OPEN.clear)
+
+
+def _raise_as_gymnasium(error: WorkerError) -> NoReturn:
+    raised = as_raised(error)
+    if raised is error:
+        raise error
+    raise raised from error
 
 
 def _split(
@@ -200,7 +257,9 @@ class ClusterEnv(VectorEnv):
         listen: the URL to bind, or a bound listener.
         num_workers: how many workers to wait for.
         token: shared secret the workers must prove (required off loopback).
-        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or
+            ``DISABLED`` (the caller resets ended envs with ``reset(options={"reset_mask":
+            mask})``), as in Gymnasium.
         timeouts: deadlines, see :class:`~aps.session.Timeouts`.
         insecure: allow a non-loopback address without a token.
         use_uvloop: run the private loop on uvloop (default: when installed).
@@ -228,6 +287,15 @@ class ClusterEnv(VectorEnv):
     :meth:`render`): on the workers, with arguments and results that travel as data.
     At interpreter exit an env that was not closed is closed (its local workers stop), without
     a word; after :meth:`close`, every method raises :class:`~aps.errors.InvalidState`.
+
+    As Gymnasium's vector envs: ``metadata`` (the envs', with ``autoreset_mode``),
+    ``render_mode`` and ``spec`` come from env 0 (``spec`` as ``gymnasium.make_vec(...,
+    vectorization_mode="async")`` sets it, so ``gymnasium.make_vec(envs.spec)`` makes the
+    same envs locally), ``np_random_seed`` and ``np_random`` hold one entry per env, an
+    env's error is raised as its own type when it is a built-in one (:func:`as_raised`),
+    and after a step that raised, stepping is refused until :meth:`reset`. A process that
+    forks (``AsyncVectorEnv``'s subprocesses, ``multiprocessing``) leaves its envs to the
+    parent: in the child they refuse every call, and its exit does not close them.
 
     Raises:
         Timeout: the workers did not all arrive in time.
@@ -265,6 +333,8 @@ class ClusterEnv(VectorEnv):
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
         self._render_mode: object = _UNKNOWN
+        # Why stepping is refused until the next reset (an env raised in a step or reset).
+        self._out_of_step: str | None = None
         self._pending_step: _Pending[tuple[Any, Array, Array, Array, Info]] | None = None
         self._pending_rollout: _Pending[Rollout] | None = None
         self._learner = Learner(
@@ -304,7 +374,43 @@ class ClusterEnv(VectorEnv):
         self.single_action_space = learner.single_action_space
         self.observation_space = learner.observation_space
         self.action_space = learner.action_space
+        self.observation_mode = "same"  # every worker's spaces equal the first's
         self.metadata = {"autoreset_mode": learner.autoreset_mode}
+        self.spec = None
+        self._describe()
+
+    def _describe(self) -> None:
+        """Take ``metadata``, ``render_mode`` and ``spec`` from env 0, as Gymnasium's do.
+
+        The vector's ``metadata`` is a copy of the env's with ``autoreset_mode`` set, and its
+        ``spec`` is the env's with the vector's arguments in ``kwargs``, as
+        :func:`gymnasium.make_vec` sets it (``vectorization_mode="async"``: that spec makes
+        the same envs in local subprocesses). Workers that cannot tell (EnvPool's, or an
+        env whose metadata cannot travel as data) leave the defaults, with a debug line.
+        """
+        try:
+            metadata, mode, spec = (
+                self._portal.call(self._learner.env_call("get_attr", name, indices=[0]))[0]
+                for name in ("metadata", "render_mode", "spec")
+            )
+        except WorkerError as exc:
+            log.debug("the envs' metadata, render_mode and spec are unknown: %s", exc)
+            return
+        if isinstance(metadata, dict):
+            # Lists arrive as tuples; Gymnasium's metadata holds lists (render_modes).
+            self.metadata = {
+                key: list(value) if isinstance(value, tuple) else value
+                for key, value in metadata.items()
+            }
+            self.metadata["autoreset_mode"] = self._learner.autoreset_mode
+        if mode is None or isinstance(mode, str):
+            self._render_mode = mode
+        if isinstance(spec, gym.envs.registration.EnvSpec):
+            kwargs = dict(spec.kwargs)
+            if self.num_envs != 1:
+                kwargs["num_envs"] = self.num_envs
+            kwargs["vectorization_mode"] = "async"
+            self.spec = dataclasses.replace(spec, kwargs=kwargs)
 
     @classmethod
     def local(
@@ -452,13 +558,53 @@ class ClusterEnv(VectorEnv):
         """Reset every env; see :meth:`aps.Learner.reset` (an int, or one seed per env)."""
         if seed is None:
             seed, self._default_seed = self._default_seed, None
-        return self._portal.call(self._learner.reset(seed=seed, options=options))
+        pending = self._portal.submit(self._learner.reset(seed=seed, options=options))
+        result = self._batch_result(pending, "reset")
+        if options is None or np.all(options.get("reset_mask", True)):
+            self._out_of_step = None  # every env was reset: in step again
+        return result
 
     def step(self, actions: Any) -> tuple[Any, Array, Array, Array, Info]:
-        """Step every env; see :meth:`aps.Learner.step`."""
+        """Step every env; see :meth:`aps.Learner.step`.
+
+        An env that raises makes the step raise as Gymnasium's ``AsyncVectorEnv`` does (a
+        built-in type as itself, see :func:`as_raised`); the other envs have stepped, so
+        the batch is out of step and ``step`` refuses until :meth:`reset`.
+
+        Raises:
+            InvalidState: a ``step_async()`` is pending, or an env raised in the last step
+                or reset.
+        """
         if self._pending_step is not None:
             raise InvalidState("step() called while a step_async() is pending; call step_wait()")
-        return self._portal.call(self._learner.step(actions))
+        self._check_in_step("step")
+        return self._batch_result(self._portal.submit(self._learner.step(actions)), "step")
+
+    def _check_in_step(self, operation: str) -> None:
+        if self._out_of_step is not None:
+            raise InvalidState(
+                f"{operation}() refused: {self._out_of_step}, so some envs stepped and others "
+                "did not; call reset() before stepping again (Gymnasium's AsyncVectorEnv "
+                "refuses to go on too)"
+            )
+
+    def _batch_result(self, pending: _Pending[T], operation: str) -> T:
+        """``pending``'s result; an env's error raised as Gymnasium's, and remembered."""
+        try:
+            return pending.result()
+        except WorkerError as exc:
+            self._out_of_step = (
+                f"an env on worker {exc.worker_id} raised {exc.remote_type} in the last "
+                f"{operation}()"
+            )
+            _raise_as_gymnasium(exc)
+
+    def _env_call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run an env call; an env's error raised as Gymnasium's (see :func:`as_raised`)."""
+        try:
+            return self._portal.call(coroutine)
+        except WorkerError as exc:
+            _raise_as_gymnasium(exc)
 
     def step_async(self, actions: Any) -> None:
         """Send the actions and return at once; :meth:`step_wait` collects the results.
@@ -466,10 +612,12 @@ class ClusterEnv(VectorEnv):
         The workers step while the caller computes (Gymnasium's ``AsyncVectorEnv`` names).
 
         Raises:
-            InvalidState: a step is already pending.
+            InvalidState: a step is already pending, or an env raised in the last step or
+                reset (see :meth:`step`).
         """
         if self._pending_step is not None:
             raise InvalidState("step_async() called twice; call step_wait() in between")
+        self._check_in_step("step_async")
         self._pending_step = self._portal.submit(self._learner.step(actions))
 
     def step_wait(self) -> tuple[Any, Array, Array, Array, Info]:
@@ -481,7 +629,7 @@ class ClusterEnv(VectorEnv):
         pending, self._pending_step = self._pending_step, None
         if pending is None:
             raise InvalidState("step_wait() called without a step_async() before it")
-        return pending.result()
+        return self._batch_result(pending, "step")
 
     def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Make ``agent``'s weights a new policy version; see :meth:`aps.Learner.publish`."""
@@ -542,25 +690,38 @@ class ClusterEnv(VectorEnv):
                 f"{name!r}; to run an await-based routine against the learner, use "
                 "call_learner(function)"
             )
-        return self._portal.call(self._learner.call(name, *args, **kwargs))
+        return self._env_call(self._learner.call(name, *args, **kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """The value of attribute ``name`` of every env, in env order; see :meth:`call`."""
-        return self._portal.call(self._learner.get_attr(name))
+        """The value of attribute ``name`` of every env, in env order; see :meth:`call`.
+
+        Spaces, env specs and ``np_random`` come back as Gymnasium's own objects, rebuilt
+        from data; a Generator is a copy in the env's current state (drawing from it leaves
+        the env's random state alone).
+        """
+        return self._env_call(self._learner.get_attr(name))
 
     def set_attr(self, name: str, values: Any) -> None:
         """Set attribute ``name`` of every env; see :meth:`aps.Learner.set_attr`."""
-        self._portal.call(self._learner.set_attr(name, values))
+        self._env_call(self._learner.set_attr(name, values))
 
     def render(self) -> tuple[Any, ...] | None:
-        """Every env's frame, in env order (envs made with ``render_mode="rgb_array"``).
+        """Every env's ``render()``, in env order, as Gymnasium's vector envs return it.
 
-        ``None`` when the envs do not render (``render_mode`` is ``None``), as Gymnasium's
-        vector envs return.
+        Frames for ``render_mode="rgb_array"``; a ``None`` per env for envs made without a
+        render mode.
         """
-        if self.render_mode is None:
-            return None
-        return self._portal.call(self._learner.render())
+        return self._env_call(self._learner.render())
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """Every env's ``np_random_seed``, in env order (Gymnasium's vector envs' tuple)."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """A copy of every env's ``np_random`` Generator, in env order (see :meth:`get_attr`)."""
+        return self.get_attr("np_random")
 
     @property
     def render_mode(self) -> str | None:
@@ -591,8 +752,13 @@ class ClusterEnv(VectorEnv):
         return self._learner.metrics
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Say goodbye to the workers, stop local ones, and end the private loop."""
+        """Say goodbye to the workers, stop local ones, and end the private loop.
+
+        In a forked child, where the env is the parent's, this only marks the copy closed.
+        """
         _OPEN.discard(self)
+        if self._portal.forked:
+            return
         pending: _Pending[Any] | None
         for pending in (self._pending_step, self._pending_rollout):
             if pending is not None:

@@ -108,7 +108,9 @@ Version 6 added the all-reduce aggregation of gradient rounds (:class:`ReduceGra
 :class:`GradientsReduced`), which a version 5 worker could not decode.
 
 Version 7 added compression negotiated in the handshake (``Hello.compression``,
-``Welcome.compression``) and the compressed array extension of :mod:`aps.compression`."""
+``Welcome.compression``) and the compressed array extension of :mod:`aps.compression`, and
+carries spaces, env specs and numpy Generators in :class:`EnvCallResult` as tagged maps
+(:func:`aps.spaces.value_to_wire`), which a version 6 learner would hand on unread."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,12 +19,14 @@ The random state of a space (its seed) does not travel.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces as gs
+from gymnasium.envs.registration import EnvSpec, WrapperSpec
 
 from aps.errors import ConfigError, WireError
 
@@ -32,8 +34,11 @@ __all__ = [
     "MAX_MULTI_BINARY_SIZE",
     "MAX_SPACE_DEPTH",
     "SUPPORTED_SPACES",
+    "VALUE_TAG",
     "space_from_wire",
     "space_to_wire",
+    "value_from_wire",
+    "value_to_wire",
 ]
 
 MAX_SPACE_DEPTH = 32
@@ -304,3 +309,198 @@ _BUILDERS: dict[str, tuple[frozenset[str], _Builder]] = {
     "Dict": (frozenset(["type", "sort_keys", "spaces"]), _build_dict),
     "Tuple": (frozenset(["type", "spaces"]), _build_tuple),
 }
+
+
+# Values that env calls return (get_attr("observation_space"), ("spec"), ("np_random")).
+
+VALUE_TAG = "__aps__"
+"""The key of a map that stands for a value the codec does not carry itself (see below)."""
+
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+_MAX_STATE_DIGITS = 80  # a bit generator's state words are at most 128 bits: 39 digits
+
+
+def value_to_wire(value: Any) -> Any:
+    """``value`` with spaces, env specs and numpy Generators replaced by tagged maps.
+
+    What an env call returns must travel as data. Three Gymnasium values are data without
+    being plain: a space (:func:`space_to_wire`), an
+    :class:`~gymnasium.envs.registration.EnvSpec` (its fields, an entry point that is a
+    callable as its ``"module:qualname"``), and a :class:`numpy.random.Generator` (its bit
+    generator's name and state, the state's integers as decimal strings, since they exceed
+    64 bits). Each becomes ``{VALUE_TAG: kind, ...}``; a user's dict that holds the key
+    :data:`VALUE_TAG` is wrapped (``{VALUE_TAG: "map", "items": ...}``) so that nothing a
+    user returns is read as one. Tuples, lists and dicts are walked; anything else is left
+    for the codec to carry or refuse.
+
+    Raises:
+        ConfigError: a space of a type that cannot travel, or a Generator whose bit
+            generator is none of numpy's own.
+    """
+    if isinstance(value, tuple | list):
+        converted = [value_to_wire(item) for item in value]
+        return tuple(converted) if isinstance(value, tuple) else converted
+    if isinstance(value, dict):
+        items = {key: value_to_wire(item) for key, item in value.items()}
+        return {VALUE_TAG: "map", "items": items} if VALUE_TAG in items else items
+    if isinstance(value, gym.Space):
+        return {VALUE_TAG: "space", "space": space_to_wire(value)}
+    if isinstance(value, EnvSpec):
+        return {VALUE_TAG: "env_spec", "fields": _spec_fields(value)}
+    if isinstance(value, np.random.Generator):
+        bits = value.bit_generator
+        name = type(bits).__name__
+        if name not in _BIT_GENERATORS or type(bits).__module__.split(".")[0] != "numpy":
+            raise ConfigError(
+                f"a Generator over {type(bits).__qualname__} cannot travel; only numpy's own bit "
+                f"generators do ({', '.join(_BIT_GENERATORS)})"
+            )
+        # The name travels on its own: every other string in the state is a number.
+        state = {key: item for key, item in bits.state.items() if key != "bit_generator"}
+        return {VALUE_TAG: "generator", "bit_generator": name, "state": _ints_as_text(state)}
+    return value
+
+
+def value_from_wire(value: Any) -> Any:
+    """Undo :func:`value_to_wire` on a decoded value.
+
+    A Generator comes back as a new Generator in the state the env's was in when it was
+    read: a copy, whose draws are those the env's next draws would have been, and which
+    leaves the env's own random state untouched.
+
+    Raises:
+        WireError: a tagged map that describes no valid space, env spec or Generator.
+    """
+    if isinstance(value, tuple | list):
+        converted = [value_from_wire(item) for item in value]
+        return tuple(converted) if isinstance(value, tuple) else converted
+    if not isinstance(value, Mapping):
+        return value
+    kind = value.get(VALUE_TAG)
+    if kind is None:
+        return {key: value_from_wire(item) for key, item in value.items()}
+    _check_tagged(value, kind)
+    if kind == "map":
+        items = value["items"]
+        if not isinstance(items, Mapping):
+            raise WireError(f"a wrapped map holds {type(items).__name__}, not a map")
+        return {key: value_from_wire(item) for key, item in items.items()}
+    if kind == "space":
+        return space_from_wire(value["space"])
+    if kind == "env_spec":
+        return _build_spec(value["fields"])
+    return _build_generator(value["bit_generator"], value["state"])
+
+
+_TAGGED: dict[str, frozenset[str]] = {
+    "map": frozenset([VALUE_TAG, "items"]),
+    "space": frozenset([VALUE_TAG, "space"]),
+    "env_spec": frozenset([VALUE_TAG, "fields"]),
+    "generator": frozenset([VALUE_TAG, "bit_generator", "state"]),
+}
+
+
+def _check_tagged(value: Mapping[str, Any], kind: object) -> None:
+    fields = _TAGGED.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise WireError(f"a tagged value is of unknown kind {kind!r}; known: {sorted(_TAGGED)}")
+    if set(value) != fields:
+        raise WireError(
+            f"a tagged {kind} value has the fields {sorted(value)}, expected {sorted(fields)}"
+        )
+
+
+# EnvSpec's fields that its constructor takes (namespace, name and version follow from id).
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(EnvSpec) if f.init)
+_WRAPPER_FIELDS = ("name", "entry_point", "kwargs")
+
+
+def _entry_point(entry: object) -> object:
+    """An entry point as data: a string as it is, a callable as its ``"module:qualname"``."""
+    if entry is None or isinstance(entry, str):
+        return entry
+    module = getattr(entry, "__module__", None)
+    qualname = getattr(entry, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}:{qualname}"
+    return repr(entry)
+
+
+def _spec_fields(spec: EnvSpec) -> dict[str, Any]:
+    fields = {name: getattr(spec, name) for name in _SPEC_FIELDS}
+    fields["entry_point"] = _entry_point(spec.entry_point)
+    fields["vector_entry_point"] = _entry_point(spec.vector_entry_point)
+    fields["kwargs"] = value_to_wire(dict(spec.kwargs))
+    fields["additional_wrappers"] = [
+        {
+            "name": wrapper.name,
+            "entry_point": _entry_point(wrapper.entry_point),
+            "kwargs": value_to_wire(wrapper.kwargs),
+        }
+        for wrapper in spec.additional_wrappers
+    ]
+    return fields
+
+
+def _build_spec(fields: object) -> EnvSpec:
+    if not isinstance(fields, Mapping) or set(fields) != set(_SPEC_FIELDS):
+        got = sorted(fields) if isinstance(fields, Mapping) else type(fields).__name__
+        raise WireError(f"an env spec must have the fields {sorted(_SPEC_FIELDS)}, got {got}")
+    wrappers = fields["additional_wrappers"]
+    if not isinstance(wrappers, list | tuple) or not all(
+        isinstance(w, Mapping) and set(w) == set(_WRAPPER_FIELDS) for w in wrappers
+    ):
+        raise WireError(
+            f"an env spec's additional_wrappers must be maps of {list(_WRAPPER_FIELDS)}, got "
+            f"{wrappers!r:.200}"
+        )
+    kwargs = value_from_wire(fields["kwargs"])
+    if not isinstance(kwargs, dict):
+        raise WireError(f"an env spec's kwargs must be a map, got {type(kwargs).__name__}")
+    arguments = dict(fields)
+    arguments["kwargs"] = kwargs
+    arguments["additional_wrappers"] = tuple(
+        WrapperSpec(w["name"], w["entry_point"], value_from_wire(w["kwargs"])) for w in wrappers
+    )
+    try:
+        return EnvSpec(**arguments)
+    except Exception as exc:  # whatever Gymnasium's checks raise: the peer's data is bad
+        raise WireError(f"an env spec that Gymnasium refuses: {exc}") from exc
+
+
+def _ints_as_text(state: Any) -> Any:
+    """A bit generator's state with its integers (up to 128 bits) as decimal strings."""
+    if isinstance(state, dict):
+        return {key: _ints_as_text(item) for key, item in state.items()}
+    if isinstance(state, int) and not isinstance(state, bool):
+        return str(state)
+    return state
+
+
+def _ints_from_text(state: Any, where: str) -> Any:
+    if isinstance(state, Mapping):
+        return {key: _ints_from_text(item, f"{where}[{key!r}]") for key, item in state.items()}
+    if isinstance(state, str):
+        digits = state[1:] if state.startswith("-") else state
+        if not (0 < len(digits) <= _MAX_STATE_DIGITS and digits.isascii() and digits.isdigit()):
+            raise WireError(f"{where} must be an integer in decimal, got {state!r:.100}")
+        return int(state)
+    if isinstance(state, np.ndarray):
+        return state.copy()  # decoded arrays are read-only; a bit generator takes its own
+    return state
+
+
+def _build_generator(name: object, state: object) -> np.random.Generator:
+    if name not in _BIT_GENERATORS:
+        raise WireError(f"a Generator over {name!r:.100}; known: {', '.join(_BIT_GENERATORS)}")
+    if not isinstance(state, Mapping):
+        raise WireError(f"a Generator's state must be a map, got {type(state).__name__}")
+    bits = getattr(np.random, str(name))()
+    state = _ints_from_text(state, "the Generator's state")
+    assert isinstance(state, dict)
+    state["bit_generator"] = name  # the key is the name again, not a number
+    try:
+        bits.state = state
+    except Exception as exc:  # whatever numpy's checks raise: the peer's data is bad
+        raise WireError(f"a {name} state that numpy refuses: {exc!r:.200}") from exc
+    return np.random.Generator(bits)

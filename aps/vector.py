@@ -151,7 +151,13 @@ class LeanSyncVectorEnv(SyncVectorEnv):
         self._pending = False
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs; see :meth:`gymnasium.vector.SyncVectorEnv.reset`."""
+        """Reset the envs; see :meth:`gymnasium.vector.SyncVectorEnv.reset`.
+
+        A ``reset_mask`` that marks none of these envs leaves them as they are (see
+        :func:`marks_none`).
+        """
+        if marks_none(kwargs.get("options"), self.num_envs):
+            return concatenate(self.single_observation_space, self._env_obs, self._observations), {}
         result = super().reset(**kwargs)
         self._pending = bool(self._autoreset_envs.any())
         return result
@@ -263,6 +269,24 @@ _FINAL_KEYS: dict[str, None] = dict.fromkeys(
 )
 
 
+def marks_none(options: object, num_envs: int) -> bool:
+    """Whether ``options`` hold a ``reset_mask`` of ``num_envs`` Falses.
+
+    The learner cuts a vector-wide ``reset_mask`` into each worker's part; a worker whose
+    part marks none of its envs answers with their current observations and no infos,
+    where Gymnasium's own vector envs (which see the whole mask) would refuse the mask.
+    """
+    if not isinstance(options, dict):
+        return False
+    mask = options.get("reset_mask")
+    return (
+        isinstance(mask, np.ndarray)
+        and mask.dtype == np.bool_
+        and mask.shape == (num_envs,)
+        and not mask.any()
+    )
+
+
 def _async_vector_env(
     env_fn: Callable[[], gym.Env[Any, Any]], num_envs: int, mode: AutoresetMode
 ) -> _AsyncVectorEnv:
@@ -338,7 +362,13 @@ class _RebuildOnError(VectorWrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs; see :meth:`gymnasium.vector.VectorEnv.reset`."""
+        """Reset the envs; see :meth:`gymnasium.vector.VectorEnv.reset`.
+
+        A ``reset_mask`` that marks none of these envs leaves them as they are (see
+        :func:`marks_none`).
+        """
+        if marks_none(options, self.num_envs):
+            return self._pool.observations, {}
         try:
             return self._pool.reset(seed=seed, options=options)
         except Exception:
@@ -406,8 +436,11 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
     """EnvPool's envs as a Gymnasium vector env with the worker's contract.
 
     EnvPool's Gymnasium mode autoresets like Gymnasium's ``NextStep`` mode (the step after
-    an episode's end resets that env, with reward 0 and neither flag set), so that is the
-    only mode offered. Its differences from Gymnasium's vector envs are mapped here:
+    an episode's end resets that env, with reward 0 and neither flag set). ``SameStep``
+    (what Stable-Baselines3 needs) is built on it: the envs that ended are reset by id
+    within the step, their last observations and infos go to ``final_obs`` and
+    ``final_info`` as Gymnasium lays them out, and the reset's observations and infos
+    take their place. Its differences from Gymnasium's vector envs are mapped here:
 
     - EnvPool seeds its envs once, when it builds them (env ``i`` gets ``seed + i``, as
       Gymnasium's ``reset(seed=seed)`` does): a reset with a seed builds the pool anew with
@@ -415,6 +448,8 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
     - Infos are EnvPool's (``env_id``, ``elapsed_step``, ``players`` and what the env adds),
       each key given its ``_key`` mask (every env has every key).
     - Rewards are float64 and the observation space is batched, as in Gymnasium.
+    - Gymnasium's attributes of the envs (``render_mode``, ``metadata``, ``spec``, the
+      spaces) are answered by :meth:`get_attr`; EnvPool's envs do not render.
 
     Reset options are refused: EnvPool takes none but ``reset_mask``, which only
     ``SameStep`` users (policy-gradient rounds) need.
@@ -422,7 +457,7 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
     Args:
         env_id: an EnvPool id (see :func:`envpool_id`).
         num_envs: how many envs.
-        autoreset_mode: must be ``NextStep``.
+        autoreset_mode: ``NextStep`` or ``SameStep``.
         env_kwargs: keyword arguments for ``envpool.make`` (``max_episode_steps``,
             ``num_threads``...).
         seed: the seed of the envs before the first seeded reset (default: random).
@@ -441,12 +476,14 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
         env_kwargs: dict[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
-        if AutoresetMode(autoreset_mode) is not AutoresetMode.NEXT_STEP:
+        mode = AutoresetMode(autoreset_mode)
+        if mode is AutoresetMode.DISABLED:
             raise ConfigError(
-                f"vector='envpool' autoresets in the next step only (EnvPool's own way), but "
-                f"the learner asks for {AutoresetMode(autoreset_mode).value}; create the "
-                "learner with autoreset_mode='NextStep' or use vector='sync' or 'async'"
+                "vector='envpool' autoresets its envs (NextStep, or SameStep on top of it), "
+                "but the learner asks for Disabled; create the learner with "
+                "autoreset_mode='NextStep' or 'SameStep', or use vector='sync' or 'async'"
             )
+        self.autoreset_mode = mode
         self._envpool = _import_envpool()
         self._env_id = env_id
         self._env_kwargs = dict(env_kwargs or {})
@@ -458,7 +495,8 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
         self.single_action_space = self._pool.single_action_space
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+        self.metadata = {"autoreset_mode": mode}
+        self.render_mode = None
 
     def _make(self, seed: int) -> Any:
         try:
@@ -486,15 +524,20 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every env; a seed builds the envs anew with it (see the class).
 
+        A list of seeds, one per env, is taken when it is what an int gives (``seed + i``
+        for env ``i``, as Stable-Baselines3's ``seed()`` sets them) or all ``None``.
+
         Raises:
             ConfigError: options were given, or a seed that is no int in
-                ``[0, 2**31 - num_envs)``.
+                ``[0, 2**31 - num_envs)``, or a list of seeds of another kind.
         """
         if options is not None:
             raise ConfigError(
                 f"vector='envpool' takes no reset options, got {options!r}; use vector='sync' "
                 "or 'async' for envs that read options"
             )
+        if isinstance(seed, list | tuple):
+            seed = _first_of_consecutive(seed, self.num_envs)
         if seed is not None:
             if not isinstance(seed, int) or not 0 <= seed < _SEED_LIMIT - self.num_envs:
                 raise ConfigError(
@@ -512,17 +555,143 @@ class EnvPoolVectorEnv(VectorEnv[Any, Any, Any]):
         if not isinstance(actions, dict):
             actions = np.asarray(actions)  # EnvPool reads dtype and shape; lists have none
         obs, reward, terminated, truncated, info = self._pool.step(actions)
-        return (
-            obs,
-            np.asarray(reward, dtype=np.float64),
-            np.asarray(terminated, dtype=np.bool_),
-            np.asarray(truncated, dtype=np.bool_),
-            _vector_info(info, self.num_envs),
+        terminated = np.asarray(terminated, dtype=np.bool_)
+        truncated = np.asarray(truncated, dtype=np.bool_)
+        infos = _vector_info(info, self.num_envs)
+        ended = terminated | truncated
+        if self.autoreset_mode is AutoresetMode.SAME_STEP and ended.any():
+            obs, infos = self._reset_ended(obs, infos, ended)
+        return obs, np.asarray(reward, dtype=np.float64), terminated, truncated, infos
+
+    def _reset_ended(
+        self, obs: Any, infos: dict[str, Any], ended: np.ndarray[Any, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """SameStep: reset the ``ended`` envs now, as Gymnasium's ``SameStep`` mode does.
+
+        The step's observations and infos of those envs move to ``final_obs`` and
+        ``final_info`` (an object array with ``None`` elsewhere, and infos masked to the
+        ended envs); the reset's take their places. A reset env is not reset again by
+        EnvPool on the next step: it steps.
+        """
+        ids = np.flatnonzero(ended)
+        final_obs = np.full(self.num_envs, None, dtype=object)
+        for i in ids:
+            final_obs[i] = _take(obs, int(i))
+        final_info = _masked(infos, ended)
+        reset_obs, reset_info = self._pool.reset(ids.astype(np.int32))
+        obs = _put(obs, ids, reset_obs)
+        infos = _put(infos, ids, _vector_info(reset_info, len(ids)), masks=False)
+        infos.update(
+            final_obs=final_obs,
+            _final_obs=ended.copy(),
+            final_info=final_info,
+            _final_info=ended.copy(),
         )
+        return obs, infos
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Gymnasium's attributes of each env: what EnvPool's envs have in common.
+
+        Raises:
+            AttributeError: an attribute that EnvPool's envs do not show.
+        """
+        known: dict[str, Any] = {
+            "render_mode": None,
+            "metadata": {"render_modes": []},
+            "spec": None,
+            "observation_space": self.single_observation_space,
+            "action_space": self.single_action_space,
+        }
+        if name not in known:
+            raise AttributeError(
+                f"EnvPool's envs show no attribute {name!r} (only {', '.join(known)}); use "
+                "vector='sync' or 'async' to reach the envs' own attributes"
+            )
+        return (known[name],) * self.num_envs
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """:meth:`get_attr`: EnvPool's envs have no methods to call by name."""
+        if args or kwargs:
+            raise AttributeError(
+                f"EnvPool's envs have no method {name!r} to call; use vector='sync' or 'async'"
+            )
+        return self.get_attr(name)
 
     def close_extras(self, **kwargs: Any) -> None:
         """Stop EnvPool's threads."""
         self._pool.close()
+
+
+def _first_of_consecutive(seeds: list[int | None] | tuple[int | None, ...], num_envs: int) -> Any:
+    """The int that seeds EnvPool's envs as ``seeds`` asks, or ``None`` for all ``None``.
+
+    Raises:
+        ConfigError: ``seeds`` are not ``s, s + 1, ...`` (EnvPool seeds its envs only so).
+    """
+    if len(seeds) == num_envs and all(seed is None for seed in seeds):
+        return None
+    first = seeds[0] if seeds else None
+    if (
+        len(seeds) != num_envs
+        or not isinstance(first, int)
+        or list(seeds) != [first + i for i in range(num_envs)]
+    ):
+        raise ConfigError(
+            f"vector='envpool' seeds env i with seed + i, so per-env seeds must be "
+            f"{num_envs} consecutive ints (or all None), got {list(seeds)!r:.200}; give one int "
+            "seed, or use vector='sync' or 'async' for other seeds"
+        )
+    return first
+
+
+def _take(value: Any, index: int) -> Any:
+    """Env ``index``'s part of a batch (an array, or a dict or tuple of arrays), copied."""
+    if isinstance(value, dict):
+        return {key: _take(item, index) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_take(item, index) for item in value)
+    return np.array(value[index])
+
+
+def _put(batch: Any, ids: np.ndarray[Any, Any], values: Any, *, masks: bool = True) -> Any:
+    """A copy of ``batch`` with the rows ``ids`` replaced by ``values`` (one row per id).
+
+    ``masks=False`` leaves the ``_key`` masks of an info dict as they are (every env has
+    every key in EnvPool's infos).
+    """
+    if isinstance(batch, dict):
+        return {
+            key: item
+            if (not masks and key.startswith("_"))
+            else _put(item, ids, values[key], masks=masks)
+            for key, item in batch.items()
+        }
+    if isinstance(batch, tuple):
+        return tuple(_put(item, ids, value) for item, value in zip(batch, values, strict=True))
+    result = np.array(batch)
+    result[ids] = values
+    return result
+
+
+def _masked(infos: dict[str, Any], ended: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """The infos of the ``ended`` envs, laid out as Gymnasium's ``final_info``.
+
+    Each key keeps its values, zeroed for the other envs, and its mask is ``ended``.
+    """
+    result: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, dict):
+            result[key] = _masked(value, ended)
+        else:
+            result[key] = np.where(_broadcast(ended, value), value, np.zeros_like(value))
+        result[f"_{key}"] = ended.copy()
+    return result
+
+
+def _broadcast(mask: np.ndarray[Any, Any], value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return mask.reshape(mask.shape + (1,) * (value.ndim - 1))
 
 
 def _vector_info(info: dict[str, Any], num_envs: int) -> dict[str, Any]:

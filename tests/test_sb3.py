@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,6 +102,63 @@ def test_attributes_methods_and_wrappers_match(pair: tuple[ClusterVecEnv, DummyV
         assert actual.env_is_wrapped(wrapper) == expected.env_is_wrapped(wrapper)
     assert actual.env_is_wrapped(gym.wrappers.TimeLimit) == [True] * NUM_ENVS
     assert actual.env_is_wrapped(Monitor) == [False] * NUM_ENVS
+
+
+def test_over_subprocess_vectors_equals_dummy_vec_env() -> None:
+    # SB3's VecEnv.__init__ asks every env for render_mode: a worker whose envs live in
+    # subprocesses answers for all of them at once, and the steps are DummyVecEnv's.
+    actual = ClusterVecEnv.local(
+        "CartPole-v1",
+        env_kwargs={"max_episode_steps": MAX_STEPS},
+        num_workers=NUM_WORKERS,
+        envs_per_worker=ENVS_PER_WORKER,
+        transport="unix",
+        vector="async",
+    )
+    expected = DummyVecEnv([short_cartpole] * NUM_ENVS)
+    try:
+        test_equals_dummy_vec_env_step_for_step((actual, expected))
+        assert actual.get_attr("gravity") == expected.get_attr("gravity")
+        assert actual.env_method("get_wrapper_attr", "length") == expected.env_method(
+            "get_wrapper_attr", "length"
+        )
+        with pytest.raises(aps.WorkerError, match=r"needs a worker that holds its envs"):
+            actual.get_attr("gravity", indices=[1])
+    finally:
+        actual.close()
+        expected.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is None, reason="EnvPool is not installed")
+def test_over_envpool_resets_finished_envs_within_the_step() -> None:
+    # EnvPool's envs are its own (their own initial states), so only the contract is held:
+    # dones at the time limit, the terminal observation, the reset that follows.
+    vec_env = ClusterVecEnv.local(
+        "CartPole-v1",
+        env_kwargs={"max_episode_steps": 5},
+        num_workers=1,
+        envs_per_worker=3,
+        transport="unix",
+        vector="envpool",
+    )
+    try:
+        assert vec_env.render_mode is None and vec_env.get_attr("render_mode") == [None] * 3
+        vec_env.seed(4)
+        obs = vec_env.reset()
+        assert obs.shape == (3, 4) and [i["elapsed_step"] for i in vec_env.reset_infos] == [0] * 3
+        for t in range(10):
+            obs, reward, dones, infos = vec_env.step(np.full(3, t % 2, dtype=np.int64))
+            assert reward.dtype == np.float32 and reward.tolist() == [1.0] * 3
+            assert dones.tolist() == [t % 5 == 4] * 3
+            for info, reset_info in zip(infos, vec_env.reset_infos, strict=True):
+                assert info["TimeLimit.truncated"] == (t % 5 == 4)
+                if t % 5 == 4:
+                    assert info["terminal_observation"].shape == (4,)
+                    assert info["elapsed_step"] == 5 and reset_info["elapsed_step"] == 0
+                else:
+                    assert info["elapsed_step"] == t % 5 + 1
+    finally:
+        vec_env.close()
 
 
 def test_needs_the_same_step_autoreset_mode() -> None:

@@ -201,10 +201,11 @@ def test_async_worker_outlives_an_env_error() -> None:
             envs.reset(seed=0)
             envs.step(envs.action_space.sample())
             envs.step(envs.action_space.sample())
-            with pytest.raises(aps.WorkerError) as caught:
+            with pytest.raises(RuntimeError, match="the env exploded") as caught:
                 envs.step(envs.action_space.sample())
-            assert caught.value.remote_type == "builtins.RuntimeError"
-            assert "the env exploded" in str(caught.value)
+            cause = caught.value.__cause__
+            assert isinstance(cause, aps.WorkerError)
+            assert cause.remote_type == "builtins.RuntimeError"
         obs, _ = envs.reset(seed=1)
         expected, _ = SyncVectorEnv([ExplodingEnv] * 2).reset(seed=1)
         np.testing.assert_array_equal(obs, expected)
@@ -309,15 +310,69 @@ def test_envpool_refuses_factories(env: Any) -> None:
 
 
 @needs_envpool
-def test_envpool_refuses_same_step_autoreset() -> None:
-    with pytest.raises(aps.WorkerLost, match="NextStep"):
-        aps.ClusterEnv.local(
-            "CartPole-v1",
-            num_workers=1,
-            transport="memory",
-            vector="envpool",
-            autoreset_mode="SameStep",
-        )
+def test_envpool_refuses_disabled_autoreset() -> None:
+    with pytest.raises(aps.ConfigError, match="asks for Disabled"):
+        EnvPoolVectorEnv("CartPole-v1", num_envs=1, autoreset_mode=AutoresetMode.DISABLED)
+
+
+@needs_envpool
+def test_envpool_same_step_resets_within_the_step_as_gymnasium() -> None:
+    # Truncation after 5 steps comes before CartPole can fall with alternating pushes, so
+    # rewards, flags and the SameStep layout match Gymnasium's step for step; EnvPool's
+    # observations are its own, so the reset ones are checked against its elapsed_step.
+    kwargs = {"max_episode_steps": 5}
+    num_envs = 3
+    actual = EnvPoolVectorEnv(
+        "CartPole-v1", num_envs=num_envs, autoreset_mode=AutoresetMode.SAME_STEP, env_kwargs=kwargs
+    )
+    expected = SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", **kwargs)] * num_envs,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    try:
+        obs, _ = actual.reset(seed=5)
+        expected.reset(seed=5)
+        ends = 0
+        for t in range(12):
+            actions = np.full(num_envs, t % 2, dtype=np.int64)
+            next_obs, reward, terminated, truncated, info = actual.step(actions)
+            _, ref_reward, ref_terminated, ref_truncated, ref_info = expected.step(actions)
+            np.testing.assert_array_equal(reward, ref_reward)
+            np.testing.assert_array_equal(terminated, ref_terminated)
+            np.testing.assert_array_equal(truncated, ref_truncated)
+            assert ("final_obs" in info) == ("final_obs" in ref_info)
+            if "final_obs" not in info:
+                assert info["elapsed_step"].tolist() == [t % 5 + 1] * num_envs
+                obs = next_obs
+                continue
+            ends += 1
+            np.testing.assert_array_equal(info["_final_obs"], ref_info["_final_obs"])
+            np.testing.assert_array_equal(info["_final_info"], ref_info["_final_info"])
+            assert info["final_obs"].dtype == object and info["final_obs"][0].shape == (4,)
+            assert info["final_info"]["elapsed_step"].tolist() == [5] * num_envs
+            # The envs were reset within the step: the next one steps them (elapsed 1).
+            assert info["elapsed_step"].tolist() == [0] * num_envs
+            assert not np.array_equal(next_obs, np.stack(list(info["final_obs"])))
+            obs = next_obs
+        after, reward, *_ = actual.step(np.zeros(num_envs, dtype=np.int64))
+        assert ends == 2 and reward.tolist() == [1.0] * num_envs
+        assert obs.shape == after.shape
+    finally:
+        actual.close()
+        expected.close()
+
+
+@needs_envpool
+def test_envpool_answers_gymnasiums_attributes() -> None:
+    pool = EnvPoolVectorEnv("CartPole-v1", num_envs=2)
+    try:
+        assert pool.get_attr("render_mode") == (None, None)
+        assert pool.get_attr("observation_space") == (pool.single_observation_space,) * 2
+        assert pool.call("spec") == (None, None)
+        with pytest.raises(AttributeError, match="no attribute 'gravity'"):
+            pool.get_attr("gravity")
+    finally:
+        pool.close()
 
 
 @needs_envpool
@@ -442,3 +497,19 @@ def test_broken_envpool_arrays_are_refused() -> None:
     with pytest.raises(aps.MissingDependency):
         _check_layout(np.zeros((3, 4)), {"env_id": np.broadcast_to(np.int32(0), (3,))})
     _check_layout(np.zeros((3, 4)), {"env_id": np.arange(3), "one": np.zeros((1, 1))[:, :1]})
+
+
+@needs_envpool
+def test_envpool_takes_consecutive_per_env_seeds_as_one() -> None:
+    pool = EnvPoolVectorEnv("CartPole-v1", num_envs=3)
+    try:
+        by_int, _ = pool.reset(seed=11)
+        by_list, _ = pool.reset(seed=[11, 12, 13])
+        np.testing.assert_array_equal(by_list, by_int)
+        pool.reset(seed=[None, None, None])  # goes on unseeded
+        with pytest.raises(aps.ConfigError, match="3 consecutive ints"):
+            pool.reset(seed=[11, 13, 12])
+        with pytest.raises(aps.ConfigError, match="3 consecutive ints"):
+            pool.reset(seed=[11, None, 13])
+    finally:
+        pool.close()

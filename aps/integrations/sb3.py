@@ -17,8 +17,12 @@ its last observation is in ``infos[i]["terminal_observation"]``,
 in :attr:`reset_infos`; rewards are ``float32``; :meth:`seed` and :meth:`set_options` apply
 to the next :meth:`reset`. ``get_attr``, ``set_attr``, ``env_method`` and
 ``env_is_wrapped`` run on the workers, with arguments and results that travel as data (a
-wrapper class travels as its name); choosing envs with ``indices`` needs workers that hold
-their envs in their own process (``vector="sync"``, the default). Differences from
+wrapper class travels as its name; spaces, env specs and Generators are rebuilt); choosing
+envs with ``indices`` (and ``env_is_wrapped``) needs workers that hold their envs in their
+own process (``vector="sync"``, the default), while calls on every env (``indices=None``,
+as SB3's algorithms make them) work over ``vector="async"`` and ``"envpool"`` too. An env
+that raises makes the call raise as :class:`aps.ClusterEnv` does (a built-in type as
+itself); after a failed step the adapter refuses to step until :meth:`reset`. Differences from
 ``DummyVecEnv``: info values are the numpy scalars of Gymnasium's vector infos, and
 per-env reset options must all be equal (aps sends one options dict to every env).
 
@@ -35,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from aps.cluster_env import ClusterEnv
+from aps.cluster_env import ClusterEnv, as_raised
 from aps.errors import ConfigError, MissingDependency, WorkerError
 from aps.worker import EnvSpec
 
@@ -138,17 +142,13 @@ class ClusterVecEnv(VecEnv):
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """Attribute ``attr_name`` of the chosen envs (``AttributeError`` when one lacks it)."""
-        try:
-            return list(self._env_call("get_attr", attr_name, indices=self._indices(indices)))
-        except WorkerError as exc:
-            if exc.remote_type == "builtins.AttributeError":
-                raise AttributeError(str(exc)) from exc
-            raise
+        return list(self._env_call("get_attr", attr_name, indices=self._indices(indices)))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Set attribute ``attr_name`` of the chosen envs to ``value``."""
         chosen = self._indices(indices)
-        self._env_call("set_attr", attr_name, values=[value] * len(chosen), indices=chosen)
+        reached = self.num_envs if chosen is None else len(chosen)
+        self._env_call("set_attr", attr_name, values=[value] * reached, indices=chosen)
 
     def env_method(
         self,
@@ -173,7 +173,8 @@ class ClusterVecEnv(VecEnv):
     ) -> list[bool]:
         """Whether ``wrapper_class`` (or a subclass, matched by name) wraps each chosen env."""
         name = f"{wrapper_class.__module__}.{wrapper_class.__qualname__}"
-        return [bool(v) for v in self._env_call("is_wrapped", name, indices=self._indices(indices))]
+        chosen = self._indices(indices)
+        return [bool(v) for v in self._env_call("is_wrapped", name, indices=chosen)]
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         """Every env's frame (envs made with ``render_mode="rgb_array"``)."""
@@ -185,11 +186,25 @@ class ClusterVecEnv(VecEnv):
             return [None] * self.num_envs
         return list(self.envs.render() or ())
 
-    def _indices(self, indices: VecEnvIndices) -> list[int]:
+    def _indices(self, indices: VecEnvIndices) -> list[int] | None:
+        """The chosen envs; ``None`` for all of them.
+
+        ``None`` stays ``None``: a worker answers for all its envs at once whatever holds
+        them (subprocesses, EnvPool), but only one that holds them itself answers for
+        chosen ones. SB3's own calls (``render_mode`` in ``VecEnv.__init__``) reach all.
+        """
+        if indices is None:
+            return None
         return [int(i) for i in self._get_indices(indices)]
 
     def _env_call(self, kind: str, name: str, **kwargs: Any) -> tuple[Any, ...]:
-        return self.envs.call_learner(lambda learner: learner.env_call(kind, name, **kwargs))
+        try:
+            return self.envs.call_learner(lambda learner: learner.env_call(kind, name, **kwargs))
+        except WorkerError as exc:
+            raised = as_raised(exc)
+            if raised is exc:
+                raise
+            raise raised from exc
 
 
 def _per_env(info: dict[str, Any], num_envs: int) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from aps.errors import (
     ApsError,
     AuthError,
+    EndOfStream,
     InvalidState,
     ProtocolError,
     Timeout,
@@ -352,6 +353,9 @@ class Gate:
         A connection the budget ended (evicted, past its deadline) was reported by it.
         """
         reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, EndOfStream) and session.goodbye:
+            # The worker's own words, from its goodbye, not the transport's "closed".
+            reason = f"{type(exc).__name__}: the worker left: {session.goodbye}"
         text = f"{session.peer}: {reason}"
         self.refusals.append(text)
         del self.refusals[:-20]  # keep the last few for error messages, never grow

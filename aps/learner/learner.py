@@ -28,6 +28,7 @@ from aps.messages import (
     Welcome,
 )
 from aps.session import Timeouts
+from aps.spaces import value_from_wire
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
 
@@ -147,10 +148,6 @@ class Learner:
             raise ConfigError(
                 f"autoreset_mode must be one of {choices}, got {autoreset_mode!r}"
             ) from None
-        if mode is AutoresetMode.DISABLED:
-            raise ConfigError(
-                "autoreset_mode 'Disabled' is not supported; use 'NextStep' or 'SameStep'"
-            )
         if policy is not None and (not isinstance(policy, str) or ":" not in policy):
             raise ConfigError(
                 f"policy must be an import path 'package.module:factory' or "
@@ -317,19 +314,26 @@ class Learner:
             seed: global env ``i`` is seeded with ``seed + i``, as Gymnasium's vector envs do,
                 or with ``seed[i]`` for a list of one int (or ``None``) per env. ``None``
                 lets each worker use its own seed on its first reset.
-            options: passed to every env's ``reset``.
+            options: passed to every env's ``reset``. ``options["reset_mask"]`` (a bool
+                array with one element per env, as Gymnasium's vector envs take it, mostly
+                with ``autoreset_mode="Disabled"``) resets only the envs it marks; the
+                others keep their observations, and the infos hold only the reset envs'.
 
         Returns:
             ``(observations, infos)`` batched over all envs.
 
         Raises:
-            ConfigError: ``seed`` is not an int, ``None`` or one int or ``None`` per env.
+            ConfigError: ``seed`` is not an int, ``None`` or one int or ``None`` per env, or
+                a ``reset_mask`` that is not a bool array of one element per env with at
+                least one ``True``.
             WorkerError: an env raised on a worker.
             WorkerLost: a worker disconnected; this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
         await self.wait_for_workers()
         seeds = _check_seed(seed, self.num_envs)
+        if options is not None and "reset_mask" in options:
+            _check_reset_mask(options["reset_mask"], self.num_envs)
         await self._detach.end_stream()
         return await self._lockstep.reset(seed=seeds, options=options)
 
@@ -471,11 +475,13 @@ class Learner:
                 in their own process (``vector="sync"``, the default).
 
         Returns:
-            One value per env reached.
+            One value per env reached. Spaces, env specs and numpy Generators come back
+            rebuilt from data (a Generator as a copy; see :func:`aps.spaces.value_to_wire`).
 
         Raises:
             ConfigError: a bad kind, name, index or value count, or arguments that are not
                 plain data; nothing was sent.
+            WireError: a worker sent a space, env spec or Generator that is not valid.
             WorkerError: an env raised, or returned a value that is not plain data.
             InvalidState | WorkerLost | Timeout: as :meth:`step`.
         """
@@ -496,7 +502,9 @@ class Learner:
                 f"{values!r:.200}"
             )
         await self._detach.end_stream()
-        return await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
+        results = await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
+        # Spaces, env specs and Generators travel as tagged maps (aps.spaces.value_to_wire).
+        return tuple(value_from_wire(value) for value in results)
 
     # DETACH: workers act with their own policy copy.
 
@@ -724,6 +732,20 @@ def _check_name(name: object) -> str:
             f"name must be the name of an env method or attribute (a str), got {name!r}"
         )
     return name
+
+
+def _check_reset_mask(mask: object, num_envs: int) -> None:
+    """Refuse a ``reset_mask`` Gymnasium's vector envs would refuse (with ConfigError)."""
+    if (
+        not isinstance(mask, np.ndarray)
+        or mask.dtype != np.bool_
+        or mask.shape != (num_envs,)
+        or not mask.any()
+    ):
+        raise ConfigError(
+            f"options['reset_mask'] must be a numpy bool array of shape ({num_envs},) with at "
+            f"least one True (the envs to reset), got {mask!r:.200}"
+        )
 
 
 def _check_seed(seed: object, num_envs: int) -> int | tuple[int | None, ...] | None:

@@ -68,15 +68,23 @@ class Lockstep:
         """:meth:`Learner.reset`, once the workers are admitted."""
         pool = self._pool
         requests: list[Request]
+        # A reset_mask (checked by the caller) is cut into each worker's part.
+        mask = None if options is None else options.get("reset_mask")
+        parts = [
+            options
+            if options is None or mask is None
+            else {**options, "reset_mask": mask[offset : offset + count]}
+            for offset, count in zip(pool.offsets, pool.counts, strict=True)
+        ]
         if seed is None or isinstance(seed, int):
             requests = [
-                ResetRequest(seed=None if seed is None else seed + offset, options=options)
-                for offset in pool.offsets
+                ResetRequest(seed=None if seed is None else seed + offset, options=part)
+                for offset, part in zip(pool.offsets, parts, strict=True)
             ]
         else:
             requests = [
-                ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=options)
-                for offset, count in zip(pool.offsets, pool.counts, strict=True)
+                ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=part)
+                for offset, count, part in zip(pool.offsets, pool.counts, parts, strict=True)
             ]
         answers = await pool.exchange(requests, "reset", redo=self._redo, running=self._running())
         results = [expect(a, ResetResult) for a in answers]

@@ -35,6 +35,7 @@ from aps.messages import (
 )
 from aps.protocol import MAX_IN_FLIGHT
 from aps.session import Session
+from aps.spaces import value_to_wire
 from aps.vector import AnyVectorEnv
 from aps.worker.collector import Collector
 
@@ -215,9 +216,11 @@ class StepServer:
                 values = envs.call(name, *request.args, **(request.kwargs or {}))
             else:
                 raise ProtocolError(f"the learner sent an env call of unknown kind {kind!r}")
+            # Spaces, env specs and Generators as data (aps.spaces.value_to_wire).
+            values = tuple(value_to_wire(value) for value in values or ())
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
-        return EnvCallResult(values=tuple(values or ()), seq=request.seq)
+        return EnvCallResult(values=values, seq=request.seq)
 
     @staticmethod
     def _each_env(envs: Any, request: EnvCall) -> list[Any]:

@@ -84,6 +84,17 @@ _REJECTIONS: dict[str, type[ApsError]] = {
 }
 
 
+_MAX_REASON = 500
+"""The longest goodbye reason a worker sends (its error's type and message, cut)."""
+
+
+def _reason(exc: BaseException) -> str:
+    """What a worker's goodbye says about the error it leaves with (nothing if cancelled)."""
+    if not isinstance(exc, Exception):
+        return ""
+    return f"{type(exc).__name__}: {exc}"[:_MAX_REASON]
+
+
 class _Retry(Exception):
     """An attempt to join failed in a way worth another attempt, after ``wait`` s at least."""
 
@@ -247,28 +258,42 @@ class Worker:
                     window = self._window()
                     delay = max(retry.wait, self._backoff(attempt))
                     if now + delay - outage >= window:
-                        raise self._gave_up(window, retry.error) from retry.error
+                        error = self._gave_up(window, retry.error)
+                        log.warning("worker %s gives up: %s", self._name(), error)
+                        raise error from retry.error
                     log.debug("joining the learner failed (%s); again in %.2f s", retry, delay)
                     await asyncio.sleep(delay)
                     attempt += 1
                     continue
                 outage, attempt = None, 0
+                reason = ""  # why this worker leaves, for the learner (its goodbye)
                 try:
                     session.start_heartbeats()
                     await self._serve(session)
                     return
                 except (TransportError, Timeout) as exc:
                     if not self._can_resume(session, exc):
+                        reason = _reason(exc)
+                        if session.goodbye is None:
+                            log.warning("worker %s gives up: %s", self._name(), exc)
                         raise
                     outage = loop.time()
                     log.warning(
                         "worker %s lost its learner at %s (%s); dialing again to resume",
                         *(self.worker_id, session.peer, exc),
                     )
+                except BaseException as exc:
+                    reason = _reason(exc)
+                    raise
                 finally:
-                    await session.aclose()
+                    await session.aclose(reason)
         finally:
             self._forget_session()
+
+    def _name(self) -> str:
+        """This worker in log lines: its id once admitted, and its label."""
+        name = "(not admitted)" if self.worker_id is None else str(self.worker_id)
+        return f"{name} [{self.label}]" if self.label else name
 
     def _window(self) -> float:
         """How long a run of failed attempts may last.
@@ -323,8 +348,10 @@ class Worker:
             if session.is_authenticated:
                 raise
             raise self._unverified(exc) from exc
-        except BaseException:
-            await session.aclose()
+        except BaseException as exc:
+            # The learner's user hears why (a space that cannot travel, envs that failed
+            # to build), not only this worker's stderr.
+            await session.aclose(_reason(exc))
             raise
         return session
 
@@ -549,6 +576,10 @@ class Worker:
             except EndOfStream:
                 if session.goodbye is None:
                     raise  # closed without a goodbye: the connection dropped
+                log.info(
+                    "worker %s stops: the learner at %s said goodbye (%s)",
+                    *(self._name(), session.peer, session.goodbye or "no reason given"),
+                )
                 return
             # A step first: one type test for the request every lockstep step brings.
             if type(request) is StepRequest or isinstance(
