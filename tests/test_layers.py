@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "aps.framing",
     ),
     ("aps.transports",),
-    ("aps.protocol", "aps.session", "aps._loop"),
+    ("aps.protocol", "aps.delivery", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
     ("aps.policy", "aps._numpy_heads"),
     (

@@ -550,7 +550,7 @@ class Detach:
                         # Lost and waited for: its chunks are dropped whenever it resumes.
                         pool.forget_answers(remote)
                         continue
-                    while remote.unanswered:
+                    while remote.outbox.pending:
                         late = await pool.answer_from(remote, "the end of the chunk stream")
                         if late is None:
                             break  # a replacement owes nothing; it is reset before its use

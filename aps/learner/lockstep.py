@@ -32,7 +32,6 @@ from aps.messages import (
     Request,
     ResetRequest,
     ResetResult,
-    StepRequest,
     StepResult,
 )
 
@@ -180,11 +179,9 @@ class Lockstep:
         _, space = self._pool.require_workers()
         batch = check_batch(space, actions, sum(counts))
         # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
-        # request carries the numbers send_request would give it, so it is built only once.
+        # request is numbered by the outbox as it is built, so it is built only once.
         return [
-            _FRESH_RESET
-            if remote.needs_reset or remote.reset_next
-            else StepRequest(actions=part, seq=remote.sent, acked=remote.received)
+            _FRESH_RESET if remote.needs_reset or remote.reset_next else remote.outbox.step(part)
             for remote, part in zip(remotes, split(space, batch, counts), strict=True)
         ]
 

@@ -18,7 +18,6 @@ current gradient round); the pool itself knows nothing of any mode.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import secrets
@@ -32,6 +31,7 @@ from gymnasium.vector import AutoresetMode
 from aps import transports
 from aps._version import __version__
 from aps.collect import WorkerMetrics
+from aps.delivery import Accepted, Outbox
 from aps.errors import (
     ApsError,
     ConfigError,
@@ -52,7 +52,6 @@ from aps.messages import (
     ProbeSpaces,
     Ready,
     Request,
-    StepRequest,
     Welcome,
 )
 from aps.session import Session, Timeouts
@@ -132,11 +131,9 @@ class Remote:
     session: Session
     metrics: WorkerMetrics
     session_id: bytes
-    # Numbered requests: the next seq, the answers received, the requests not answered yet
-    # (oldest first, sent again after a resume) and the generation they were all sent on.
-    sent: int = 0
-    received: int = 0
-    unanswered: collections.deque[Request] = field(default_factory=collections.deque)
+    # Numbered requests (see aps.delivery), and the generation of the connection serving
+    # the slot: ``delivered`` is the generation that got every unanswered request.
+    outbox: Outbox = field(default_factory=Outbox)
     generation: int = 0
     delivered: int = 0
     attached: asyncio.Event = field(default_factory=asyncio.Event)
@@ -145,9 +142,6 @@ class Remote:
     restarted: bool = False
     needs_reset: bool = False
     reset_next: bool = False
-    # Answers still owed that nobody waits for any more (a stream ended while the worker
-    # was away): they are received and dropped when they come.
-    discard: int = 0
 
     def envs_reset(self) -> None:
         """Note that this slot's envs were just reset by whoever serves it."""
@@ -450,7 +444,7 @@ class WorkerPool:
         """Take a worker whose connection dropped back into its session and env slots."""
         info = remote.info
         if not (
-            remote.received <= hello.served <= remote.sent
+            remote.outbox.can_resume(hello.served)
             and hello.num_envs == info.num_envs
             and hello.version <= remote.metrics.version
             and info.worker_id not in self.dropped
@@ -460,8 +454,8 @@ class WorkerPool:
                 ProtocolError(
                     f"cannot resume worker {info.worker_id}'s session: it says it answered "
                     f"{hello.served} requests of {info.num_envs} envs holding version "
-                    f"{hello.version}, but it was sent {remote.sent} requests "
-                    f"({remote.received} answered) for {info.num_envs} envs, and version "
+                    f"{hello.version}, but it was sent {remote.outbox.sent} requests "
+                    f"({remote.outbox.received} answered) for {info.num_envs} envs, and version "
                     f"{remote.metrics.version}"
                     + (", and it was dropped" if info.worker_id in self.dropped else "")
                     + "; restart the worker without resuming"
@@ -511,10 +505,7 @@ class WorkerPool:
         del self._by_session[remote.session_id]
         remote.session_id = spare.session_id
         self._by_session[spare.session_id] = remote
-        void = tuple(remote.unanswered)
-        remote.unanswered.clear()
-        remote.discard = 0
-        remote.sent = remote.received = 0
+        void = remote.outbox.void()
         remote.restarted = True
         remote.needs_reset = self.was_reset
         for hooks in self.hooks:
@@ -701,12 +692,12 @@ class WorkerPool:
         For a caller that no longer needs them (a chunk stream that ends) while the worker is
         lost and may resume much later.
         """
-        remote.discard = len(remote.unanswered)
+        remote.outbox.forget()
 
     def drop(self, remote: Remote) -> None:
         """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
         self.dropped.add(remote.info.worker_id)
-        remote.unanswered.clear()
+        remote.outbox.drop()
 
     # One request per worker, all at once.
 
@@ -786,18 +777,7 @@ class WorkerPool:
 
     async def send_request(self, remote: Remote, request: Request) -> None:
         """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
-        if type(request) is StepRequest:
-            # The per-step path: a step request comes numbered already (Lockstep numbers it
-            # as it builds it, see Lockstep._step_requests), and is built again only if the
-            # numbers are not these.
-            if request.seq != remote.sent or request.acked != remote.received:
-                request = StepRequest(
-                    actions=request.actions, seq=remote.sent, acked=remote.received
-                )
-        else:
-            request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
-        remote.sent += 1
-        remote.unanswered.append(request)
+        request = remote.outbox.number(request)
         if remote.delivered == remote.generation and remote.attached.is_set():
             await self.send(remote, request)
 
@@ -845,10 +825,11 @@ class WorkerPool:
                     remote.restarted = False
                     return None
                 continue
-            if self._accept_answer(remote, message):
-                if remote.discard:
-                    remote.discard -= 1
-                    continue
+            try:
+                accepted = remote.outbox.accept(message)
+            except ProtocolError as exc:
+                raise ProtocolError(f"worker {remote.info.worker_id} {exc}") from None
+            if accepted is Accepted.FRESH:
                 return message
 
     async def call(self, remote: Remote, request: Request, operation: str) -> Message | None:
@@ -864,30 +845,17 @@ class WorkerPool:
             pass
         return answer
 
-    def _accept_answer(self, remote: Remote, message: Message) -> bool:
-        """Count an answer in; ``False`` for one already received (sent again on a resume)."""
-        seq = getattr(message, "seq", None)
-        if seq is None or seq > remote.received or not remote.unanswered:
-            raise ProtocolError(
-                f"worker {remote.info.worker_id} sent {type(message).__name__} answering request "
-                f"{seq}, but the next answer due is {remote.received} of {remote.sent} sent; "
-                "the worker is not a compatible aps worker"
-            )
-        if seq < remote.received:
-            return False
-        remote.unanswered.popleft()
-        remote.received += 1
-        return True
-
     async def catch_up(self, remote: Remote) -> None:
         """Bring a connection that took over up to date: what the modes say, then requests."""
         generation = remote.generation
         for hooks in self.hooks:
             await hooks.rejoined(remote)
         # Requests sent meanwhile were only queued; the loop sends those too, in order.
+        # Requests numbered meanwhile were only queued: the live queue is read, so they go too.
+        unanswered = remote.outbox.resend()
         index = 0
-        while index < len(remote.unanswered):
-            await self.send(remote, remote.unanswered[index])
+        while index < len(unanswered):
+            await self.send(remote, unanswered[index])
             if remote.delivered == -1 or remote.generation != generation:
                 return  # failed again: the next receive notices
             index += 1
