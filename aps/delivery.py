@@ -28,10 +28,30 @@ import enum
 from typing import Generic, TypeVar
 
 from aps.errors import ProtocolError
-from aps.messages import Message, Request, StepRequest
+from aps.messages import (
+    EnvCall,
+    EnvCallResult,
+    ErrorReport,
+    Message,
+    Request,
+    ResetRequest,
+    ResetResult,
+    RolloutChunk,
+    RolloutRequest,
+    StepRequest,
+    StepResult,
+)
 from aps.protocol import MAX_IN_FLIGHT
 
-__all__ = ["Accepted", "AnswerCache", "Outbox"]
+__all__ = ["ANSWERS", "Accepted", "AnswerCache", "Outbox"]
+
+ANSWERS: dict[type[Message], type[Message]] = {
+    ResetRequest: ResetResult,
+    StepRequest: StepResult,
+    RolloutRequest: RolloutChunk,
+    EnvCall: EnvCallResult,
+}
+"""What answers each kind of request (an :class:`~aps.messages.ErrorReport` answers any)."""
 
 _A = TypeVar("_A")
 
@@ -100,9 +120,10 @@ class Outbox:
         """Take ``message`` as the answer it says it is (its ``seq``).
 
         Raises:
-            ProtocolError: ``message`` answers a request that was not sent, or skips one (the
-                worker is not a compatible aps worker); the text names the request numbers
-                and is for the caller to prefix with the worker's name.
+            ProtocolError: ``message`` answers a request that was not sent, skips one, or is
+                not what answers that request (see :data:`ANSWERS`): the worker is not a
+                compatible aps worker. Nothing is counted; the text names the request
+                numbers, and the caller prefixes it with the worker's name.
         """
         seq = getattr(message, "seq", None)
         # An answer from before the last MAX_IN_FLIGHT received cannot be one sent again.
@@ -118,6 +139,13 @@ class Outbox:
             )
         if seq < self.received:
             return Accepted.DUPLICATE
+        kind = type(message)
+        asked = type(self.unanswered[0])
+        if kind is not ANSWERS[asked] and kind is not ErrorReport:
+            raise ProtocolError(
+                f"sent {kind.__name__} answering request {seq}, a {asked.__name__}, which a "
+                f"{ANSWERS[asked].__name__} answers; the worker is not a compatible aps worker"
+            )
         self.unanswered.popleft()
         self.received += 1
         if self._discard:

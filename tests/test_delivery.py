@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from aps.delivery import Accepted, AnswerCache, Outbox
 from aps.errors import ProtocolError
-from aps.messages import EnvCall, ResetRequest, ResetResult, StepRequest
+from aps.messages import EnvCall, ErrorReport, ResetRequest, ResetResult, StepRequest, StepResult
 
 
 def answer(seq: int, payload: object = None) -> ResetResult:
@@ -244,3 +244,14 @@ def test_no_interleaving_loses_or_duplicates_a_request(events: list[str]) -> Non
     for event in events:
         getattr(slot, event)()
         slot.check()
+
+
+def test_an_answer_of_the_wrong_kind_is_refused_and_not_counted() -> None:
+    outbox = Outbox()
+    outbox.number(ResetRequest(seed=None, options=None))
+    step = StepResult(obs=None, reward=None, terminated=None, truncated=None, info={}, seq=0)
+    with pytest.raises(ProtocolError, match="sent StepResult answering request 0, a ResetRequest"):
+        outbox.accept(step)
+    assert outbox.pending == 1
+    report = ErrorReport(remote_type="E", message="m", traceback="", seq=0)
+    assert outbox.accept(report) is Accepted.FRESH  # an error report answers any request

@@ -263,8 +263,16 @@ class Detach:
 
     # Chunks.
 
-    def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
-        """Check a chunk against what this learner sent that worker, and account for it."""
+    def _check(self, remote: Remote, message: Message) -> None:
+        """Refuse a chunk that does not fit what this learner sent ``remote``.
+
+        Raises:
+            ProtocolError: naming the worker, the field, and what was expected and received.
+        """
+        if type(message) is RolloutChunk:
+            self._check_chunk(remote, message)
+
+    def _check_chunk(self, remote: Remote, message: RolloutChunk) -> None:
         info = remote.info
         steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
         expected = (steps, info.num_envs)
@@ -297,6 +305,15 @@ class Detach:
                     f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
                     "worker is not a compatible aps worker"
                 )
+        dtype = observation_space.dtype
+        for name in ("obs", "next_obs"):
+            got = getattr(message, name).dtype
+            if dtype is not None and got != dtype:
+                raise ProtocolError(
+                    f"worker {info.worker_id} sent a chunk whose {name} has dtype {got}, "
+                    f"expected {dtype} (the observation space's); all workers must run envs "
+                    "with the same spaces"
+                )
         episode_env = message.episode_env
         if episodes[0] and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
             raise ProtocolError(
@@ -325,6 +342,14 @@ class Detach:
                 f"but it was sent versions up to {remote.metrics.version} and already used "
                 f"{slot.last_chunk_version}; refusing to attribute it"
             )
+
+    def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
+        """Account for a chunk that passed :meth:`_check`; the learner's view of it."""
+        info = remote.info
+        steps = message.reward.shape[0]
+        cuts = message.truncated_index.shape[0]
+        episode_env = message.episode_env
+        slot = self._slot(remote)
         slot.last_chunk_version = message.version
         versions = self.versions
         assert versions is not None
@@ -353,7 +378,7 @@ class Detach:
             next_obs=message.next_obs,
             episode_return=message.episode_return,
             episode_length=message.episode_length,
-            episode_env=episode_env + offset if offset and episodes[0] else episode_env,
+            episode_env=episode_env + offset if offset and len(episode_env) else episode_env,
             truncated_obs=message.truncated_obs,
             truncated_index=(
                 message.truncated_index + np.array([0, offset])
@@ -372,14 +397,15 @@ class Detach:
         requests = [RolloutRequest(num_steps=num_steps)] * len(pool.remotes)
         self._late.clear()
         answers = await pool.exchange(
-            requests, "rollout", redo=self._redo, before=self._before, after=self._after
+            requests,
+            "rollout",
+            redo=self._redo,
+            before=self._before,
+            after=self._after,
+            check=self._check,
         )
         results = [expect(a, RolloutChunk) for a in answers]
-        try:
-            chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
-        except ProtocolError as exc:
-            pool.broken = exc
-            raise
+        chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
         return Rollout.from_chunks(chunks)
 
     async def _before(self, remote: Remote) -> None:
@@ -402,7 +428,7 @@ class Detach:
             return answer
         remote.envs_reset()
         await self._maybe_sync(remote)
-        chunk = await self._pool.call(remote, request, operation)
+        chunk = await self._pool.call(remote, request, operation, self._check)
         return chunk if chunk is not None else await self._redo(remote, request, operation)
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
@@ -516,7 +542,7 @@ class Detach:
         slot = self._slot(remote)
         while True:
             try:
-                answer = await self._pool.answer_from(remote, operation)
+                answer = await self._pool.answer_from(remote, operation, self._check)
                 if answer is None:
                     await self._prepare(remote, operation)
                     owed, slot.lost = slot.lost, 0

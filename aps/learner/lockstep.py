@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from aps import codec
 from aps._typing import Array, Info
-from aps.batching import check_batch, concat, merge_infos, split
+from aps.batching import check_batch, check_part, concat, merge_infos, split
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
 from aps.learner.pool import Remote, WorkerPool, expect
 from aps.messages import (
@@ -77,7 +77,9 @@ class Lockstep:
                 ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=options)
                 for offset, count in zip(pool.offsets, pool.counts, strict=True)
             ]
-        answers = await pool.exchange(requests, "reset", redo=self._redo, running=self._running())
+        answers = await pool.exchange(
+            requests, "reset", redo=self._redo, check=self._check, running=self._running()
+        )
         results = [expect(a, ResetResult) for a in answers]
         for remote in pool.remotes:
             remote.envs_reset()
@@ -95,7 +97,9 @@ class Lockstep:
         if not pool.was_reset:
             raise InvalidState("call reset() before step()")
         requests = self._step_requests(pool.remotes, actions, pool.counts)
-        answers = await pool.exchange(requests, "step", redo=self._redo, running=self._running())
+        answers = await pool.exchange(
+            requests, "step", redo=self._redo, check=self._check, running=self._running()
+        )
         return self._step_results(pool.remotes, answers)
 
     async def env_call(
@@ -171,7 +175,41 @@ class Lockstep:
         """
         if not isinstance(request, ResetRequest):
             request = _FRESH_RESET
-        return await self._pool.call_until_answered(remote, request, operation)
+        return await self._pool.call_until_answered(remote, request, operation, self._check)
+
+    def _check(self, remote: Remote, answer: Message) -> None:
+        """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
+
+        Raises:
+            ProtocolError: naming the worker, the field, and what was expected and received.
+        """
+        count = remote.info.num_envs
+        if type(answer) is StepResult:
+            shape = (count,)
+            # One test for the three arrays (this runs per worker and step); _bad_step says
+            # which one failed.
+            if not (
+                answer.reward.shape == shape
+                and answer.terminated.shape == shape
+                and answer.truncated.shape == shape
+                and answer.reward.dtype.kind in "fiu"
+                and answer.terminated.dtype.kind == "b"
+                and answer.truncated.dtype.kind == "b"
+            ):
+                raise _bad_step(remote, answer)
+            what = "step"
+        elif type(answer) is ResetResult:
+            what = "reset"
+        else:
+            return
+        observation_space, _ = self._pool.require_workers()
+        try:
+            check_part(observation_space, answer.obs, count, "obs")
+        except ProtocolError as exc:
+            raise ProtocolError(
+                f"worker {remote.info.worker_id} sent a {what} whose {exc}; all workers must "
+                "run envs with the same spaces"
+            ) from None
 
     def _step_requests(
         self, remotes: Sequence[Remote], actions: Any, counts: Sequence[int]
@@ -213,19 +251,7 @@ class Lockstep:
                     if isinstance(answer, ResetResult)
                     else expect(answer, StepResult)
                 )
-            count = remote.info.num_envs
-            shape = (count,)
-            # One test for the three arrays (this runs per worker and step); _bad_step says
-            # which one failed.
-            if not (
-                answer.reward.shape == shape
-                and answer.terminated.shape == shape
-                and answer.truncated.shape == shape
-                and answer.reward.dtype.kind in "fiu"
-                and answer.terminated.dtype.kind == "b"
-                and answer.truncated.dtype.kind == "b"
-            ):
-                raise _bad_step(remote, answer)
+            count = remote.info.num_envs  # the arrays fit: see _check
             obs.append(answer.obs)
             reward.append(answer.reward)
             terminated.append(answer.terminated)
@@ -314,7 +340,7 @@ class Lockstep:
             waiter.set_result(None)
 
     async def _partial_answer(self, remote: Remote, request: Request) -> Message:
-        answer = await self._pool.answer_from(remote, "step")
+        answer = await self._pool.answer_from(remote, "step", self._check)
         if answer is None:
             answer = await self._redo(remote, request, "step")
         return answer

@@ -166,6 +166,9 @@ class SlotHooks(Protocol):
         """
 
 
+Check = Callable[["Remote", Message], None]
+"""A mode's test of a fresh answer: raises :class:`ProtocolError` when it does not fit."""
+
 Redo = Callable[[Remote, Request, str], Awaitable[Message]]
 """How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
 
@@ -502,7 +505,7 @@ class WorkerPool:
         )
         self.former.append(remote.metrics)
         remote.metrics = WorkerMetrics(worker_id=spare.worker_id)
-        del self._by_session[remote.session_id]
+        self._by_session.pop(remote.session_id, None)  # gone already if it was disowned
         remote.session_id = spare.session_id
         self._by_session[spare.session_id] = remote
         void = remote.outbox.void()
@@ -709,13 +712,15 @@ class WorkerPool:
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None = None,
         after: Callable[[Remote], Awaitable[None]] | None = None,
+        check: Check | None = None,
         running: str = "another operation is running",
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
         ``before`` runs for each worker before any request is sent, ``after`` right after
         its request was sent (weights that follow it); ``redo`` gives the answer when a
-        replacement took a worker over before answering (its envs start afresh). The pool is
+        replacement took a worker over before answering (its envs start afresh); ``check``
+        tests each answer (see :meth:`answer_from`). The pool is
         checked first (:meth:`check`, with ``running``): callers do not check it again. While
         it runs the pool is busy; a failure that leaves the workers out of step marks the pool
         broken.
@@ -728,7 +733,7 @@ class WorkerPool:
         self.check(operation, running=running)
         self.busy = True
         try:
-            return await self._exchange(requests, operation, redo, before, after)
+            return await self._exchange(requests, operation, redo, before, after, check)
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self.broken = exc
             raise
@@ -747,7 +752,8 @@ class WorkerPool:
         operation: str,
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None,
-        after: Callable[[Remote], Awaitable[None]] | None = None,
+        after: Callable[[Remote], Awaitable[None]] | None,
+        check: Check | None,
     ) -> list[Message]:
         remotes = self.remotes
         if before is not None:
@@ -762,7 +768,7 @@ class WorkerPool:
         answers: list[Message] = []
         failure: WorkerError | None = None
         for remote, request in zip(remotes, requests, strict=True):
-            answer = await self.answer_from(remote, operation)
+            answer = await self.answer_from(remote, operation, check)
             if answer is None:  # a replacement took over: its envs start afresh
                 answer = await redo(remote, request, operation)
             if isinstance(answer, ErrorReport):
@@ -797,8 +803,15 @@ class WorkerPool:
             remote.delivered = -1
             await remote.session.aclose("sending failed")
 
-    async def answer_from(self, remote: Remote, operation: str) -> Message | None:
+    async def answer_from(
+        self, remote: Remote, operation: str, check: Check | None = None
+    ) -> Message | None:
         """Receive ``remote``'s next answer, exactly once.
+
+        ``check`` looks at each fresh answer before it is returned and raises
+        :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
+        answer, like an unexpected message or a wrong sequence number, is its worker's
+        failure, handled as its loss under ``on_worker_lost`` (see :meth:`fail`).
 
         Returns ``None`` when a replacement worker took over: the requests of the lost one
         are void.
@@ -806,7 +819,8 @@ class WorkerPool:
         Raises:
             WorkerLost: the worker was lost (and, under ``"wait"``, did not come back); a
                 worker silent for ``timeouts.step`` is lost, with the Timeout as the cause.
-            ProtocolError: the worker broke the protocol.
+            ProtocolError: the worker broke the protocol (under ``on_worker_lost="raise"``;
+                it was disconnected).
         """
         while True:
             generation = remote.generation
@@ -817,31 +831,67 @@ class WorkerPool:
                     timeout=self.timeouts.step,
                     operation=f"worker {remote.info.worker_id}'s {operation}",
                 )
-            except (EndOfStream, TransportError, Timeout) as exc:
+                accepted = remote.outbox.accept(message)
+                if accepted is not Accepted.FRESH:
+                    continue
+                if check is not None and type(message) is not ErrorReport:
+                    check(remote, message)
+                return message
+            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 # A silent worker is a lost one, under every on_worker_lost (the Timeout is
                 # the WorkerLost's cause); under "wait" it may resume when it wakes up.
-                await self.recover(remote, generation, operation, exc)
+                await self.fail(remote, generation, operation, exc)
                 if remote.restarted:
                     remote.restarted = False
                     return None
-                continue
-            try:
-                accepted = remote.outbox.accept(message)
-            except ProtocolError as exc:
-                raise ProtocolError(f"worker {remote.info.worker_id} {exc}") from None
-            if accepted is Accepted.FRESH:
-                return message
 
-    async def call(self, remote: Remote, request: Request, operation: str) -> Message | None:
+    async def fail(self, remote: Remote, generation: int, operation: str, exc: ApsError) -> None:
+        """Handle a failure of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
+
+        A lost connection (``EndOfStream``, a transport error, silence) may be resumed; a
+        :class:`ProtocolError` (the worker sent something malformed) disconnects the worker
+        for good, with a goodbye, and its session can no longer be resumed: under ``"raise"``
+        the error is raised, naming the worker; under ``"wait"`` a replacement takes the
+        slot over; under ``"drop"`` it is lost like any other.
+
+        Returns once another connection serves ``remote`` (resumed or replaced).
+
+        Raises:
+            ProtocolError: the worker broke the protocol, under ``"raise"``.
+            WorkerLost: see :meth:`recover`.
+        """
+        if isinstance(exc, ProtocolError) and remote.generation == generation:
+            exc = await self._disown(remote, exc)
+            if self.on_worker_lost == "raise":
+                raise exc
+        await self.recover(remote, generation, operation, exc)
+
+    async def _disown(self, remote: Remote, exc: ProtocolError) -> ProtocolError:
+        """Disconnect the worker serving ``remote`` for breaking the protocol.
+
+        Returns:
+            The error, its message naming the worker.
+        """
+        worker = f"worker {remote.info.worker_id}"
+        named = exc if str(exc).startswith(worker) else ProtocolError(f"{worker}: {exc}")
+        log.warning("%s; disconnecting it", named)
+        # No resume: what it would send again is what it sent.
+        self._by_session.pop(remote.session_id, None)
+        await remote.session.aclose(f"the learner disconnected this worker: {named}")
+        return named
+
+    async def call(
+        self, remote: Remote, request: Request, operation: str, check: Check | None = None
+    ) -> Message | None:
         """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile)."""
         await self.send_request(remote, request)
-        return await self.answer_from(remote, operation)
+        return await self.answer_from(remote, operation, check)
 
     async def call_until_answered(
-        self, remote: Remote, request: Request, operation: str
+        self, remote: Remote, request: Request, operation: str, check: Check | None = None
     ) -> Message:
         """:meth:`call`, sent again to each replacement until one of them answers."""
-        while (answer := await self.call(remote, request, operation)) is None:
+        while (answer := await self.call(remote, request, operation, check)) is None:
             pass
         return answer
 

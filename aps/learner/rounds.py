@@ -33,6 +33,7 @@ from aps.errors import (
     ConfigError,
     EndOfStream,
     InvalidState,
+    ProtocolError,
     Timeout,
     TransportError,
     WorkerLost,
@@ -245,11 +246,11 @@ class GradientRounds:
                     timeout=pool.timeouts.heartbeat_timeout,
                     operation=f"worker {remote.info.worker_id}'s gradients",
                 )
-            except (EndOfStream, TransportError, Timeout) as exc:
+            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 lost = remote.info.worker_id
                 try:
-                    await pool.recover(remote, generation, "gradients", exc)
-                except WorkerLost as error:
+                    await pool.fail(remote, generation, "gradients", exc)
+                except (WorkerLost, ProtocolError) as error:
                     await inbox.put((remote, error))
                     return
                 if remote.restarted:

@@ -17,7 +17,7 @@ import numpy as np
 
 from aps import codec
 from aps.batching import check_batch
-from aps.delivery import AnswerCache
+from aps.delivery import ANSWERS, AnswerCache
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
     Answer,
@@ -47,13 +47,6 @@ _ARRAY_SPACES = (
     gym.spaces.MultiBinary,
 )
 """The spaces whose batches :func:`~aps.batching.check_batch` checks as one array."""
-
-_ANSWERS: dict[type[Message], type[Message]] = {
-    ResetRequest: ResetResult,
-    StepRequest: StepResult,
-    RolloutRequest: RolloutChunk,
-    EnvCall: EnvCallResult,
-}
 
 
 class StepServer:
@@ -106,7 +99,7 @@ class StepServer:
         seq = request.seq
         kept = self._answers.lookup(seq, request.acked)
         if kept is not None:
-            if not isinstance(kept[0], _ANSWERS[type(request)] | ErrorReport):
+            if not isinstance(kept[0], ANSWERS[type(request)] | ErrorReport):
                 raise ProtocolError(
                     f"the learner asked again for answer {seq} as a {type(request).__name__}, "
                     f"but it was a {type(kept[0]).__name__}; the learner is not a compatible "

@@ -252,6 +252,11 @@ class Worker:
                     await self._serve(session)
                     return
                 except (TransportError, Timeout) as exc:
+                    if session.goodbye is not None:
+                        # A send failed after the learner's goodbye: the run is over, as
+                        # when the goodbye is read first.
+                        log.info("the learner ended this worker's session: %s", session.goodbye)
+                        return
                     if not self._can_resume(session, exc):
                         raise
                     outage = loop.time()
