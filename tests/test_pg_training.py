@@ -148,8 +148,8 @@ def test_the_sampler_records_the_states_it_acted_on() -> None:
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from aps.gradients import GradientSampler
     from aps.messages import GradientRound
+    from aps.pg.sampling import GradientSampler
     from aps.policy import Policy
 
     # copy=False and SameStep, as workers build their envs: the obs buffer is reused.

@@ -30,8 +30,8 @@ pytest.importorskip("torch")
 
 import aps
 from aps import pg
-from aps.gradients import GradientSampler
 from aps.messages import GradientProgress, GradientReport, GradientRound
+from aps.pg.sampling import GradientSampler
 from aps.policy import Policy
 from tests.conftest import FAST, WorkerTasks
 from tests.pg_agents import MeanAgent, Reveal

@@ -47,7 +47,6 @@ from aps.errors import (
     TransportError,
     VersionMismatch,
 )
-from aps.gradients import GradientSampler
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
@@ -63,6 +62,7 @@ from aps.messages import (
     Weights,
     Welcome,
 )
+from aps.pg.sampling import GradientSampler
 from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
 from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
