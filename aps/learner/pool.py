@@ -305,6 +305,11 @@ class WorkerPool:
         return self._listener.url
 
     @property
+    def is_local(self) -> bool:
+        """Whether the listener says its workers are on this host (see ``transports.is_local``)."""
+        return self._listener is not None and transports.is_local(self._listener)
+
+    @property
     def refused(self) -> int:
         """Connections refused or turned away since the learner started.
 

@@ -63,16 +63,17 @@ wait (backpressure)."""
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
-def _store_host(url: str) -> tuple[str, str]:
+def _store_host(url: str, local: bool) -> tuple[str, str]:
     """Where the store is: the host workers dial, and the address the learner binds.
 
-    The first is empty when the learner listens on a wildcard address: each worker then
-    dials the host it reached the learner at.
+    ``local``: the learner's listener says its workers are on this host (memory, Unix, a
+    loopback address), so the store is on the loopback too. Otherwise the first is empty
+    when the learner listens on a wildcard address: each worker then dials the host it
+    reached the learner at.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("tcp", "tls", "ws", "wss"):
-        return "127.0.0.1", "127.0.0.1"  # memory://, unix://: the workers are on this host
-    host = parts.hostname or ""
+    if local:
+        return "127.0.0.1", "127.0.0.1"
+    host = urlsplit(url).hostname or ""
     if host in _WILDCARDS:
         return "", "0.0.0.0" if host != "::" else "::"
     return host, host
@@ -182,7 +183,7 @@ class GradientRounds:
             raise InvalidState(f"no worker is left to reduce round {round_id}")
         world = len(members) + 1
         seconds = pool.timeouts.step
-        host, bind = _store_host(pool.url)
+        host, bind = _store_host(pool.url, pool.is_local)
         store = await asyncio.to_thread(RoundStore, bind, world, seconds)
         sent = 0
         try:
