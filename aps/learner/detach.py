@@ -42,7 +42,7 @@ from aps.collect import (
     sample_states,
 )
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
-from aps.learner.pool import Remote, WorkerPool, expect
+from aps.learner.pool import Mode, Remote, WorkerPool, expect
 from aps.messages import (
     ErrorReport,
     Message,
@@ -163,7 +163,7 @@ class Detach:
                 try:
                     await self._send_weights(remote)
                 except WorkerLost as exc:
-                    pool.broken = exc
+                    pool.break_for_good(exc)
                     raise
         self._prune()
         return version
@@ -457,11 +457,13 @@ class Detach:
         self.require_policy("chunks")
         if not pool.was_reset:
             raise InvalidState("call reset() before chunks()")
-        if pool.broken is not None:
-            raise InvalidState(f"this learner can no longer stream: {pool.broken}; start a new one")
-        if pool.busy:
-            raise InvalidState("chunks() called while another reset/step/rollout is running")
-        pool.busy = True
+        pool.enter(
+            Mode.STREAM,
+            "chunks",
+            running="another reset/step/rollout is running",
+            every_worker=False,
+            verb="stream",
+        )
         this = self._stream
         inbox: _Inbox = asyncio.Queue()
         pumps: list[asyncio.Task[None]] = []
@@ -494,7 +496,7 @@ class Detach:
                 yield chunk
                 await self._request_chunk(remote, num_steps)
         except (WorkerLost, Timeout, ProtocolError) as exc:
-            pool.broken = exc
+            pool.break_for_good(exc)
             raise
         finally:
             for pump in pumps:
@@ -502,7 +504,7 @@ class Detach:
             if pumps:
                 await asyncio.wait(pumps)
             await self._drain(inbox, active)
-            pool.busy = False
+            pool.leave(Mode.STREAM)
             if self._stream is this:
                 self._stream = None
 
@@ -583,7 +585,7 @@ class Detach:
                         if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
         except (TimeoutError, ApsError) as exc:
-            pool.broken = InvalidState(f"the chunk stream did not end cleanly ({exc!r})")
+            pool.break_for_good(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
 
     async def aclose(self) -> None:
         """End the chunk stream, if one is open."""

@@ -23,7 +23,7 @@ from aps import codec
 from aps._typing import Array, Info
 from aps.batching import check_batch, check_part, concat, merge_infos, split
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
-from aps.learner.pool import Remote, WorkerPool, expect
+from aps.learner.pool import Mode, Remote, WorkerPool, expect
 from aps.messages import (
     EnvCall,
     EnvCallResult,
@@ -88,7 +88,7 @@ class Lockstep:
         info = merge_infos(
             list(zip(pool.offsets, (r.info for r in results), strict=True)), sum(pool.counts)
         )
-        pool.was_reset = True
+        pool.mark_reset()
         return obs, info
 
     async def step(self, actions: Any) -> StepReturn:
@@ -233,7 +233,7 @@ class Lockstep:
         try:
             return self._stitch(remotes, answers)
         except ProtocolError as exc:
-            self._pool.broken = exc
+            self._pool.break_for_good(exc)
             raise
 
     def _stitch(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
@@ -302,7 +302,8 @@ class Lockstep:
             pool.check("send")
         remotes = self._select(worker_ids)
         requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
-        pool.busy = True
+        if not self._partial:
+            pool.enter(Mode.PARTIAL, "send")
         for remote, request in zip(remotes, requests, strict=True):
             # Registered first: a send that fails below is still answered (or raised) in recv.
             task = asyncio.create_task(
@@ -313,7 +314,7 @@ class Lockstep:
             try:
                 await pool.send_request(remote, request)
             except WorkerLost as exc:
-                pool.broken = exc
+                pool.break_for_good(exc)
                 await self.cancel()
                 raise
 
@@ -384,10 +385,10 @@ class Lockstep:
             else:
                 answers.append(answer)
         if isinstance(failure, WorkerLost | Timeout | ProtocolError):
-            pool.broken = failure
+            pool.break_for_good(failure)
             await self.cancel()
         if not waiting:
-            pool.busy = False
+            pool.leave(Mode.PARTIAL)
         if failure is not None:
             raise failure
         try:
@@ -411,7 +412,7 @@ class Lockstep:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-            self._pool.busy = False
+            self._pool.leave(Mode.PARTIAL)
 
 
 def _bad_step(remote: Remote, answer: StepResult) -> ProtocolError:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +59,7 @@ from aps.session import Session, Timeouts
 from aps.transports.base import Listener, TransportFactory
 
 __all__ = [
+    "Mode",
     "OnWorkerLost",
     "Remote",
     "SlotHooks",
@@ -65,6 +67,24 @@ __all__ = [
     "WorkerPool",
     "expect",
 ]
+
+
+class Mode(enum.Enum):
+    """What the pool's workers are used for now; only the pool writes it.
+
+    A mode enters through :meth:`WorkerPool.enter` and ends with :meth:`WorkerPool.leave`.
+    """
+
+    IDLE = "idle"
+    EXCHANGE = "exchange"
+    """One request per worker and their answers: a reset, step, rollout or env call."""
+    PARTIAL = "partial batch"
+    """Steps sent to some workers and not all received (``send``/``recv``)."""
+    STREAM = "stream"
+    """A chunk stream."""
+    ROUNDS = "gradient rounds"
+    """Gradient mode, until it is stopped."""
+
 
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
@@ -249,10 +269,8 @@ class WorkerPool:
         """Global index of each worker's first env."""
         self.was_reset = False
         """Whether the envs were reset at least once (a replacement's are then reset too)."""
-        self.busy = False
-        """An operation (a step, a stream, gradient mode) is using the workers."""
-        self.broken: ApsError | None = None
-        """Why the workers can no longer be stepped together, once that happened."""
+        self._mode = Mode.IDLE
+        self._broken: ApsError | None = None
         self.closed = False
 
     # Lifecycle.
@@ -673,7 +691,65 @@ class WorkerPool:
         """The slots not dropped, in env order."""
         return [r for r in self.remotes if r.info.worker_id not in self.dropped]
 
-    def check(self, operation: str, *, running: str = "another operation is running") -> None:
+    # The pool's mode: written here only.
+
+    @property
+    def mode(self) -> Mode:
+        """What the workers are used for now."""
+        return self._mode
+
+    @property
+    def busy(self) -> bool:
+        """An operation (a step, a stream, gradient mode) is using the workers."""
+        return self._mode is not Mode.IDLE
+
+    @property
+    def broken(self) -> ApsError | None:
+        """Why the workers can no longer be used together, once that happened (for good)."""
+        return self._broken
+
+    def enter(
+        self,
+        mode: Mode,
+        operation: str,
+        *,
+        running: str = "another operation is running",
+        every_worker: bool = True,
+        verb: str | None = None,
+    ) -> None:
+        """Lease the workers for ``mode``; :meth:`leave` gives them back.
+
+        ``every_worker``: the operation needs every worker's envs (chunk streams and
+        gradient rounds go on without dropped workers). ``verb``: what the learner can no
+        longer do once broken, for the error (default: ``operation``).
+
+        Raises:
+            InvalidState: see :meth:`check`.
+        """
+        self.check(operation, running=running, every_worker=every_worker, verb=verb)
+        self._mode = mode
+
+    def leave(self, mode: Mode) -> None:
+        """End the lease of ``mode`` (nothing if another mode holds the workers)."""
+        if self._mode is mode:
+            self._mode = Mode.IDLE
+
+    def mark_reset(self) -> None:
+        """Note that every worker's envs were reset (a replacement's are then reset first)."""
+        self.was_reset = True
+
+    def break_for_good(self, exc: ApsError) -> None:
+        """The workers are out of step for good: every later operation refuses, with ``exc``."""
+        self._broken = exc
+
+    def check(
+        self,
+        operation: str,
+        *,
+        running: str = "another operation is running",
+        every_worker: bool = True,
+        verb: str | None = None,
+    ) -> None:
         """Refuse an operation over every worker's envs that the learner cannot make now.
 
         ``running`` says what keeps the pool busy, for the error.
@@ -682,16 +758,16 @@ class WorkerPool:
             InvalidState: the workers are out of step for good, some were dropped, or another
                 operation is running.
         """
-        if self.broken is not None:
+        if self._broken is not None:
             raise InvalidState(
-                f"this learner can no longer {operation}: {self.broken}; start a new one"
+                f"this learner can no longer {verb or operation}: {self._broken}; start a new one"
             )
-        if self.dropped:
+        if self.dropped and every_worker:
             raise InvalidState(
                 f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
                 "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
             )
-        if self.busy:
+        if self._mode is not Mode.IDLE:
             raise InvalidState(f"{operation}() called while {running}")
 
     def forget_answers(self, remote: Remote) -> None:
@@ -735,21 +811,20 @@ class WorkerPool:
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        self.check(operation, running=running)
-        self.busy = True
+        self.enter(Mode.EXCHANGE, operation, running=running)
         try:
             return await self._exchange(requests, operation, redo, before, after, check)
         except (WorkerLost, Timeout, ProtocolError) as exc:
-            self.broken = exc
+            self.break_for_good(exc)
             raise
         except BaseException as exc:
             # Cancelled or failed halfway: replies may still be in flight, so the
             # lockstep with the workers is lost for good.
             if not isinstance(exc, WorkerError):
-                self.broken = InvalidState(f"{operation}() was interrupted ({exc!r})")
+                self.break_for_good(InvalidState(f"{operation}() was interrupted ({exc!r})"))
             raise
         finally:
-            self.busy = False
+            self.leave(Mode.EXCHANGE)
 
     async def _exchange(
         self,

@@ -39,7 +39,7 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.gradients import RoundStore, allreduce_sum
-from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
+from aps.learner.pool import Mode, Remote, WorkerInfo, WorkerPool, expect
 from aps.messages import (
     CollectGradients,
     ErrorReport,
@@ -125,11 +125,8 @@ class GradientRounds:
         """:meth:`Learner.start_round`, once the workers are admitted and a policy is set."""
         pool = self._pool
         if not self.active:
-            if pool.broken is not None:
-                raise InvalidState(f"this learner can no longer train: {pool.broken}")
-            if pool.busy:
-                raise InvalidState("start_round() called while another operation is running")
-            pool.busy = self.active = True
+            pool.enter(Mode.ROUNDS, "start_round", every_worker=False, verb="train")
+            self.active = True
             self._remotes = pool.active()
             for remote in self._remotes:
                 # Gradient mode samples from fresh resets; a replacement needs no reset now.
@@ -302,7 +299,7 @@ class GradientRounds:
         for remote in self._remotes:
             if remote.info.worker_id == worker_id:
                 self._remotes.remove(remote)
-                pool.dropped.add(worker_id)
+                pool.drop(remote)
                 return
         if worker_id in pool.dropped or any(m.worker_id == worker_id for m in pool.former):
             return
@@ -323,8 +320,9 @@ class GradientRounds:
                     while remote.session.state is State.STOPPING:
                         await remote.session.receive(timeout=None, operation="gradients to stop")
         except (TimeoutError, ApsError) as exc:
-            pool.broken = InvalidState(f"gradient mode did not end cleanly ({exc!r})")
+            pool.break_for_good(InvalidState(f"gradient mode did not end cleanly ({exc!r})"))
         finally:
-            self.active = pool.busy = False
+            self.active = False
+            pool.leave(Mode.ROUNDS)
             self._inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
             self._round = self._collect = None
