@@ -107,6 +107,7 @@ class Detach:
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
         self._warned_stall = False
+        pool.on_abandon(Mode.STREAM, self.end_stream)
 
     def _slot(self, remote: Remote) -> _SlotSync:
         slot = self._slots.get(remote)
@@ -390,7 +391,7 @@ class Detach:
     async def rollout(self, num_steps: int) -> Rollout:
         """:meth:`Learner.rollout`, once the workers are admitted."""
         pool = self._pool
-        await self.end_stream()
+        await pool.end_abandoned()
         self.require_policy("rollout")
         if not pool.was_reset:
             raise InvalidState("call reset() before rollout()")

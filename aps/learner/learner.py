@@ -321,7 +321,6 @@ class Learner:
         """
         await self.wait_for_workers()
         seeds = _check_seed(seed, self.num_envs)
-        await self._detach.end_stream()
         return await self._lockstep.reset(seed=seeds, options=options)
 
     async def step(self, actions: Any) -> StepReturn:
@@ -346,7 +345,6 @@ class Learner:
                 this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
-        await self._detach.end_stream()
         return await self._lockstep.step(actions)
 
     async def send(self, actions: Any, worker_ids: Sequence[int] | None = None) -> None:
@@ -368,7 +366,6 @@ class Learner:
             InvalidState: called before :meth:`reset`, for a worker whose last step is not
                 received yet, or while another kind of operation runs.
         """
-        await self._detach.end_stream()
         await self._lockstep.send(actions, worker_ids)
 
     async def recv(self, min_workers: int = 1) -> StepReturn:
@@ -486,7 +483,6 @@ class Learner:
                 f"set_attr({name!r}) needs one value per env reached ({reached}), got "
                 f"{values!r:.200}"
             )
-        await self._detach.end_stream()
         return await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
 
     # DETACH: workers act with their own policy copy.
@@ -607,8 +603,6 @@ class Learner:
                 "start_round() needs workers that act: create the learner with "
                 "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
             )
-        if not self._rounds.active:
-            await self._detach.end_stream()
         return await self._rounds.start_round(round_id, arrays, horizon=horizon, gamma=gamma)
 
     async def collect_gradients(self, round_id: int) -> int:

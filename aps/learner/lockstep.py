@@ -122,6 +122,7 @@ class Lockstep:
             WorkerError: an env raised, or returned a value that is not plain data.
         """
         pool = self._pool
+        await pool.end_abandoned()
         pool.check(kind, running=self._running())  # before the arguments are encoded
         chosen = range(sum(pool.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
@@ -299,6 +300,7 @@ class Lockstep:
         if not pool.was_reset:
             raise InvalidState("call reset() before send()")
         if not self._partial:
+            await pool.end_abandoned()
             pool.check("send")
         remotes = self._select(worker_ids)
         requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])

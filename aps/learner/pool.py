@@ -270,6 +270,7 @@ class WorkerPool:
         self.was_reset = False
         """Whether the envs were reset at least once (a replacement's are then reset too)."""
         self._mode = Mode.IDLE
+        self._enders: dict[Mode, Callable[[], Awaitable[None]]] = {}
         self._broken: ApsError | None = None
         self.closed = False
 
@@ -729,6 +730,21 @@ class WorkerPool:
         self.check(operation, running=running, every_worker=every_worker, verb=verb)
         self._mode = mode
 
+    def on_abandon(self, mode: Mode, end: Callable[[], Awaitable[None]]) -> None:
+        """Register how a mode the caller left open ends when another operation begins.
+
+        A chunk stream the caller stopped iterating holds the workers until it is closed:
+        the stream's mode registers its closing here, and the next operation runs it (see
+        :meth:`end_abandoned`). Modes without such a hook refuse the next operation instead.
+        """
+        self._enders[mode] = end
+
+    async def end_abandoned(self) -> None:
+        """End the mode holding the workers if it registered how (see :meth:`on_abandon`)."""
+        end = self._enders.get(self._mode)
+        if end is not None:
+            await end()
+
     def leave(self, mode: Mode) -> None:
         """End the lease of ``mode`` (nothing if another mode holds the workers)."""
         if self._mode is mode:
@@ -801,16 +817,18 @@ class WorkerPool:
         ``before`` runs for each worker before any request is sent, ``after`` right after
         its request was sent (weights that follow it); ``redo`` gives the answer when a
         replacement took a worker over before answering (its envs start afresh); ``check``
-        tests each answer (see :meth:`answer_from`). The pool is
-        checked first (:meth:`check`, with ``running``): callers do not check it again. While
-        it runs the pool is busy; a failure that leaves the workers out of step marks the pool
-        broken.
+        tests each answer (see :meth:`answer_from`). A mode left open ends first (see
+        :meth:`end_abandoned`), then the pool is checked (:meth:`check`, with ``running``):
+        callers do not check it again. While it runs the pool is busy; a failure that leaves
+        the workers out of step marks the pool broken.
 
         Raises:
             InvalidState: see :meth:`check`.
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
+        if self._mode in self._enders:
+            await self._enders[self._mode]()
         self.enter(Mode.EXCHANGE, operation, running=running)
         try:
             return await self._exchange(requests, operation, redo, before, after, check)
@@ -920,12 +938,10 @@ class WorkerPool:
             except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 # A silent worker is a lost one, under every on_worker_lost (the Timeout is
                 # the WorkerLost's cause); under "wait" it may resume when it wakes up.
-                await self.fail(remote, generation, operation, exc)
-                if remote.restarted:
-                    remote.restarted = False
+                if await self.fail(remote, generation, operation, exc):
                     return None
 
-    async def fail(self, remote: Remote, generation: int, operation: str, exc: ApsError) -> None:
+    async def fail(self, remote: Remote, generation: int, operation: str, exc: ApsError) -> bool:
         """Handle a failure of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
 
         A lost connection (``EndOfStream``, a transport error, silence) may be resumed; a
@@ -934,7 +950,9 @@ class WorkerPool:
         the error is raised, naming the worker; under ``"wait"`` a replacement takes the
         slot over; under ``"drop"`` it is lost like any other.
 
-        Returns once another connection serves ``remote`` (resumed or replaced).
+        Returns once another connection serves ``remote``: ``True`` when a replacement
+        worker took it over (once per replacement: the requests of the lost one are void),
+        ``False`` when the worker resumed its session.
 
         Raises:
             ProtocolError: the worker broke the protocol, under ``"raise"``.
@@ -945,6 +963,8 @@ class WorkerPool:
             if self.on_worker_lost == "raise":
                 raise exc
         await self.recover(remote, generation, operation, exc)
+        replaced, remote.restarted = remote.restarted, False
+        return replaced
 
     async def _disown(self, remote: Remote, exc: ProtocolError) -> ProtocolError:
         """Disconnect the worker serving ``remote`` for breaking the protocol.

@@ -125,6 +125,7 @@ class GradientRounds:
         """:meth:`Learner.start_round`, once the workers are admitted and a policy is set."""
         pool = self._pool
         if not self.active:
+            await pool.end_abandoned()
             pool.enter(Mode.ROUNDS, "start_round", every_worker=False, verb="train")
             self.active = True
             self._remotes = pool.active()
@@ -247,12 +248,11 @@ class GradientRounds:
             except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 lost = remote.info.worker_id
                 try:
-                    await pool.fail(remote, generation, "gradients", exc)
+                    replaced_now = await pool.fail(remote, generation, "gradients", exc)
                 except (WorkerLost, ProtocolError) as error:
                     await inbox.put((remote, error))
                     return
-                if remote.restarted:
-                    remote.restarted = False
+                if replaced_now:
                     replaced = (
                         f"worker {lost} was lost and worker {remote.info.worker_id} took over"
                     )
