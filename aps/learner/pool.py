@@ -10,9 +10,14 @@ The modes (:mod:`~aps.learner.lockstep`, :mod:`~aps.learner.detach`,
 :mod:`~aps.learner.rounds`) talk to workers only through the pool's numbered request/answer
 service (:meth:`WorkerPool.send_request`, :meth:`WorkerPool.answer_from`,
 :meth:`WorkerPool.exchange`): requests carry sequence numbers, a resumed worker gets again
-what it did not answer, and answers arrive exactly once. When a connection takes over a slot,
-the pool asks each mode's :class:`SlotHooks` what that worker needs first (its weights, the
-current gradient round); the pool itself knows nothing of any mode.
+what it did not answer, and answers arrive exactly once (the books are kept by each slot's
+:class:`~aps.delivery.Outbox`, which does no I/O). A malformed answer is its worker's failure,
+handled as its loss (see :meth:`WorkerPool.fail`). When a connection takes over a slot, the
+pool asks each mode's :class:`SlotHooks` what that worker needs first (its weights, the
+current gradient round); the pool itself knows nothing of any mode. What the workers are
+used for now is the pool's :class:`Mode`, which only the pool writes: a mode enters with
+:meth:`WorkerPool.enter` and leaves with :meth:`WorkerPool.leave`, and a mode that can be
+left open (a chunk stream) registers how it ends (:meth:`WorkerPool.on_abandon`).
 """
 
 from __future__ import annotations
