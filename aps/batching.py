@@ -24,7 +24,7 @@ from gymnasium import spaces as gs
 from aps._typing import Array, Info
 from aps.errors import ConfigError, ProtocolError
 
-__all__ = ["check_batch", "concat", "merge_infos", "split"]
+__all__ = ["check_batch", "check_part", "concat", "merge_infos", "split"]
 
 _ARRAY_SPACES = (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)
 _SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple"
@@ -124,6 +124,44 @@ def _concat(
             for i, sub in enumerate(space.spaces)
         )
     raise _unsupported(space)
+
+
+def check_part(space: gym.Space[Any], part: Any, count: int, where: str) -> None:
+    """Check that ``part`` is a batch of ``count`` envs of ``space`` (one worker's, say).
+
+    What :func:`concat` checks of each part, without joining anything: the structure, and
+    each array's shape and dtype. ``where`` names the part in the error (``"obs"``).
+
+    Raises:
+        ProtocolError: ``part`` does not fit; the message says where, what was expected
+            and what came.
+        ConfigError: ``space`` is of an unsupported type.
+    """
+    if isinstance(space, _ARRAY_SPACES):
+        shape = (count, *_shape(space))
+        dtype = _batch_dtype(space)
+        if not (isinstance(part, np.ndarray) and part.shape == shape and part.dtype == dtype):
+            raise ProtocolError(
+                f"{where} is {_describe(part)}, expected an array of shape {shape} and dtype "
+                f"{dtype}"
+            )
+    elif isinstance(space, gs.Dict):
+        if not isinstance(part, Mapping) or set(part.keys()) != set(space.spaces):
+            got = sorted(map(repr, part.keys())) if isinstance(part, Mapping) else part
+            raise ProtocolError(
+                f"{where} must be a dict with keys {list(space.spaces)}, got {_describe(got)}"
+            )
+        for key, sub in space.spaces.items():
+            check_part(sub, part[key], count, f"{where}[{key!r}]")
+    elif isinstance(space, gs.Tuple):
+        if not isinstance(part, tuple | list) or len(part) != len(space.spaces):
+            raise ProtocolError(
+                f"{where} must be a tuple of {len(space.spaces)} batches, got {_describe(part)}"
+            )
+        for index, sub in enumerate(space.spaces):
+            check_part(sub, part[index], count, f"{where}[{index}]")
+    else:
+        raise _unsupported(space)
 
 
 def split(space: gym.Space[Any], batch: Any, counts: Sequence[int]) -> list[Any]:

@@ -23,8 +23,8 @@ import aps
 from aps._loop import run
 from aps._probe import CheckResult, check_learner
 from aps.errors import ApsError, ConfigError
-from aps.launch.base import LOG_LEVELS, WorkerSpec, client_factory
-from aps.launch.local import TOKEN_ENV
+from aps.launch import _thunks
+from aps.launch.base import LOG_LEVELS, TOKEN_ENV, WorkerSpec, client_factory
 from aps.launch.slurm import sbatch_script
 from aps.session import Timeouts
 from aps.vector import VECTOR_BACKENDS
@@ -91,7 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "url", metavar="URL", help="the learner's address, e.g. tcp://10.0.0.5:7000"
     )
-    worker.add_argument("--env", required=True, help=_ENV_HELP)
+    worker.add_argument("--env", help=_ENV_HELP)
+    worker.add_argument(
+        "--env-fns-stdin",
+        action="store_true",
+        help="read pickled env functions from stdin first (how ClusterEnv.local starts a "
+        "worker process it hands a list of env functions; its stdin is that parent's pipe, "
+        "never the network); --env defaults to them",
+    )
     worker.add_argument(
         "--num-envs", type=int, default=1, metavar="N", help="envs on this worker (default 1)"
     )
@@ -457,6 +464,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         return 0
     try:
+        if args.env_fns_stdin:
+            _thunks.receive(sys.stdin.buffer)
+            args.env = args.env or _thunks.ENV_SPEC
+        if args.env is None:
+            raise ConfigError("aps worker needs --env (a Gymnasium id or 'module:factory')")
         if args.env_kwargs is not None and not isinstance(args.env_kwargs, dict):
             raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
         worker = Worker(

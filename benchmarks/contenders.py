@@ -15,6 +15,10 @@
   encodes the result, as an aps worker must, and nothing more. Everything a lockstep step
   has to do at both ends, with no aps session, learner or worker code: what lockstep over
   this transport delivers when the env's step shares each worker's core with the messages.
+- ``bare-ceiling``: lockstep with no aps code at all (``bare.py``): asyncio TCP (uvloop when
+  installed), plain msgpack of the arrays' bytes behind a 4-byte length, and workers
+  stepping a real Gymnasium ``SyncVectorEnv``. What a library on asyncio and msgpack could
+  reach; the step limit beside it encodes with aps's codec and steps aps's vector env.
 - ``stream-limit``: DETACH without aps's messaging: one process per worker acts with the
   ``aps-detach`` policy and builds chunks of ``T`` steps (aps's ``Collector``, the loop a
   DETACH worker runs), encodes each and writes it to a plain blocking socket; the learner
@@ -55,6 +59,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
+import bare
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -517,6 +522,77 @@ async def _serve(
         writer.close()
 
 
+class BareCeiling(TransportLimit):
+    """Lockstep with no aps code at either end (see ``bare.py``)."""
+
+    name = "bare-ceiling"
+    description = (
+        "no aps code at all: asyncio TCP (uvloop when installed), plain msgpack of the "
+        "arrays' bytes, workers stepping a real Gymnasium SyncVectorEnv (bare.py)"
+    )
+
+    def start(self) -> None:
+        setup = self.setup
+        listening = socket.create_server((LOOPBACK, 0))
+        try:
+            port = listening.getsockname()[1]
+            for index in range(setup.num_workers):
+                command = [sys.executable, str(ROOT / "bare.py"), "--worker", f"{LOOPBACK}:{port}"]
+                command += ["--env", setup.env_id, "--index", str(index)]
+                command += ["--num-envs", str(setup.envs_per_worker)]
+                command += ["--seed", str(setup.seed + index * setup.envs_per_worker)]
+                self._processes.append(subprocess.Popen(command))
+            self._runner = asyncio.Runner(loop_factory=_bare_loop)
+            self._runner.run(self._accept_bare(listening))
+        finally:
+            listening.close()
+
+    async def _accept_bare(self, listening: socket.socket) -> None:
+        setup = self.setup
+        arrived: asyncio.Queue[Stream] = asyncio.Queue()
+        server = await asyncio.start_server(lambda r, w: arrived.put_nowait((r, w)), sock=listening)
+        try:
+            by_index: dict[int, Stream] = {}
+            async with asyncio.timeout(START_TIMEOUT):
+                while len(by_index) < setup.num_workers:
+                    check_alive(self._processes, f"{self.name} worker")
+                    try:
+                        stream = await asyncio.wait_for(arrived.get(), 0.1)
+                    except TimeoutError:
+                        continue
+                    self._streams.append(stream)
+                    by_index[int(await bare.read_frame(stream[0]))] = stream
+        finally:
+            server.close()
+        self._streams = [by_index[i] for i in range(setup.num_workers)]
+
+    async def _run(self, seconds: float) -> int:
+        pool, streams = self.pool, self._streams
+        workers = self.setup.num_workers
+        count = len(pool)
+        calls = 0
+        deadline = time.perf_counter() + seconds
+        async with asyncio.timeout(seconds + STEP_TIMEOUT):
+            while True:
+                parts = np.split(pool[calls % count], workers)
+                for (_, writer), part in zip(streams, parts, strict=True):
+                    writer.write(bare.encode_actions(part))
+                steps = [bare.decode_step(await bare.read_frame(r)) for r, _ in streams]
+                for field in range(4):
+                    np.concatenate([step[field] for step in steps])
+                calls += 1
+                if time.perf_counter() >= deadline:
+                    return calls
+
+
+def _bare_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class StreamLimit(TransportLimit):
     """DETACH's chunks over plain sockets: workers act and stream, the learner decodes."""
 
@@ -796,6 +872,7 @@ EXTRA: dict[str, type[Contender]] = {
         EnvPool,
         TransportLimit,
         StepLimit,
+        BareCeiling,
         StreamLimit,
         EnvLimit,
         EnvParallel,

@@ -105,6 +105,7 @@ ROWS = {
     "envpool": "EnvPool (C++ envs, {w} threads)",
     "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
     "step-limit": "step limit: the transport limit's workers step their envs (no aps code)",
+    "bare-ceiling": "bare ceiling: asyncio TCP + plain msgpack, Gymnasium SyncVectorEnv workers",
     "env-limit": "env limit: one worker's envs in aps's vector env, 1 process (single-core rate)",
     "env-parallel": "env parallel: {w} processes step their envs at once, no messages",
     "act-limit": "act + env limit: the DETACH policy acting on one worker's envs, 1 process",
@@ -283,6 +284,7 @@ def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:
     """Each contender's share of the bound for its mode, per column (not a target)."""
     pairs = [(name, LOCKSTEP_BOUND) for name in LOCKSTEP_PEERS]
     pairs += [(name, "step-limit") for name in LOCKSTEP_PEERS]
+    pairs += [(name, "bare-ceiling") for name in LOCKSTEP_PEERS]
     # Not lockstep: partial batches overlap the learner's work with the workers' stepping,
     # so they may pass the lockstep bound; how far they do is the point of the mode.
     pairs.append(("aps-partial", LOCKSTEP_BOUND))

@@ -9,6 +9,7 @@ CartPole, timed for one short window and closed.
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 from collections.abc import Iterator
@@ -65,6 +66,20 @@ def test_step_limit_delivers_steps_and_cleans_up(contenders: ModuleType) -> None
     assert window.env_steps > 0 and window.env_steps % 4 == 0  # whole steps of 4 envs
     assert window.workers_cpu is not None and window.workers_cpu > 0
     assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.timeout(120)
+def test_bare_ceiling_delivers_steps_runs_no_aps_and_cleans_up(contenders: ModuleType) -> None:
+    window, pids = window_of(contenders, "bare-ceiling")
+    assert window.env_steps > 0 and window.env_steps % 4 == 0  # whole steps of 4 envs
+    assert window.workers_cpu is not None and window.workers_cpu > 0
+    assert not any(alive(pid) for pid in pids)
+    # The worker program imports no aps module.
+    tree = ast.parse((BENCHMARKS / "bare.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any(name.split(".")[0] in ("aps", "throughput", "contenders") for name in imported)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "aps.framing",
     ),
     ("aps.transports",),
-    ("aps.protocol", "aps.session", "aps._loop"),
+    ("aps.protocol", "aps.delivery", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
     ("aps.policy", "aps._numpy_heads"),
     (
@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
         "aps.gradients",
         "aps.pg.trainer",
         "aps.pg.simulate",
+        "aps.pg.sampling",
     ),
     ("aps.cluster_env", "aps.launch", "aps.cli", "aps.__main__", "aps.testing", "aps"),
     ("aps.integrations",),
@@ -149,3 +150,94 @@ def test_modes_do_not_import_each_other() -> None:
                 if target in modes and target != me and (me, target) not in ALLOWED:
                     violations.append(f"{me} imports {target}")
     assert not violations, "\n".join(violations)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each aps module and the aps modules it imports, at any depth (functions included).
+
+    ``from aps.x import y`` reaches ``aps.x.y`` when that is a module, else ``aps.x``; importing
+    a module runs its packages' ``__init__`` too, so it reaches them as well (all but the
+    top-level ``aps``, the façade that every import runs first, and the packages the
+    importing module is itself inside).
+    """
+    modules = {module_name(path): path for path in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for me, path in modules.items():
+        reached: set[str] = set()
+        tree = ast.parse(path.read_text())
+        typing_only = {  # imports under `if TYPE_CHECKING:` never run
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+            for statement in block.body
+            for n in ast.walk(statement)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [
+                    f"{node.module}.{a.name}"
+                    if f"{node.module}.{a.name}" in modules
+                    else node.module
+                    for a in node.names
+                ]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "aps":
+                    continue
+                reached.update(".".join(parts[:n]) for n in range(2, len(parts) + 1))
+        # A module inside a package runs as part of it: the package is no edge of its own.
+        graph[me] = {m for m in reached if m in modules and not me.startswith(m + ".")}
+        graph[me].discard(me)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_even_through_function_level_imports() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_cycle_rule_catches_a_function_level_cycle() -> None:
+    # The check itself must be able to fail: a -> b at module level, b -> a in a function.
+    graph = {"aps.a": {"aps.b"}, "aps.b": {"aps.a"}, "aps.c": {"aps.a"}}
+    assert cycles(graph) == [["aps.a", "aps.b"]]
+    source = "def f():\n    from aps.learner import pool\n"
+    node = ast.parse(source).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(node))

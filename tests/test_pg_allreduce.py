@@ -69,7 +69,7 @@ def test_the_option_is_checked() -> None:
     with pytest.raises(aps.ConfigError, match="'server' or 'allreduce', got 'ring'"):
         pg.NIGT(agent, aggregation="ring")  # type: ignore[arg-type]
     with pytest.raises(aps.ConfigError, match="on_worker_lost='raise'"):
-        pg.NIGT(agent, aggregation="allreduce", on_worker_lost="continue")
+        pg.NIGT(agent, aggregation="allreduce", on_worker_lost="drop")
 
 
 def test_ring_bytes() -> None:

@@ -191,8 +191,8 @@ def test_afedpg_converges_on_a_quadratic() -> None:
 def test_sampler_limit_must_be_a_positive_int() -> None:
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from aps.gradients import GradientSampler
     from aps.messages import GradientRound
+    from aps.pg.sampling import GradientSampler
     from aps.policy import Policy
 
     envs = SyncVectorEnv([Reveal] * 2, autoreset_mode=AutoresetMode.SAME_STEP)

@@ -17,9 +17,9 @@ from torch import nn
 
 import aps
 from aps import pg
-from aps.gradients import GradientSampler
 from aps.messages import GradientRound
 from aps.pg.reinforce import surrogate
+from aps.pg.sampling import GradientSampler
 from aps.pg.simulate import simulate
 from aps.policy import Policy
 from tests.pg_agents import MeanAgent, Reveal

@@ -41,7 +41,7 @@ async def test_a_spare_replacing_a_lost_worker_joins_at_the_next_round(
         assert [w.worker_id for w in learner.workers] == [0, 1]
         agent = ContinuousAgent(Spaces("Pendulum-v1"))
         trainer = pg.NIGT(
-            agent, aggregator=pg.Rennala(batch=8), lr=0.01, horizon=20, on_worker_lost="continue"
+            agent, aggregator=pg.Rennala(batch=8), lr=0.01, horizon=20, on_worker_lost="drop"
         )
         run = trainer.train(learner, 6)
         seen = [await run.__anext__()]

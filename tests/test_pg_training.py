@@ -97,7 +97,7 @@ async def test_a_lost_worker_raises_or_is_dropped(workers: WorkerTasks) -> None:
         await run.aclose()
     async with await learner_with(workers, [0.0, 0.0]) as learner:
         trainer = pg.NIGT(
-            agent, aggregator=pg.Rennala(batch=30), lr=0.01, horizon=5, on_worker_lost="continue"
+            agent, aggregator=pg.Rennala(batch=30), lr=0.01, horizon=5, on_worker_lost="drop"
         )
         run = trainer.train(learner, 2)
         first = await run.__anext__()
@@ -106,7 +106,16 @@ async def test_a_lost_worker_raises_or_is_dropped(workers: WorkerTasks) -> None:
         assert first.used >= 30 and second.used >= 30
         await run.aclose()
     with pytest.raises(aps.ConfigError, match="Malenia"):
-        pg.NIGT(agent, aggregator=pg.Malenia(batch=4), on_worker_lost="continue")
+        pg.NIGT(agent, aggregator=pg.Malenia(batch=4), on_worker_lost="drop")
+
+
+def test_the_old_spelling_continue_still_means_drop_and_warns() -> None:
+    agent = ContinuousAgent(Spaces("Pendulum-v1"))
+    with pytest.warns(DeprecationWarning, match="spelled 'drop'"):
+        trainer = pg.NIGT(agent, on_worker_lost="continue")
+    assert trainer.on_worker_lost == "drop"
+    with pytest.raises(aps.ConfigError, match="'raise' or 'drop', got 'wait'"):
+        pg.NIGT(agent, on_worker_lost="wait")  # type: ignore[arg-type]
 
 
 async def test_rounds_need_same_step_autoreset(workers: WorkerTasks) -> None:
@@ -148,8 +157,8 @@ def test_the_sampler_records_the_states_it_acted_on() -> None:
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from aps.gradients import GradientSampler
     from aps.messages import GradientRound
+    from aps.pg.sampling import GradientSampler
     from aps.policy import Policy
 
     # copy=False and SameStep, as workers build their envs: the obs buffer is reused.

@@ -37,9 +37,9 @@ pytest.importorskip("torch")
 
 import aps
 from aps import pg
-from aps.gradients import GradientSampler
 from aps.messages import GradientProgress, GradientReport, GradientRound
 from aps.pg.aggregate import RennalaRound
+from aps.pg.sampling import GradientSampler
 from aps.pg.simulate import simulate
 from aps.policy import Policy
 from tests.conftest import FAST, WorkerTasks

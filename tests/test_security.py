@@ -466,7 +466,7 @@ async def test_leaving_a_chunk_stream_after_a_loss_under_wait_does_not_wait() ->
         finally:
             process.kill()
             await asyncio.to_thread(process.wait)
-        assert learner._pool.remotes[0].discard > 0
+        assert learner._pool.remotes[0].outbox.discarding > 0
 
 
 async def test_a_worker_whose_learner_is_gone_exits_non_zero_after_its_window(

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aps.launch.base import Launcher, LaunchStatus, WorkerSpec, dialable_url
-from aps.launch.local import LocalWorkers, env_import_path
+from aps.launch.base import Launcher, LaunchStatus, WorkerSpec, dialable_url, env_import_path
+from aps.launch.local import LocalWorkers
 from aps.launch.ray import Placement, RayWorkers
 from aps.launch.slurm import SlurmJob, sbatch_script
 from aps.session import Timeouts

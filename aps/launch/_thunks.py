@@ -16,11 +16,11 @@ from __future__ import annotations
 import pickle
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import gymnasium as gym
 
-__all__ = ["ENV_SPEC", "EnvFns", "main", "next_env", "stdin_command"]
+__all__ = ["ENV_SPEC", "EnvFns", "next_env", "receive", "stdin_command"]
 
 ENV_SPEC = "aps.launch._thunks:next_env"
 """The ``--env`` of a worker subprocess that received its env functions over stdin."""
@@ -57,16 +57,20 @@ def next_env() -> gym.Env[Any, Any]:
 
 
 def stdin_command() -> list[str]:
-    """The interpreter arguments that start a worker which reads its env functions first."""
+    """The command that starts a worker which reads its env functions from stdin first.
+
+    ``aps worker --env-fns-stdin`` (see :func:`receive`); the caller appends the learner's
+    address and the worker's arguments.
+    """
     # -P: the current directory must not shadow the aps this process runs.
-    return [sys.executable, "-P", "-c", "import sys, aps.launch._thunks as t; sys.exit(t.main())"]
+    return [sys.executable, "-P", "-m", "aps", "worker", "--env-fns-stdin"]
 
 
-def main() -> int:
-    """Read the pickled env functions from stdin, then run ``aps worker`` with the argv."""
+def receive(stream: BinaryIO) -> None:
+    """Read the pickled env functions a parent wrote to ``stream``; :func:`next_env` uses them.
+
+    Only for ``aps worker --env-fns-stdin``, whose stdin is the pipe of the process that
+    started it (:class:`~aps.launch.LocalWorkers`), never a socket.
+    """
     global _received
-    fns = pickle.loads(sys.stdin.buffer.read())  # our parent's bytes, never the network's
-    _received = EnvFns(fns)
-    from aps.cli import main as cli_main  # the worker's command line, as `aps worker` has it
-
-    return cli_main(["worker", *sys.argv[1:]])
+    _received = EnvFns(pickle.loads(stream.read()))  # our parent's bytes, never the network's

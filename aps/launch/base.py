@@ -18,8 +18,10 @@ import json
 import math
 import socket
 import ssl
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,16 +33,52 @@ from aps.worker import EnvSpec
 
 __all__ = [
     "LOG_LEVELS",
+    "TOKEN_ENV",
     "LaunchStatus",
     "Launcher",
     "WorkerSpec",
     "client_factory",
     "dialable_url",
+    "env_import_path",
     "per_worker",
 ]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 """The log levels ``aps worker --log-level`` accepts."""
+
+
+TOKEN_ENV = "APS_TOKEN"
+"""Environment variable a worker reads its token from (never the command line, which
+other users of the machine can see)."""
+
+
+def env_import_path(env: EnvSpec) -> str:
+    """Return a spec a worker subprocess can import: an id, or ``module:name``/``file.py:name``.
+
+    Raises:
+        ConfigError: ``env`` is a lambda or a nested function that no other process can
+            import.
+    """
+    if isinstance(env, str):
+        return env
+    module = getattr(env, "__module__", None)
+    qualname = getattr(env, "__qualname__", "")
+    if not module or not qualname or "<" in qualname or "." in qualname:
+        raise ConfigError(
+            f"cannot start {env!r:.200} in a worker process: it is not a module-level "
+            "function; pass a Gymnasium id, a 'module:factory' string, a module-level "
+            "function, a list of env functions (one per env, as AsyncVectorEnv takes), or use "
+            "transport='memory' to run the envs in this process"
+        )
+    if module == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        if main_file is None:
+            raise ConfigError(
+                f"cannot start {env!r} in a worker process: it lives in an interactive "
+                "__main__; move it to a module or use transport='memory'"
+            )
+        return f"{Path(main_file).resolve()}:{qualname}"
+    return f"{module}:{qualname}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -20,46 +19,13 @@ import gymnasium as gym
 
 from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.launch._thunks import ENV_SPEC, EnvFns, stdin_command
-from aps.launch.base import LaunchStatus, WorkerSpec
+from aps.launch.base import TOKEN_ENV, LaunchStatus, WorkerSpec, env_import_path
 from aps.session import Timeouts
 from aps.worker import EnvSpec, Worker
 
 __all__ = ["LocalWorkers", "env_import_path", "terminate"]
 
 log = logging.getLogger("aps.launch")
-
-TOKEN_ENV = "APS_TOKEN"
-"""Environment variable a worker reads its token from (never the command line, which
-other users of the machine can see)."""
-
-
-def env_import_path(env: EnvSpec) -> str:
-    """Return a spec a worker subprocess can import: an id, or ``module:name``/``file.py:name``.
-
-    Raises:
-        ConfigError: ``env`` is a lambda or a nested function that no other process can
-            import.
-    """
-    if isinstance(env, str):
-        return env
-    module = getattr(env, "__module__", None)
-    qualname = getattr(env, "__qualname__", "")
-    if not module or not qualname or "<" in qualname or "." in qualname:
-        raise ConfigError(
-            f"cannot start {env!r:.200} in a worker process: it is not a module-level "
-            "function; pass a Gymnasium id, a 'module:factory' string, a module-level "
-            "function, a list of env functions (one per env, as AsyncVectorEnv takes), or use "
-            "transport='memory' to run the envs in this process"
-        )
-    if module == "__main__":
-        main_file = getattr(sys.modules["__main__"], "__file__", None)
-        if main_file is None:
-            raise ConfigError(
-                f"cannot start {env!r} in a worker process: it lives in an interactive "
-                "__main__; move it to a module or use transport='memory'"
-            )
-        return f"{Path(main_file).resolve()}:{qualname}"
-    return f"{module}:{qualname}"
 
 
 class LocalWorkers:

@@ -14,8 +14,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from aps.errors import ApsError, ConfigError, InvalidState, MissingDependency, WorkerLost
-from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url
-from aps.launch.local import env_import_path
+from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url, env_import_path
 from aps.session import Timeouts
 from aps.worker import EnvSpec
 

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from aps.errors import ConfigError, InvalidState, LaunchError
-from aps.launch.base import LaunchStatus, WorkerSpec, dialable_url
-from aps.launch.local import TOKEN_ENV, env_import_path
+from aps.launch.base import TOKEN_ENV, LaunchStatus, WorkerSpec, dialable_url, env_import_path
 from aps.session import Timeouts
 from aps.worker import EnvSpec
 

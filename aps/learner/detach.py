@@ -42,7 +42,7 @@ from aps.collect import (
     sample_states,
 )
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
-from aps.learner.pool import Remote, WorkerPool, expect
+from aps.learner.pool import Mode, Remote, WorkerPool, expect
 from aps.messages import (
     ErrorReport,
     Message,
@@ -107,6 +107,7 @@ class Detach:
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
         self._warned_stall = False
+        pool.on_abandon(Mode.STREAM, self.end_stream)
 
     def _slot(self, remote: Remote) -> _SlotSync:
         slot = self._slots.get(remote)
@@ -163,7 +164,7 @@ class Detach:
                 try:
                     await self._send_weights(remote)
                 except WorkerLost as exc:
-                    pool.broken = exc
+                    pool.break_for_good(exc)
                     raise
         self._prune()
         return version
@@ -264,8 +265,16 @@ class Detach:
 
     # Chunks.
 
-    def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
-        """Check a chunk against what this learner sent that worker, and account for it."""
+    def _check(self, remote: Remote, message: Message) -> None:
+        """Refuse a chunk that does not fit what this learner sent ``remote``.
+
+        Raises:
+            ProtocolError: naming the worker, the field, and what was expected and received.
+        """
+        if type(message) is RolloutChunk:
+            self._check_chunk(remote, message)
+
+    def _check_chunk(self, remote: Remote, message: RolloutChunk) -> None:
         info = remote.info
         steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
         expected = (steps, info.num_envs)
@@ -298,6 +307,15 @@ class Detach:
                     f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
                     "worker is not a compatible aps worker"
                 )
+        dtype = observation_space.dtype
+        for name in ("obs", "next_obs"):
+            got = getattr(message, name).dtype
+            if dtype is not None and got != dtype:
+                raise ProtocolError(
+                    f"worker {info.worker_id} sent a chunk whose {name} has dtype {got}, "
+                    f"expected {dtype} (the observation space's); all workers must run envs "
+                    "with the same spaces"
+                )
         episode_env = message.episode_env
         if episodes[0] and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
             raise ProtocolError(
@@ -326,6 +344,14 @@ class Detach:
                 f"but it was sent versions up to {remote.metrics.version} and already used "
                 f"{slot.last_chunk_version}; refusing to attribute it"
             )
+
+    def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
+        """Account for a chunk that passed :meth:`_check`; the learner's view of it."""
+        info = remote.info
+        steps = message.reward.shape[0]
+        cuts = message.truncated_index.shape[0]
+        episode_env = message.episode_env
+        slot = self._slot(remote)
         slot.last_chunk_version = message.version
         versions = self.versions
         assert versions is not None
@@ -354,7 +380,7 @@ class Detach:
             next_obs=message.next_obs,
             episode_return=message.episode_return,
             episode_length=message.episode_length,
-            episode_env=episode_env + offset if offset and episodes[0] else episode_env,
+            episode_env=episode_env + offset if offset and len(episode_env) else episode_env,
             truncated_obs=message.truncated_obs,
             truncated_index=(
                 message.truncated_index + np.array([0, offset])
@@ -366,21 +392,22 @@ class Detach:
     async def rollout(self, num_steps: int) -> Rollout:
         """:meth:`Learner.rollout`, once the workers are admitted."""
         pool = self._pool
-        await self.end_stream()
+        await pool.end_abandoned()
         self.require_policy("rollout")
         if not pool.was_reset:
             raise InvalidState("call reset() before rollout()")
         requests = [RolloutRequest(num_steps=num_steps)] * len(pool.remotes)
         self._late.clear()
         answers = await pool.exchange(
-            requests, "rollout", redo=self._redo, before=self._before, after=self._after
+            requests,
+            "rollout",
+            redo=self._redo,
+            before=self._before,
+            after=self._after,
+            check=self._check,
         )
         results = [expect(a, RolloutChunk) for a in answers]
-        try:
-            chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
-        except ProtocolError as exc:
-            pool.broken = exc
-            raise
+        chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
         return Rollout.from_chunks(chunks)
 
     async def _before(self, remote: Remote) -> None:
@@ -403,7 +430,7 @@ class Detach:
             return answer
         remote.envs_reset()
         await self._maybe_sync(remote)
-        chunk = await self._pool.call(remote, request, operation)
+        chunk = await self._pool.call(remote, request, operation, self._check)
         return chunk if chunk is not None else await self._redo(remote, request, operation)
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
@@ -432,11 +459,13 @@ class Detach:
         self.require_policy("chunks")
         if not pool.was_reset:
             raise InvalidState("call reset() before chunks()")
-        if pool.broken is not None:
-            raise InvalidState(f"this learner can no longer stream: {pool.broken}; start a new one")
-        if pool.busy:
-            raise InvalidState("chunks() called while another reset/step/rollout is running")
-        pool.busy = True
+        pool.enter(
+            Mode.STREAM,
+            "chunks",
+            running="another reset/step/rollout is running",
+            every_worker=False,
+            verb="stream",
+        )
         this = self._stream
         inbox: _Inbox = asyncio.Queue()
         pumps: list[asyncio.Task[None]] = []
@@ -469,7 +498,7 @@ class Detach:
                 yield chunk
                 await self._request_chunk(remote, num_steps)
         except (WorkerLost, Timeout, ProtocolError) as exc:
-            pool.broken = exc
+            pool.break_for_good(exc)
             raise
         finally:
             for pump in pumps:
@@ -477,7 +506,7 @@ class Detach:
             if pumps:
                 await asyncio.wait(pumps)
             await self._drain(inbox, active)
-            pool.busy = False
+            pool.leave(Mode.STREAM)
             if self._stream is this:
                 self._stream = None
 
@@ -517,7 +546,7 @@ class Detach:
         slot = self._slot(remote)
         while True:
             try:
-                answer = await self._pool.answer_from(remote, operation)
+                answer = await self._pool.answer_from(remote, operation, self._check)
                 if answer is None:
                     await self._prepare(remote, operation)
                     owed, slot.lost = slot.lost, 0
@@ -551,14 +580,14 @@ class Detach:
                         # Lost and waited for: its chunks are dropped whenever it resumes.
                         pool.forget_answers(remote)
                         continue
-                    while remote.unanswered:
+                    while remote.outbox.pending:
                         late = await pool.answer_from(remote, "the end of the chunk stream")
                         if late is None:
                             break  # a replacement owes nothing; it is reset before its use
                         if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
         except (TimeoutError, ApsError) as exc:
-            pool.broken = InvalidState(f"the chunk stream did not end cleanly ({exc!r})")
+            pool.break_for_good(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
 
     async def aclose(self) -> None:
         """End the chunk stream, if one is open."""

@@ -334,7 +334,6 @@ class Learner:
         seeds = _check_seed(seed, self.num_envs)
         if options is not None and "reset_mask" in options:
             _check_reset_mask(options["reset_mask"], self.num_envs)
-        await self._detach.end_stream()
         return await self._lockstep.reset(seed=seeds, options=options)
 
     async def step(self, actions: Any) -> StepReturn:
@@ -359,7 +358,6 @@ class Learner:
                 this learner can no longer step.
             Timeout: a worker took longer than ``timeouts.step``.
         """
-        await self._detach.end_stream()
         return await self._lockstep.step(actions)
 
     async def send(self, actions: Any, worker_ids: Sequence[int] | None = None) -> None:
@@ -381,7 +379,6 @@ class Learner:
             InvalidState: called before :meth:`reset`, for a worker whose last step is not
                 received yet, or while another kind of operation runs.
         """
-        await self._detach.end_stream()
         await self._lockstep.send(actions, worker_ids)
 
     async def recv(self, min_workers: int = 1) -> StepReturn:
@@ -501,7 +498,6 @@ class Learner:
                 f"set_attr({name!r}) needs one value per env reached ({reached}), got "
                 f"{values!r:.200}"
             )
-        await self._detach.end_stream()
         results = await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
         # Spaces, env specs and Generators travel as tagged maps (aps.spaces.value_to_wire).
         return tuple(value_from_wire(value) for value in results)
@@ -624,8 +620,6 @@ class Learner:
                 "start_round() needs workers that act: create the learner with "
                 "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
             )
-        if not self._rounds.active:
-            await self._detach.end_stream()
         return await self._rounds.start_round(round_id, arrays, horizon=horizon, gamma=gamma)
 
     async def collect_gradients(self, round_id: int) -> int:

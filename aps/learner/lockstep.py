@@ -21,9 +21,9 @@ from gymnasium.vector import AutoresetMode
 
 from aps import codec
 from aps._typing import Array, Info
-from aps.batching import check_batch, concat, merge_infos, split
+from aps.batching import check_batch, check_part, concat, merge_infos, split
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
-from aps.learner.pool import Remote, WorkerPool, expect
+from aps.learner.pool import Mode, Remote, WorkerPool, expect
 from aps.messages import (
     EnvCall,
     EnvCallResult,
@@ -32,7 +32,6 @@ from aps.messages import (
     Request,
     ResetRequest,
     ResetResult,
-    StepRequest,
     StepResult,
 )
 
@@ -86,7 +85,9 @@ class Lockstep:
                 ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=part)
                 for offset, count, part in zip(pool.offsets, pool.counts, parts, strict=True)
             ]
-        answers = await pool.exchange(requests, "reset", redo=self._redo, running=self._running())
+        answers = await pool.exchange(
+            requests, "reset", redo=self._redo, check=self._check, running=self._running()
+        )
         results = [expect(a, ResetResult) for a in answers]
         for remote in pool.remotes:
             remote.envs_reset()
@@ -95,7 +96,7 @@ class Lockstep:
         info = merge_infos(
             list(zip(pool.offsets, (r.info for r in results), strict=True)), sum(pool.counts)
         )
-        pool.was_reset = True
+        pool.mark_reset()
         return obs, info
 
     async def step(self, actions: Any) -> StepReturn:
@@ -104,7 +105,9 @@ class Lockstep:
         if not pool.was_reset:
             raise InvalidState("call reset() before step()")
         requests = self._step_requests(pool.remotes, actions, pool.counts)
-        answers = await pool.exchange(requests, "step", redo=self._redo, running=self._running())
+        answers = await pool.exchange(
+            requests, "step", redo=self._redo, check=self._check, running=self._running()
+        )
         return self._step_results(pool.remotes, answers)
 
     async def env_call(
@@ -127,6 +130,7 @@ class Lockstep:
             WorkerError: an env raised, or returned a value that is not plain data.
         """
         pool = self._pool
+        await pool.end_abandoned()
         pool.check(kind, running=self._running())  # before the arguments are encoded
         chosen = range(sum(pool.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
@@ -180,7 +184,41 @@ class Lockstep:
         """
         if not isinstance(request, ResetRequest):
             request = _FRESH_RESET
-        return await self._pool.call_until_answered(remote, request, operation)
+        return await self._pool.call_until_answered(remote, request, operation, self._check)
+
+    def _check(self, remote: Remote, answer: Message) -> None:
+        """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
+
+        Raises:
+            ProtocolError: naming the worker, the field, and what was expected and received.
+        """
+        count = remote.info.num_envs
+        if type(answer) is StepResult:
+            shape = (count,)
+            # One test for the three arrays (this runs per worker and step); _bad_step says
+            # which one failed.
+            if not (
+                answer.reward.shape == shape
+                and answer.terminated.shape == shape
+                and answer.truncated.shape == shape
+                and answer.reward.dtype.kind in "fiu"
+                and answer.terminated.dtype.kind == "b"
+                and answer.truncated.dtype.kind == "b"
+            ):
+                raise _bad_step(remote, answer)
+            what = "step"
+        elif type(answer) is ResetResult:
+            what = "reset"
+        else:
+            return
+        observation_space, _ = self._pool.require_workers()
+        try:
+            check_part(observation_space, answer.obs, count, "obs")
+        except ProtocolError as exc:
+            raise ProtocolError(
+                f"worker {remote.info.worker_id} sent a {what} whose {exc}; all workers must "
+                "run envs with the same spaces"
+            ) from None
 
     def _step_requests(
         self, remotes: Sequence[Remote], actions: Any, counts: Sequence[int]
@@ -188,11 +226,9 @@ class Lockstep:
         _, space = self._pool.require_workers()
         batch = check_batch(space, actions, sum(counts))
         # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
-        # request carries the numbers send_request would give it, so it is built only once.
+        # request is numbered by the outbox as it is built, so it is built only once.
         return [
-            _FRESH_RESET
-            if remote.needs_reset or remote.reset_next
-            else StepRequest(actions=part, seq=remote.sent, acked=remote.received)
+            _FRESH_RESET if remote.needs_reset or remote.reset_next else remote.outbox.step(part)
             for remote, part in zip(remotes, split(space, batch, counts), strict=True)
         ]
 
@@ -206,7 +242,7 @@ class Lockstep:
         try:
             return self._stitch(remotes, answers)
         except ProtocolError as exc:
-            self._pool.broken = exc
+            self._pool.break_for_good(exc)
             raise
 
     def _stitch(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
@@ -224,19 +260,7 @@ class Lockstep:
                     if isinstance(answer, ResetResult)
                     else expect(answer, StepResult)
                 )
-            count = remote.info.num_envs
-            shape = (count,)
-            # One test for the three arrays (this runs per worker and step); _bad_step says
-            # which one failed.
-            if not (
-                answer.reward.shape == shape
-                and answer.terminated.shape == shape
-                and answer.truncated.shape == shape
-                and answer.reward.dtype.kind in "fiu"
-                and answer.terminated.dtype.kind == "b"
-                and answer.truncated.dtype.kind == "b"
-            ):
-                raise _bad_step(remote, answer)
+            count = remote.info.num_envs  # the arrays fit: see _check
             obs.append(answer.obs)
             reward.append(answer.reward)
             terminated.append(answer.terminated)
@@ -284,10 +308,12 @@ class Lockstep:
         if not pool.was_reset:
             raise InvalidState("call reset() before send()")
         if not self._partial:
+            await pool.end_abandoned()
             pool.check("send")
         remotes = self._select(worker_ids)
         requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
-        pool.busy = True
+        if not self._partial:
+            pool.enter(Mode.PARTIAL, "send")
         for remote, request in zip(remotes, requests, strict=True):
             # Registered first: a send that fails below is still answered (or raised) in recv.
             task = asyncio.create_task(
@@ -298,7 +324,7 @@ class Lockstep:
             try:
                 await pool.send_request(remote, request)
             except WorkerLost as exc:
-                pool.broken = exc
+                pool.break_for_good(exc)
                 await self.cancel()
                 raise
 
@@ -325,7 +351,7 @@ class Lockstep:
             waiter.set_result(None)
 
     async def _partial_answer(self, remote: Remote, request: Request) -> Message:
-        answer = await self._pool.answer_from(remote, "step")
+        answer = await self._pool.answer_from(remote, "step", self._check)
         if answer is None:
             answer = await self._redo(remote, request, "step")
         return answer
@@ -369,10 +395,10 @@ class Lockstep:
             else:
                 answers.append(answer)
         if isinstance(failure, WorkerLost | Timeout | ProtocolError):
-            pool.broken = failure
+            pool.break_for_good(failure)
             await self.cancel()
         if not waiting:
-            pool.busy = False
+            pool.leave(Mode.PARTIAL)
         if failure is not None:
             raise failure
         try:
@@ -396,7 +422,7 @@ class Lockstep:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-            self._pool.busy = False
+            self._pool.leave(Mode.PARTIAL)
 
 
 def _bad_step(remote: Remote, answer: StepResult) -> ProtocolError:

@@ -10,16 +10,21 @@ The modes (:mod:`~aps.learner.lockstep`, :mod:`~aps.learner.detach`,
 :mod:`~aps.learner.rounds`) talk to workers only through the pool's numbered request/answer
 service (:meth:`WorkerPool.send_request`, :meth:`WorkerPool.answer_from`,
 :meth:`WorkerPool.exchange`): requests carry sequence numbers, a resumed worker gets again
-what it did not answer, and answers arrive exactly once. When a connection takes over a slot,
-the pool asks each mode's :class:`SlotHooks` what that worker needs first (its weights, the
-current gradient round); the pool itself knows nothing of any mode.
+what it did not answer, and answers arrive exactly once (the books are kept by each slot's
+:class:`~aps.delivery.Outbox`, which does no I/O). A malformed answer is its worker's failure,
+handled as its loss (see :meth:`WorkerPool.fail`). When a connection takes over a slot, the
+pool asks each mode's :class:`SlotHooks` what that worker needs first (its weights, the
+current gradient round); the pool itself knows nothing of any mode. What the workers are
+used for now is the pool's :class:`Mode`, which only the pool writes: a mode enters with
+:meth:`WorkerPool.enter` and leaves with :meth:`WorkerPool.leave`, and a mode that can be
+left open (a chunk stream) registers how it ends (:meth:`WorkerPool.on_abandon`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
+import enum
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +38,7 @@ from aps import transports
 from aps._version import __version__
 from aps.collect import WorkerMetrics
 from aps.compression import choose as choose_compression
+from aps.delivery import Accepted, Outbox
 from aps.errors import (
     ApsError,
     ConfigError,
@@ -53,13 +59,13 @@ from aps.messages import (
     ProbeSpaces,
     Ready,
     Request,
-    StepRequest,
     Welcome,
 )
 from aps.session import Session, Timeouts
 from aps.transports.base import Listener, TransportFactory
 
 __all__ = [
+    "Mode",
     "OnWorkerLost",
     "Remote",
     "SlotHooks",
@@ -67,6 +73,24 @@ __all__ = [
     "WorkerPool",
     "expect",
 ]
+
+
+class Mode(enum.Enum):
+    """What the pool's workers are used for now; only the pool writes it.
+
+    A mode enters through :meth:`WorkerPool.enter` and ends with :meth:`WorkerPool.leave`.
+    """
+
+    IDLE = "idle"
+    EXCHANGE = "exchange"
+    """One request per worker and their answers: a reset, step, rollout or env call."""
+    PARTIAL = "partial batch"
+    """Steps sent to some workers and not all received (``send``/``recv``)."""
+    STREAM = "stream"
+    """A chunk stream."""
+    ROUNDS = "gradient rounds"
+    """Gradient mode, until it is stopped."""
+
 
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
@@ -133,11 +157,9 @@ class Remote:
     session: Session
     metrics: WorkerMetrics
     session_id: bytes
-    # Numbered requests: the next seq, the answers received, the requests not answered yet
-    # (oldest first, sent again after a resume) and the generation they were all sent on.
-    sent: int = 0
-    received: int = 0
-    unanswered: collections.deque[Request] = field(default_factory=collections.deque)
+    # Numbered requests (see aps.delivery), and the generation of the connection serving
+    # the slot: ``delivered`` is the generation that got every unanswered request.
+    outbox: Outbox = field(default_factory=Outbox)
     generation: int = 0
     delivered: int = 0
     attached: asyncio.Event = field(default_factory=asyncio.Event)
@@ -146,9 +168,6 @@ class Remote:
     restarted: bool = False
     needs_reset: bool = False
     reset_next: bool = False
-    # Answers still owed that nobody waits for any more (a stream ended while the worker
-    # was away): they are received and dropped when they come.
-    discard: int = 0
 
     def envs_reset(self) -> None:
         """Note that this slot's envs were just reset by whoever serves it."""
@@ -172,6 +191,9 @@ class SlotHooks(Protocol):
         :meth:`WorkerPool.send`.
         """
 
+
+Check = Callable[["Remote", Message], None]
+"""A mode's test of a fresh answer: raises :class:`ProtocolError` when it does not fit."""
 
 Redo = Callable[[Remote, Request, str], Awaitable[Message]]
 """How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
@@ -255,10 +277,9 @@ class WorkerPool:
         """Global index of each worker's first env."""
         self.was_reset = False
         """Whether the envs were reset at least once (a replacement's are then reset too)."""
-        self.busy = False
-        """An operation (a step, a stream, gradient mode) is using the workers."""
-        self.broken: ApsError | None = None
-        """Why the workers can no longer be stepped together, once that happened."""
+        self._mode = Mode.IDLE
+        self._enders: dict[Mode, Callable[[], Awaitable[None]]] = {}
+        self._broken: ApsError | None = None
         self.closed = False
 
     # Lifecycle.
@@ -309,6 +330,11 @@ class WorkerPool:
         if self._listener is None:
             raise InvalidState("the learner is not started; use 'async with' or await start()")
         return self._listener.url
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the listener says its workers are on this host (see ``transports.is_local``)."""
+        return self._listener is not None and transports.is_local(self._listener)
 
     @property
     def refused(self) -> int:
@@ -459,7 +485,7 @@ class WorkerPool:
         """Take a worker whose connection dropped back into its session and env slots."""
         info = remote.info
         if not (
-            remote.received <= hello.served <= remote.sent
+            remote.outbox.can_resume(hello.served)
             and hello.num_envs == info.num_envs
             and hello.version <= remote.metrics.version
             and info.worker_id not in self.dropped
@@ -469,8 +495,8 @@ class WorkerPool:
                 ProtocolError(
                     f"cannot resume worker {info.worker_id}'s session: it says it answered "
                     f"{hello.served} requests of {info.num_envs} envs holding version "
-                    f"{hello.version}, but it was sent {remote.sent} requests "
-                    f"({remote.received} answered) for {info.num_envs} envs, and version "
+                    f"{hello.version}, but it was sent {remote.outbox.sent} requests "
+                    f"({remote.outbox.received} answered) for {info.num_envs} envs, and version "
                     f"{remote.metrics.version}"
                     + (", and it was dropped" if info.worker_id in self.dropped else "")
                     + "; restart the worker without resuming"
@@ -517,13 +543,10 @@ class WorkerPool:
         )
         self.former.append(remote.metrics)
         remote.metrics = WorkerMetrics(worker_id=spare.worker_id)
-        del self._by_session[remote.session_id]
+        self._by_session.pop(remote.session_id, None)  # gone already if it was disowned
         remote.session_id = spare.session_id
         self._by_session[spare.session_id] = remote
-        void = tuple(remote.unanswered)
-        remote.unanswered.clear()
-        remote.discard = 0
-        remote.sent = remote.received = 0
+        void = remote.outbox.void()
         remote.restarted = True
         remote.needs_reset = self.was_reset
         for hooks in self.hooks:
@@ -683,7 +706,80 @@ class WorkerPool:
         """The slots not dropped, in env order."""
         return [r for r in self.remotes if r.info.worker_id not in self.dropped]
 
-    def check(self, operation: str, *, running: str = "another operation is running") -> None:
+    # The pool's mode: written here only.
+
+    @property
+    def mode(self) -> Mode:
+        """What the workers are used for now."""
+        return self._mode
+
+    @property
+    def busy(self) -> bool:
+        """An operation (a step, a stream, gradient mode) is using the workers."""
+        return self._mode is not Mode.IDLE
+
+    @property
+    def broken(self) -> ApsError | None:
+        """Why the workers can no longer be used together, once that happened (for good)."""
+        return self._broken
+
+    def enter(
+        self,
+        mode: Mode,
+        operation: str,
+        *,
+        running: str = "another operation is running",
+        every_worker: bool = True,
+        verb: str | None = None,
+    ) -> None:
+        """Lease the workers for ``mode``; :meth:`leave` gives them back.
+
+        ``every_worker``: the operation needs every worker's envs (chunk streams and
+        gradient rounds go on without dropped workers). ``verb``: what the learner can no
+        longer do once broken, for the error (default: ``operation``).
+
+        Raises:
+            InvalidState: see :meth:`check`.
+        """
+        self.check(operation, running=running, every_worker=every_worker, verb=verb)
+        self._mode = mode
+
+    def on_abandon(self, mode: Mode, end: Callable[[], Awaitable[None]]) -> None:
+        """Register how a mode the caller left open ends when another operation begins.
+
+        A chunk stream the caller stopped iterating holds the workers until it is closed:
+        the stream's mode registers its closing here, and the next operation runs it (see
+        :meth:`end_abandoned`). Modes without such a hook refuse the next operation instead.
+        """
+        self._enders[mode] = end
+
+    async def end_abandoned(self) -> None:
+        """End the mode holding the workers if it registered how (see :meth:`on_abandon`)."""
+        end = self._enders.get(self._mode)
+        if end is not None:
+            await end()
+
+    def leave(self, mode: Mode) -> None:
+        """End the lease of ``mode`` (nothing if another mode holds the workers)."""
+        if self._mode is mode:
+            self._mode = Mode.IDLE
+
+    def mark_reset(self) -> None:
+        """Note that every worker's envs were reset (a replacement's are then reset first)."""
+        self.was_reset = True
+
+    def break_for_good(self, exc: ApsError) -> None:
+        """The workers are out of step for good: every later operation refuses, with ``exc``."""
+        self._broken = exc
+
+    def check(
+        self,
+        operation: str,
+        *,
+        running: str = "another operation is running",
+        every_worker: bool = True,
+        verb: str | None = None,
+    ) -> None:
         """Refuse an operation over every worker's envs that the learner cannot make now.
 
         ``running`` says what keeps the pool busy, for the error.
@@ -692,16 +788,16 @@ class WorkerPool:
             InvalidState: the workers are out of step for good, some were dropped, or another
                 operation is running.
         """
-        if self.broken is not None:
+        if self._broken is not None:
             raise InvalidState(
-                f"this learner can no longer {operation}: {self.broken}; start a new one"
+                f"this learner can no longer {verb or operation}: {self._broken}; start a new one"
             )
-        if self.dropped:
+        if self.dropped and every_worker:
             raise InvalidState(
                 f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
                 "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
             )
-        if self.busy:
+        if self._mode is not Mode.IDLE:
             raise InvalidState(f"{operation}() called while {running}")
 
     def forget_answers(self, remote: Remote) -> None:
@@ -710,12 +806,12 @@ class WorkerPool:
         For a caller that no longer needs them (a chunk stream that ends) while the worker is
         lost and may resume much later.
         """
-        remote.discard = len(remote.unanswered)
+        remote.outbox.forget()
 
     def drop(self, remote: Remote) -> None:
         """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
         self.dropped.add(remote.info.worker_id)
-        remote.unanswered.clear()
+        remote.outbox.drop()
 
     # One request per worker, all at once.
 
@@ -727,37 +823,40 @@ class WorkerPool:
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None = None,
         after: Callable[[Remote], Awaitable[None]] | None = None,
+        check: Check | None = None,
         running: str = "another operation is running",
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
         ``before`` runs for each worker before any request is sent, ``after`` right after
         its request was sent (weights that follow it); ``redo`` gives the answer when a
-        replacement took a worker over before answering (its envs start afresh). The pool is
-        checked first (:meth:`check`, with ``running``): callers do not check it again. While
-        it runs the pool is busy; a failure that leaves the workers out of step marks the pool
-        broken.
+        replacement took a worker over before answering (its envs start afresh); ``check``
+        tests each answer (see :meth:`answer_from`). A mode left open ends first (see
+        :meth:`end_abandoned`), then the pool is checked (:meth:`check`, with ``running``):
+        callers do not check it again. While it runs the pool is busy; a failure that leaves
+        the workers out of step marks the pool broken.
 
         Raises:
             InvalidState: see :meth:`check`.
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        self.check(operation, running=running)
-        self.busy = True
+        if self._mode in self._enders:
+            await self._enders[self._mode]()
+        self.enter(Mode.EXCHANGE, operation, running=running)
         try:
-            return await self._exchange(requests, operation, redo, before, after)
+            return await self._exchange(requests, operation, redo, before, after, check)
         except (WorkerLost, Timeout, ProtocolError) as exc:
-            self.broken = exc
+            self.break_for_good(exc)
             raise
         except BaseException as exc:
             # Cancelled or failed halfway: replies may still be in flight, so the
             # lockstep with the workers is lost for good.
             if not isinstance(exc, WorkerError):
-                self.broken = InvalidState(f"{operation}() was interrupted ({exc!r})")
+                self.break_for_good(InvalidState(f"{operation}() was interrupted ({exc!r})"))
             raise
         finally:
-            self.busy = False
+            self.leave(Mode.EXCHANGE)
 
     async def _exchange(
         self,
@@ -765,7 +864,8 @@ class WorkerPool:
         operation: str,
         redo: Redo,
         before: Callable[[Remote], Awaitable[None]] | None,
-        after: Callable[[Remote], Awaitable[None]] | None = None,
+        after: Callable[[Remote], Awaitable[None]] | None,
+        check: Check | None,
     ) -> list[Message]:
         remotes = self.remotes
         if before is not None:
@@ -780,7 +880,7 @@ class WorkerPool:
         answers: list[Message] = []
         failure: WorkerError | None = None
         for remote, request in zip(remotes, requests, strict=True):
-            answer = await self.answer_from(remote, operation)
+            answer = await self.answer_from(remote, operation, check)
             if answer is None:  # a replacement took over: its envs start afresh
                 answer = await redo(remote, request, operation)
             if isinstance(answer, ErrorReport):
@@ -795,18 +895,7 @@ class WorkerPool:
 
     async def send_request(self, remote: Remote, request: Request) -> None:
         """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
-        if type(request) is StepRequest:
-            # The per-step path: a step request comes numbered already (Lockstep numbers it
-            # as it builds it, see Lockstep._step_requests), and is built again only if the
-            # numbers are not these.
-            if request.seq != remote.sent or request.acked != remote.received:
-                request = StepRequest(
-                    actions=request.actions, seq=remote.sent, acked=remote.received
-                )
-        else:
-            request = dataclasses.replace(request, seq=remote.sent, acked=remote.received)
-        remote.sent += 1
-        remote.unanswered.append(request)
+        request = remote.outbox.number(request)
         if remote.delivered == remote.generation and remote.attached.is_set():
             await self.send(remote, request)
 
@@ -826,8 +915,15 @@ class WorkerPool:
             remote.delivered = -1
             await remote.session.aclose("sending failed")
 
-    async def answer_from(self, remote: Remote, operation: str) -> Message | None:
+    async def answer_from(
+        self, remote: Remote, operation: str, check: Check | None = None
+    ) -> Message | None:
         """Receive ``remote``'s next answer, exactly once.
+
+        ``check`` looks at each fresh answer before it is returned and raises
+        :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
+        answer, like an unexpected message or a wrong sequence number, is its worker's
+        failure, handled as its loss under ``on_worker_lost`` (see :meth:`fail`).
 
         Returns ``None`` when a replacement worker took over: the requests of the lost one
         are void.
@@ -835,7 +931,8 @@ class WorkerPool:
         Raises:
             WorkerLost: the worker was lost (and, under ``"wait"``, did not come back); a
                 worker silent for ``timeouts.step`` is lost, with the Timeout as the cause.
-            ProtocolError: the worker broke the protocol.
+            ProtocolError: the worker broke the protocol (under ``on_worker_lost="raise"``;
+                it was disconnected).
         """
         while True:
             generation = remote.generation
@@ -846,47 +943,71 @@ class WorkerPool:
                     timeout=self.timeouts.step,
                     operation=f"worker {remote.info.worker_id}'s {operation}",
                 )
-            except (EndOfStream, TransportError, Timeout) as exc:
+                accepted = remote.outbox.accept(message)
+                if accepted is not Accepted.FRESH:
+                    continue
+                if check is not None and type(message) is not ErrorReport:
+                    check(remote, message)
+                return message
+            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 # A silent worker is a lost one, under every on_worker_lost (the Timeout is
                 # the WorkerLost's cause); under "wait" it may resume when it wakes up.
-                await self.recover(remote, generation, operation, exc)
-                if remote.restarted:
-                    remote.restarted = False
+                if await self.fail(remote, generation, operation, exc):
                     return None
-                continue
-            if self._accept_answer(remote, message):
-                if remote.discard:
-                    remote.discard -= 1
-                    continue
-                return message
 
-    async def call(self, remote: Remote, request: Request, operation: str) -> Message | None:
+    async def fail(self, remote: Remote, generation: int, operation: str, exc: ApsError) -> bool:
+        """Handle a failure of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
+
+        A lost connection (``EndOfStream``, a transport error, silence) may be resumed; a
+        :class:`ProtocolError` (the worker sent something malformed) disconnects the worker
+        for good, with a goodbye, and its session can no longer be resumed: under ``"raise"``
+        the error is raised, naming the worker; under ``"wait"`` a replacement takes the
+        slot over; under ``"drop"`` it is lost like any other.
+
+        Returns once another connection serves ``remote``: ``True`` when a replacement
+        worker took it over (once per replacement: the requests of the lost one are void),
+        ``False`` when the worker resumed its session.
+
+        Raises:
+            ProtocolError: the worker broke the protocol, under ``"raise"``.
+            WorkerLost: see :meth:`recover`.
+        """
+        if isinstance(exc, ProtocolError) and remote.generation == generation:
+            exc = await self._disown(remote, exc)
+            if self.on_worker_lost == "raise":
+                raise exc
+        await self.recover(remote, generation, operation, exc)
+        replaced, remote.restarted = remote.restarted, False
+        return replaced
+
+    async def _disown(self, remote: Remote, exc: ProtocolError) -> ProtocolError:
+        """Disconnect the worker serving ``remote`` for breaking the protocol.
+
+        Returns:
+            The error, its message naming the worker.
+        """
+        worker = f"worker {remote.info.worker_id}"
+        named = exc if str(exc).startswith(worker) else ProtocolError(f"{worker}: {exc}")
+        log.warning("%s; disconnecting it", named)
+        # No resume: what it would send again is what it sent.
+        self._by_session.pop(remote.session_id, None)
+        await remote.session.aclose(f"the learner disconnected this worker: {named}")
+        return named
+
+    async def call(
+        self, remote: Remote, request: Request, operation: str, check: Check | None = None
+    ) -> Message | None:
         """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile)."""
         await self.send_request(remote, request)
-        return await self.answer_from(remote, operation)
+        return await self.answer_from(remote, operation, check)
 
     async def call_until_answered(
-        self, remote: Remote, request: Request, operation: str
+        self, remote: Remote, request: Request, operation: str, check: Check | None = None
     ) -> Message:
         """:meth:`call`, sent again to each replacement until one of them answers."""
-        while (answer := await self.call(remote, request, operation)) is None:
+        while (answer := await self.call(remote, request, operation, check)) is None:
             pass
         return answer
-
-    def _accept_answer(self, remote: Remote, message: Message) -> bool:
-        """Count an answer in; ``False`` for one already received (sent again on a resume)."""
-        seq = getattr(message, "seq", None)
-        if seq is None or seq > remote.received or not remote.unanswered:
-            raise ProtocolError(
-                f"worker {remote.info.worker_id} sent {type(message).__name__} answering request "
-                f"{seq}, but the next answer due is {remote.received} of {remote.sent} sent; "
-                "the worker is not a compatible aps worker"
-            )
-        if seq < remote.received:
-            return False
-        remote.unanswered.popleft()
-        remote.received += 1
-        return True
 
     async def catch_up(self, remote: Remote) -> None:
         """Bring a connection that took over up to date: what the modes say, then requests."""
@@ -894,9 +1015,11 @@ class WorkerPool:
         for hooks in self.hooks:
             await hooks.rejoined(remote)
         # Requests sent meanwhile were only queued; the loop sends those too, in order.
+        # Requests numbered meanwhile were only queued: the live queue is read, so they go too.
+        unanswered = remote.outbox.resend()
         index = 0
-        while index < len(remote.unanswered):
-            await self.send(remote, remote.unanswered[index])
+        while index < len(unanswered):
+            await self.send(remote, unanswered[index])
             if remote.delivered == -1 or remote.generation != generation:
                 return  # failed again: the next receive notices
             index += 1

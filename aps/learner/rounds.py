@@ -33,12 +33,13 @@ from aps.errors import (
     ConfigError,
     EndOfStream,
     InvalidState,
+    ProtocolError,
     Timeout,
     TransportError,
     WorkerLost,
 )
 from aps.gradients import RoundStore, allreduce_sum
-from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
+from aps.learner.pool import Mode, Remote, WorkerInfo, WorkerPool, expect
 from aps.messages import (
     CollectGradients,
     ErrorReport,
@@ -62,16 +63,17 @@ wait (backpressure)."""
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
-def _store_host(url: str) -> tuple[str, str]:
+def _store_host(url: str, local: bool) -> tuple[str, str]:
     """Where the store is: the host workers dial, and the address the learner binds.
 
-    The first is empty when the learner listens on a wildcard address: each worker then
-    dials the host it reached the learner at.
+    ``local``: the learner's listener says its workers are on this host (memory, Unix, a
+    loopback address), so the store is on the loopback too. Otherwise the first is empty
+    when the learner listens on a wildcard address: each worker then dials the host it
+    reached the learner at.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("tcp", "tls", "ws", "wss"):
-        return "127.0.0.1", "127.0.0.1"  # memory://, unix://: the workers are on this host
-    host = parts.hostname or ""
+    if local:
+        return "127.0.0.1", "127.0.0.1"
+    host = urlsplit(url).hostname or ""
     if host in _WILDCARDS:
         return "", "0.0.0.0" if host != "::" else "::"
     return host, host
@@ -123,11 +125,9 @@ class GradientRounds:
         """:meth:`Learner.start_round`, once the workers are admitted and a policy is set."""
         pool = self._pool
         if not self.active:
-            if pool.broken is not None:
-                raise InvalidState(f"this learner can no longer train: {pool.broken}")
-            if pool.busy:
-                raise InvalidState("start_round() called while another operation is running")
-            pool.busy = self.active = True
+            await pool.end_abandoned()
+            pool.enter(Mode.ROUNDS, "start_round", every_worker=False, verb="train")
+            self.active = True
             self._remotes = pool.active()
             for remote in self._remotes:
                 # Gradient mode samples from fresh resets; a replacement needs no reset now.
@@ -181,7 +181,7 @@ class GradientRounds:
             raise InvalidState(f"no worker is left to reduce round {round_id}")
         world = len(members) + 1
         seconds = pool.timeouts.step
-        host, bind = _store_host(pool.url)
+        host, bind = _store_host(pool.url, pool.is_local)
         store = await asyncio.to_thread(RoundStore, bind, world, seconds)
         sent = 0
         try:
@@ -245,15 +245,14 @@ class GradientRounds:
                     timeout=pool.timeouts.heartbeat_timeout,
                     operation=f"worker {remote.info.worker_id}'s gradients",
                 )
-            except (EndOfStream, TransportError, Timeout) as exc:
+            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 lost = remote.info.worker_id
                 try:
-                    await pool.recover(remote, generation, "gradients", exc)
-                except WorkerLost as error:
+                    replaced_now = await pool.fail(remote, generation, "gradients", exc)
+                except (WorkerLost, ProtocolError) as error:
                     await inbox.put((remote, error))
                     return
-                if remote.restarted:
-                    remote.restarted = False
+                if replaced_now:
                     replaced = (
                         f"worker {lost} was lost and worker {remote.info.worker_id} took over"
                     )
@@ -300,7 +299,7 @@ class GradientRounds:
         for remote in self._remotes:
             if remote.info.worker_id == worker_id:
                 self._remotes.remove(remote)
-                pool.dropped.add(worker_id)
+                pool.drop(remote)
                 return
         if worker_id in pool.dropped or any(m.worker_id == worker_id for m in pool.former):
             return
@@ -321,8 +320,9 @@ class GradientRounds:
                     while remote.session.state is State.STOPPING:
                         await remote.session.receive(timeout=None, operation="gradients to stop")
         except (TimeoutError, ApsError) as exc:
-            pool.broken = InvalidState(f"gradient mode did not end cleanly ({exc!r})")
+            pool.break_for_good(InvalidState(f"gradient mode did not end cleanly ({exc!r})"))
         finally:
-            self.active = pool.busy = False
+            self.active = False
+            pool.leave(Mode.ROUNDS)
             self._inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
             self._round = self._collect = None

@@ -12,7 +12,8 @@ pure functions of data (no event loop, no sockets, no clock reads), tested with 
 - :class:`Rennala`, :class:`Malenia`, :class:`Synchronous`: aggregation rules; each starts a
   mutable :class:`Round` that the driver feeds with reports.
 - :class:`NIGT` (in :mod:`aps.pg.trainer`, the one module here that does I/O): the trainer
-  that drives a :class:`~aps.learner.Learner`'s workers with the pieces above.
+  that drives a :class:`~aps.learner.Learner`'s workers with the pieces above; ``aps.pg``
+  imports it on first use of the name, so importing the pure parts imports no learner.
 - :mod:`aps.pg.reinforce` (``reward_to_go``, ``surrogate``): the estimator ``g_H`` with
   absolute discount. It needs torch, so it is a submodule to import explicitly
   (``from aps.pg.reinforce import surrogate``): ``import aps.pg`` never imports torch.
@@ -23,6 +24,8 @@ pure functions of data (no event loop, no sockets, no clock reads), tested with 
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from aps.pg.aggregate import (
     AggregationRule,
@@ -35,7 +38,9 @@ from aps.pg.aggregate import (
     SynchronousRound,
 )
 from aps.pg.nigt import Layout, NIGTState, NIGTUpdate, flatten, unflatten
-from aps.pg.trainer import NIGT, RoundStats
+
+if TYPE_CHECKING:
+    from aps.pg.trainer import NIGT, RoundStats
 
 __all__ = [
     # The trainer (drives an aps Learner; the rest of this package is pure).
@@ -57,3 +62,17 @@ __all__ = [
     "Synchronous",
     "SynchronousRound",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The trainer's names, imported on first use.
+
+    The trainer drives a :class:`~aps.learner.Learner`; importing it here eagerly would make
+    every import of the pure rules (the learner's and the worker's included) import the
+    learner, and close an import circle.
+    """
+    if name in ("NIGT", "RoundStats"):
+        from aps.pg import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

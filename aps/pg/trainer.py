@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -109,10 +110,11 @@ class NIGT:
         horizon: H, the most steps per trajectory.
         gamma: the discount (absolute: ``gamma^h r_h``).
         initial_batch: the batch of iteration 0 (default: the aggregator's).
-        on_worker_lost: ``"raise"`` (default): a worker lost mid-round ends training with
-            :class:`~aps.errors.WorkerLost`. ``"continue"``: drop it and go on with the
-            others (Rennala and Synchronous only: Malenia's objective is the average over
-            all workers' environments, which a lost worker changes).
+        on_worker_lost: the :class:`~aps.Learner`'s words. ``"raise"`` (default): a worker
+            lost mid-round ends training with :class:`~aps.errors.WorkerLost`. ``"drop"``:
+            drop it and go on with the others (Rennala and Synchronous only: Malenia's
+            objective is the average over all workers' environments, which a lost worker
+            changes). ``"continue"``, the old spelling of ``"drop"``, still works and warns.
         aggregation: ``"server"`` (default): when the rule holds each worker sends its sum
             once, over its aps session. ``"allreduce"``: the learner and the workers run
             one gloo all-reduce (``torch.distributed``) over the sums instead, rendezvoused
@@ -138,9 +140,16 @@ class NIGT:
         horizon: int = 200,
         gamma: float = 0.99,
         initial_batch: int | None = None,
-        on_worker_lost: Literal["raise", "continue"] = "raise",
+        on_worker_lost: Literal["raise", "drop", "continue"] = "raise",
         aggregation: Literal["server", "allreduce"] = "server",
     ) -> None:
+        if on_worker_lost == "continue":
+            warnings.warn(
+                "on_worker_lost='continue' is now spelled 'drop', as on aps.Learner",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            on_worker_lost = "drop"
         if aggregation not in AGGREGATIONS:
             raise ConfigError(f"aggregation must be 'server' or 'allreduce', got {aggregation!r}")
         if aggregation == "allreduce" and on_worker_lost != "raise":
@@ -156,11 +165,9 @@ class NIGT:
             raise ConfigError(f"horizon must be an int >= 1, got {horizon!r}")
         if not 0.0 <= gamma <= 1.0:
             raise ConfigError(f"gamma must be in [0, 1], got {gamma!r}")
-        if on_worker_lost not in ("raise", "continue"):
-            raise ConfigError(
-                f"on_worker_lost must be 'raise' or 'continue', got {on_worker_lost!r}"
-            )
-        if on_worker_lost == "continue" and not self.aggregator.survives_worker_loss:
+        if on_worker_lost not in ("raise", "drop"):
+            raise ConfigError(f"on_worker_lost must be 'raise' or 'drop', got {on_worker_lost!r}")
+        if on_worker_lost == "drop" and not self.aggregator.survives_worker_loss:
             raise ConfigError(
                 f"{self.aggregator!r} cannot continue without a worker: its objective is the "
                 "average over every worker's environment; use on_worker_lost='raise'"
@@ -171,7 +178,7 @@ class NIGT:
         self.policy = policy
         self.horizon = horizon
         self.gamma = gamma
-        self.on_worker_lost = on_worker_lost
+        self.on_worker_lost: Literal["raise", "drop"] = on_worker_lost
 
     def _wrap(self, learner: Learner) -> Any:
         from aps.policy import Policy

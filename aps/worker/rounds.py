@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from aps.gradients import GradientSampler, allreduce_sum
+from aps.gradients import allreduce_sum
 from aps.messages import (
     CollectGradients,
     ErrorReport,
@@ -34,6 +34,7 @@ from aps.messages import (
     ReduceGradients,
     StopGradients,
 )
+from aps.pg.sampling import GradientSampler
 from aps.session import Session
 
 __all__ = ["RoundSum", "serve_rounds"]

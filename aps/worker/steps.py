@@ -10,13 +10,13 @@ that after a resume the learner gets the answers it missed and no request runs t
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from aps.batching import check_batch
+from aps.delivery import ANSWERS, AnswerCache
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
     Answer,
@@ -33,7 +33,6 @@ from aps.messages import (
     StepResult,
     Weights,
 )
-from aps.protocol import MAX_IN_FLIGHT
 from aps.session import Session
 from aps.spaces import value_to_wire
 from aps.vector import AnyVectorEnv
@@ -48,13 +47,6 @@ _ARRAY_SPACES = (
     gym.spaces.MultiBinary,
 )
 """The spaces whose batches :func:`~aps.batching.check_batch` checks as one array."""
-
-_ANSWERS: dict[type[Message], type[Message]] = {
-    ResetRequest: ResetResult,
-    StepRequest: StepResult,
-    RolloutRequest: RolloutChunk,
-    EnvCall: EnvCallResult,
-}
 
 
 class StepServer:
@@ -71,11 +63,7 @@ class StepServer:
         self.collector = collector
         self._pending_seed = seed
         self._weights_error: ApsError | None = None
-        self.served = 0
-        """Requests of this session answered."""
-        self._answers: collections.OrderedDict[int, tuple[Message, bytes, str]] = (
-            collections.OrderedDict()
-        )
+        self._answers: AnswerCache[tuple[Message, bytes, str]] = AnswerCache()
         # What check_batch accepts for an array action space, worked out once: the actions
         # of every step are still checked against it (they come from the network).
         space = envs.single_action_space
@@ -83,6 +71,11 @@ class StepServer:
         if isinstance(space, _ARRAY_SPACES) and space.shape is not None:
             kinds = "fiub" if isinstance(space, gym.spaces.Box) else "iub"
             self._action_layout = ((envs.num_envs, *space.shape), kinds)
+
+    @property
+    def served(self) -> int:
+        """Requests of this session answered."""
+        return self._answers.served
 
     @property
     def version(self) -> int:
@@ -103,28 +96,19 @@ class StepServer:
             ProtocolError: the learner skipped a request, or asked again for one whose answer
                 it had acknowledged.
         """
-        answers = self._answers
-        while answers and next(iter(answers)) < request.acked:
-            answers.popitem(last=False)
         seq = request.seq
-        if seq < self.served:
-            kept = answers.get(seq)
-            expected = _ANSWERS[type(request)]
-            if kept is None or not isinstance(kept[0], expected | ErrorReport):
+        kept = self._answers.lookup(seq, request.acked)
+        if kept is not None:
+            if not isinstance(kept[0], ANSWERS[type(request)] | ErrorReport):
                 raise ProtocolError(
-                    f"the learner asked again for answer {seq} ({type(request).__name__}), "
-                    "which this worker no longer holds; the learner is not a compatible aps "
-                    "learner"
+                    f"the learner asked again for answer {seq} as a {type(request).__name__}, "
+                    f"but it was a {type(kept[0]).__name__}; the learner is not a compatible "
+                    "aps learner"
                 )
             # Encoded again if the connection that resumed compresses otherwise.
             same = kept[2] == session.compression
             await session.send(kept[0], frame=kept[1] if same else None)
             return True
-        if seq != self.served:
-            raise ProtocolError(
-                f"the learner sent request {seq} but the next one is {self.served}; a request "
-                "was lost, the learner is not a compatible aps learner"
-            )
         answer: Answer
         if type(request) is StepRequest:
             answer = self._step(request)
@@ -152,10 +136,7 @@ class StepServer:
                 seq,
             )
             frame = session.encode(answer)
-        answers[seq] = (answer, frame, session.compression)
-        while len(answers) > MAX_IN_FLIGHT:
-            answers.popitem(last=False)
-        self.served += 1
+        self._answers.keep((answer, frame, session.compression))
         await session.send(answer, frame=frame)
         return False
 

@@ -48,7 +48,6 @@ from aps.errors import (
     TransportError,
     VersionMismatch,
 )
-from aps.gradients import GradientSampler
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
@@ -64,6 +63,7 @@ from aps.messages import (
     Weights,
     Welcome,
 )
+from aps.pg.sampling import GradientSampler
 from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
 from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
@@ -272,6 +272,11 @@ class Worker:
                     await self._serve(session)
                     return
                 except (TransportError, Timeout) as exc:
+                    if session.goodbye is not None:
+                        # A send failed after the learner's goodbye: the run is over, as
+                        # when the goodbye is read first.
+                        log.info("the learner ended this worker's session: %s", session.goodbye)
+                        return
                     if not self._can_resume(session, exc):
                         reason = _reason(exc)
                         if session.goodbye is None:
