@@ -106,8 +106,10 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="PATTERN",
-        help="also allow policies matching this fnmatch pattern of import paths (repeatable); "
-        "without --policy or --allow-policy the worker runs no policy",
+        help="also allow policies matching this import path pattern (repeatable): "
+        "'mypkg.agents:*' or '/srv/agents/*.py:Agent', where * stands for part of one name or "
+        "path segment, never crossing . / or :; without --policy or --allow-policy the worker "
+        "runs no policy",
     )
     worker.add_argument(
         "--env-kwargs",
