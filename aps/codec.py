@@ -67,7 +67,14 @@ from aps._fast_pack import (
     _pack_tree,
 )
 from aps._typing import Frame
-from aps._unpack import _TOP_HOOK, _large_arrays, _reference_hook, _str_keys, _with_references
+from aps._unpack import (
+    _SCAN_FROM,
+    _TOP_HOOK,
+    _reference_hook,
+    _scan,
+    _str_keys,
+    _with_references,
+)
 from aps._wire import (
     _LARGE_ARRAY,
     _LITTLE,
@@ -607,10 +614,12 @@ def decode(frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Mes
     size = _frame_size(frame, max_frame_size)
     data: Frame = frame
     ext_hook = _TOP_HOOK
-    # Only bytes are viewed in place: a view of a caller's bytearray would not be read-only.
-    if type(frame) is bytes and size > _LARGE_ARRAY:
-        found = _large_arrays(frame)
-        if found is not None:
+    if size > _SCAN_FROM:
+        # What decoding will allocate is charged before msgpack builds anything (a frame of
+        # many small objects is refused), and the large arrays are found on the way. Only
+        # bytes are viewed in place: a view of a caller's bytearray would not be read-only.
+        found = _scan(frame, size, find_large=type(frame) is bytes and size > _LARGE_ARRAY)
+        if found and isinstance(frame, bytes):
             data = _with_references(frame, found)
             ext_hook = _reference_hook(frame, found)
     try:
