@@ -505,6 +505,7 @@ def test_an_empty_or_blank_token_is_refused(tmp_path: Path) -> None:
             aps.Worker("tcp://127.0.0.1:1", "CartPole-v1", token=blank)
     token_file = tmp_path / "token"
     token_file.write_text("\n")
+    token_file.chmod(0o600)
     command = [sys.executable, "-m", "aps", "worker", "tcp://127.0.0.1:1", "--env", "CartPole-v1"]
     result = subprocess.run(
         [*command, "--token-file", str(token_file)],
@@ -513,6 +514,37 @@ def test_an_empty_or_blank_token_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert b"is blank" in result.stderr
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660, 0o666])
+def test_a_token_file_open_to_others_is_refused_like_an_ssh_key(
+    tmp_path: Path, mode: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aps.cli import _read_token
+
+    monkeypatch.delenv("APS_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(mode)
+    with pytest.raises(aps.ConfigError, match=rf"mode {mode:04o}.*chmod 600.*APS_TOKEN"):
+        _read_token(token_file)
+    token_file.chmod(0o600)
+    assert _read_token(token_file) == TOKEN
+    token_file.chmod(0o400)
+    assert _read_token(token_file) == TOKEN
+
+
+def test_the_worker_command_refuses_a_token_file_open_to_others(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o644)
+    command = [sys.executable, "-m", "aps", "worker", "tcp://127.0.0.1:1", "--env", "CartPole-v1"]
+    result = subprocess.run(
+        [*command, "--token-file", str(token_file)], capture_output=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert b"chmod 600" in result.stderr
 
 
 async def test_a_certificate_that_fails_verification_fails_at_once(
