@@ -113,6 +113,12 @@ def _parser() -> argparse.ArgumentParser:
         "runs no policy",
     )
     worker.add_argument(
+        "--allow-private-env-calls",
+        action="store_true",
+        help="let the learner's env calls (call, get_attr, set_attr) reach private and dunder "
+        "names such as _max_episode_steps; by default only public names",
+    )
+    worker.add_argument(
         "--env-kwargs",
         type=json.loads,
         default=None,
@@ -477,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             vector=args.vector,
             policy=args.policy,
             allow_policy=args.allow_policy,
+            allow_private_env_calls=args.allow_private_env_calls,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

@@ -586,3 +586,58 @@ async def test_idle_websocket_connections_are_capped_before_the_upgrade() -> Non
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
     await asyncio.wait_for(task, 30)
+
+
+# EnvCall reaches public names only, unless the worker's operator allows more.
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "args"),
+    [
+        ("get_attr", "__class__", ()),
+        ("get_attr", "_np_random", ()),
+        ("call", "__reduce__", ()),
+        ("set_attr", "_elapsed_steps", ()),
+        ("call", "get_wrapper_attr", ("__dict__",)),
+        ("call", "set_wrapper_attr", ("_max_episode_steps", 10**9)),
+    ],
+)
+async def test_env_calls_by_private_or_dunder_names_are_refused_by_the_worker(
+    kind: str, name: str, args: tuple[Any, ...]
+) -> None:
+    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers(30)
+            refused = args[0] if kind == "call" and args else name
+            with pytest.raises(aps.WorkerError, match=rf"{refused}.*--allow-private-env-calls"):
+                values = [0] if kind == "set_attr" else None
+                call = learner.env_call(kind, name, args=args, values=values)
+                await asyncio.wait_for(call, 30)
+            # The worker goes on: public names still answer.
+            assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
+        finally:
+            await learner.aclose()
+            await asyncio.wait_for(task, 30)
+
+
+async def test_a_worker_that_allows_private_env_calls_answers_them() -> None:
+    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        worker = aps.Worker(
+            learner.url,
+            "CartPole-v1",
+            token=TOKEN,
+            timeouts=timeouts,
+            allow_private_env_calls=True,
+        )
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers(30)
+            steps = await asyncio.wait_for(learner.get_attr("_max_episode_steps"), 30)
+            assert steps == (500,)
+        finally:
+            await learner.aclose()
+            await asyncio.wait_for(task, 30)

@@ -128,6 +128,10 @@ class Worker:
             segment and never crosses ``.``, ``/`` or ``:``. Without ``policy`` and
             ``allow_policy`` the worker runs no policy: only a learner that chooses the
             actions can use it.
+        allow_private_env_calls: let the learner's env calls (``call``, ``get_attr``,
+            ``set_attr``) reach private and dunder names (``_max_episode_steps``,
+            ``__class__``); by default only public names, and the learner's caller gets a
+            :class:`~aps.WorkerError` naming the refusal.
 
     Raises:
         ConfigError: a bad argument, such as an unknown ``vector``, an id EnvPool lacks, or
@@ -157,6 +161,7 @@ class Worker:
         vector: str = "sync",
         policy: str | None = None,
         allow_policy: Sequence[str] = (),
+        allow_private_env_calls: bool = False,
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -194,6 +199,7 @@ class Worker:
         self.allow_policy = tuple(allow_policy)
         self._pin = PolicyPin(policy, self.allow_policy)  # refuses a malformed pattern now
         self._policy_path: str | None = None  # what the pin let this session import
+        self._allow_private_env_calls = bool(allow_private_env_calls)
         self._resume_window = 0.0  # from the learner's Welcome: how long it keeps our session
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
@@ -517,7 +523,9 @@ class Worker:
 
     def _new_server(self, envs: AnyVectorEnv, collector: Collector | None) -> StepServer:
         """The step server of a new session; a subclass may serve with its own."""
-        return StepServer(envs, collector, self._seed)
+        return StepServer(
+            envs, collector, self._seed, allow_private_env_calls=self._allow_private_env_calls
+        )
 
     async def _serve(self, session: Session) -> None:
         server = self._server
