@@ -250,13 +250,21 @@ def _walk(
         remaining -= 1
         if 0xD4 <= b <= 0xD8:  # fixext 1..16
             length = 1 << (b - 0xD4)
-            charged += _ext(frame, pos + 1, length, end, budget - charged, depth)
+            if pos + 1 < end and frame[pos + 1] in _PLAIN_EXT:
+                charged += _EXT + length
+            else:
+                charged += _ext(frame, pos + 1, length, end, budget - charged, depth)
             pos += 2 + length
             continue
         width = _LENGTH_WIDTH.get(b)
         if width is None or pos + 1 + width > end:  # 0xC1 (never used), or truncated
             break
-        count = int.from_bytes(frame[pos + 1 : pos + 1 + width], "big")
+        if width == 1:
+            count = frame[pos + 1]
+        elif width == 2:
+            count = frame[pos + 1] << 8 | frame[pos + 2]
+        else:
+            count = int.from_bytes(frame[pos + 1 : pos + 5], "big")
         pos += 1 + width
         if b in (0xDC, 0xDD):  # array16, array32
             remaining += count
@@ -275,6 +283,8 @@ def _walk(
             ):
                 found.append((pos - 1 - width, pos + 1, count))
                 charged += _EXT  # viewed in the frame, not copied
+            elif frame[pos] in _PLAIN_EXT:
+                charged += _EXT + count
             else:
                 charged += _ext(frame, pos, count, end, budget - charged, depth)
             pos += 1 + count
@@ -310,6 +320,8 @@ def _tables() -> tuple[list[int], list[int], list[int]]:
 
 
 _STEP, _ADD, _COST = _tables()
+# Exts charged without a look inside: arrays, scalars, and codes the ext hook refuses.
+_PLAIN_EXT = frozenset(range(256)) - {EXT_OBJECT_ARRAY, _REFERENCE_CODE}
 _ONE_BYTE = frozenset([*range(0x80), *range(0xE0, 0x100), 0xC0, 0xC2, 0xC3, 0x80, 0x90, 0xA0])
 _RUN = re.compile(rb"[\x00-\x7f\x80\x90\xa0\xc0\xc2\xc3\xe0-\xff]{16,}")
 

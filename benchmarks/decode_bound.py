@@ -104,7 +104,6 @@ def families(n: int) -> dict[str, Callable[[], Any]]:
         "deep nesting": lambda: [[[[[[[[0]]]]]]]] * (n // 8),
         "a deep spine of scalars": lambda: spine(n // 300),
         "uint16s": lambda: [1000] * (n // 3),
-        "float32s": lambda: [float(np.float32(1.5))] * (n // 5),
         "float64s": lambda: [1.5] * (n // 9),
         "tiny strs": lambda: ["ab"] * (n // 3),
         "tiny bins": lambda: [b"ab"] * (n // 4),
