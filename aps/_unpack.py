@@ -323,7 +323,7 @@ _STEP, _ADD, _COST = _tables()
 # Exts charged without a look inside: arrays, scalars, and codes the ext hook refuses.
 _PLAIN_EXT = frozenset(range(256)) - {EXT_OBJECT_ARRAY, _REFERENCE_CODE}
 _ONE_BYTE = frozenset([*range(0x80), *range(0xE0, 0x100), 0xC0, 0xC2, 0xC3, 0x80, 0x90, 0xA0])
-_RUN = re.compile(rb"[\x00-\x7f\x80\x90\xa0\xc0\xc2\xc3\xe0-\xff]{16,}")
+_RUN = re.compile(rb"[\x00-\x7f\x80\x90\xa0\xc0\xc2\xc3\xe0-\xff]{2,}")
 
 
 def _ext(frame: Any, code_at: int, length: int, end: int, budget: int, depth: int) -> int:

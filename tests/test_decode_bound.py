@@ -24,7 +24,7 @@ import pytest
 
 import aps
 from aps import codec, transports
-from aps._unpack import DECODE_FLOOR, DECODE_RATIO, decode_budget
+from aps._unpack import DECODE_FLOOR, DECODE_RATIO, _scan, decode_budget
 from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Welcome
 from aps.protocol import learner_proof
 
@@ -124,3 +124,44 @@ async def test_a_worker_refuses_an_amplifying_frame_from_its_learner() -> None:
         task.cancel()
         await asyncio.wait([task])
         await listener.aclose()
+
+
+UNDER_THE_BUDGET = [
+    "empty maps",
+    "one-element arrays",
+    "maps of one entry",
+    "uint16s",
+    "tiny strs",
+    "tiny arrays",
+    "numpy scalars",
+    "tiny object arrays",
+    "random trees",
+]
+
+
+@pytest.mark.parametrize("family", UNDER_THE_BUDGET)
+def test_tiny_objects_padded_to_just_under_the_budget_decode_within_three_times(
+    family: str,
+) -> None:
+    # The walk's charges must bound what decoding really allocates: tiny objects padded
+    # with one large bin until the frame is just within its budget, then decoded for real.
+    objects = bench.families(SIZE // 16)[family]()
+
+    def fits(padding: int) -> bool:
+        frame = bench.frame_of({"tiny": objects, "padding": b"\0" * padding})
+        try:
+            _scan(frame, len(frame), find_large=True)
+        except aps.WireError:
+            return False
+        return True
+
+    low, high = 0, 2**20
+    while not fits(high):
+        low, high = high, 2 * high
+    for _ in range(6):  # within 1/64 of the least padding that fits
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    frame = bench.frame_of({"tiny": objects, "padding": b"\0" * high})
+    ratio, outcome = _peak(frame)
+    assert outcome == "Weights", outcome
+    assert ratio < LIMIT, f"{family}: {ratio:.2f}x of {len(frame)} bytes"
