@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,8 +132,16 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="PATTERN",
-        help="also allow policies matching this fnmatch pattern of import paths (repeatable); "
-        "without --policy or --allow-policy the worker runs no policy",
+        help="also allow policies matching this import path pattern (repeatable): "
+        "'mypkg.agents:*' or '/srv/agents/*.py:Agent', where * stands for part of one name or "
+        "path segment, never crossing . / or :; without --policy or --allow-policy the worker "
+        "runs no policy",
+    )
+    worker.add_argument(
+        "--allow-private-env-calls",
+        action="store_true",
+        help="let the learner's env calls (call, get_attr, set_attr) reach private and dunder "
+        "names such as _max_episode_steps; by default only public names",
     )
     worker.add_argument(
         "--compression",
@@ -428,11 +437,36 @@ def _slurm_script(args: argparse.Namespace) -> str:
 
 
 def _read_token(path: Path | None) -> str | None:
+    """The token from ``path`` (``--token-file``), else from ``$APS_TOKEN``, else ``None``.
+
+    A token file that its group or others may read or write is refused, as ssh refuses such
+    a private key: whoever can read it can prove the token, join as a worker or act as the
+    learner, and a warning would scroll by unread in a cluster's logs.
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8, is blank, or is open to others.
+    """
     if path is not None:
         try:
-            token = path.read_text().strip()
+            with open(path, "rb") as file:
+                # The mode of the file that is read, not of whatever the name points to later.
+                mode = os.fstat(file.fileno()).st_mode
+                if os.name == "posix" and mode & 0o077:
+                    raise ConfigError(
+                        f"the token file {str(path)!r} has mode {stat.S_IMODE(mode):04o}: its "
+                        "group or others may read it, so anyone there could copy the token; "
+                        f"aps refuses it, as ssh refuses such keys: chmod 600 {str(path)!r} "
+                        "(aps token --output writes it so), or give the token in "
+                        f"{TOKEN_ENV} instead"
+                    )
+                token = file.read().decode().strip()
         except OSError as exc:
             raise ConfigError(f"cannot read the token file {str(path)!r}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"the token file {str(path)!r} is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); write it with aps token --output FILE"
+            ) from exc
         if not token:
             raise ConfigError(
                 f"the token file {str(path)!r} is blank, and an empty token is no secret; "
@@ -488,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy=args.policy,
             allow_policy=args.allow_policy,
             compression=args.compression,
+            allow_private_env_calls=args.allow_private_env_calls,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

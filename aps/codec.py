@@ -72,10 +72,11 @@ from aps._fast_pack import (
 )
 from aps._typing import Frame
 from aps._unpack import (
+    _SCAN_FROM,
     _TOP_HOOK,
-    _large_arrays,
     _make_ext_hook,
     _reference_hook,
+    _scan,
     _str_keys,
     _with_references,
 )
@@ -662,10 +663,12 @@ def decode(
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
     if compression != "none" and _may_hold_compressed(frame, size):
         ext_hook = _make_ext_hook(0, inflater(compression, max_frame_size))
-    # Only bytes are viewed in place: a view of a caller's bytearray would not be read-only.
-    if type(frame) is bytes and size > _LARGE_ARRAY:
-        found = _large_arrays(frame)
-        if found is not None:
+    if size > _SCAN_FROM:
+        # What decoding will allocate is charged before msgpack builds anything (a frame of
+        # many small objects is refused), and the large arrays are found on the way. Only
+        # bytes are viewed in place: a view of a caller's bytearray would not be read-only.
+        found = _scan(frame, size, find_large=type(frame) is bytes and size > _LARGE_ARRAY)
+        if found and isinstance(frame, bytes):
             data = _with_references(frame, found)
             ext_hook = _reference_hook(frame, found, ext_hook)
     try:

@@ -257,6 +257,7 @@ async def test_a_probe_over_websocket() -> None:
 def token_file(tmp_path: Any) -> str:
     path = tmp_path / "token.txt"
     path.write_text(TOKEN + "\n")
+    path.chmod(0o600)  # a token file open to others is refused
     return str(path)
 
 

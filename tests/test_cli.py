@@ -45,6 +45,7 @@ async def run_cli_worker(
 async def test_worker_with_token_file_and_env_file(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)  # a token file open to others is refused
     env_file = tmp_path / "my_envs.py"
     env_file.write_text(
         textwrap.dedent(
@@ -133,6 +134,7 @@ def test_cluster_env_waits_for_workers_started_elsewhere(tmp_path: Path) -> None
     url = f"tcp://127.0.0.1:{port}"
     token_file = tmp_path / "token"
     token_file.write_text("t0ken")
+    token_file.chmod(0o600)
     command = [sys.executable, "-m", "aps", "worker", url, "--env", "CartPole-v1"]
     command += ["--num-envs", "2", "--token-file", str(token_file), "--log-level", "WARNING"]
     workers = [subprocess.Popen(command) for _ in range(2)]

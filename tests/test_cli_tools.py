@@ -98,6 +98,7 @@ async def test_check_proves_the_token_without_taking_a_slot(
 async def test_check_reports_a_wrong_or_missing_token(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.txt"
     wrong.write_text("not-the-token\n")
+    wrong.chmod(0o600)  # a token file open to others is refused
     async with aps.Learner(
         "tcp://127.0.0.1:0", num_workers=1, token="the-token", timeouts=FAST
     ) as learner:

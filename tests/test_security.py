@@ -505,6 +505,7 @@ def test_an_empty_or_blank_token_is_refused(tmp_path: Path) -> None:
             aps.Worker("tcp://127.0.0.1:1", "CartPole-v1", token=blank)
     token_file = tmp_path / "token"
     token_file.write_text("\n")
+    token_file.chmod(0o600)
     command = [sys.executable, "-m", "aps", "worker", "tcp://127.0.0.1:1", "--env", "CartPole-v1"]
     result = subprocess.run(
         [*command, "--token-file", str(token_file)],
@@ -513,6 +514,37 @@ def test_an_empty_or_blank_token_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert b"is blank" in result.stderr
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660, 0o666])
+def test_a_token_file_open_to_others_is_refused_like_an_ssh_key(
+    tmp_path: Path, mode: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aps.cli import _read_token
+
+    monkeypatch.delenv("APS_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(mode)
+    with pytest.raises(aps.ConfigError, match=rf"mode {mode:04o}.*chmod 600.*APS_TOKEN"):
+        _read_token(token_file)
+    token_file.chmod(0o600)
+    assert _read_token(token_file) == TOKEN
+    token_file.chmod(0o400)
+    assert _read_token(token_file) == TOKEN
+
+
+def test_the_worker_command_refuses_a_token_file_open_to_others(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o644)
+    command = [sys.executable, "-m", "aps", "worker", "tcp://127.0.0.1:1", "--env", "CartPole-v1"]
+    result = subprocess.run(
+        [*command, "--token-file", str(token_file)], capture_output=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert b"chmod 600" in result.stderr
 
 
 async def test_a_certificate_that_fails_verification_fails_at_once(
@@ -554,3 +586,58 @@ async def test_idle_websocket_connections_are_capped_before_the_upgrade() -> Non
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
     await asyncio.wait_for(task, 30)
+
+
+# EnvCall reaches public names only, unless the worker's operator allows more.
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "args"),
+    [
+        ("get_attr", "__class__", ()),
+        ("get_attr", "_np_random", ()),
+        ("call", "__reduce__", ()),
+        ("set_attr", "_elapsed_steps", ()),
+        ("call", "get_wrapper_attr", ("__dict__",)),
+        ("call", "set_wrapper_attr", ("_max_episode_steps", 10**9)),
+    ],
+)
+async def test_env_calls_by_private_or_dunder_names_are_refused_by_the_worker(
+    kind: str, name: str, args: tuple[Any, ...]
+) -> None:
+    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers(30)
+            refused = args[0] if kind == "call" and args else name
+            with pytest.raises(aps.WorkerError, match=rf"{refused}.*--allow-private-env-calls"):
+                values = [0] if kind == "set_attr" else None
+                call = learner.env_call(kind, name, args=args, values=values)
+                await asyncio.wait_for(call, 30)
+            # The worker goes on: public names still answer.
+            assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
+        finally:
+            await learner.aclose()
+            await asyncio.wait_for(task, 30)
+
+
+async def test_a_worker_that_allows_private_env_calls_answers_them() -> None:
+    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        worker = aps.Worker(
+            learner.url,
+            "CartPole-v1",
+            token=TOKEN,
+            timeouts=timeouts,
+            allow_private_env_calls=True,
+        )
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers(30)
+            steps = await asyncio.wait_for(learner.get_attr("_max_episode_steps"), 30)
+            assert steps == (500,)
+        finally:
+            await learner.aclose()
+            await asyncio.wait_for(task, 30)

@@ -58,8 +58,16 @@ class StepServer:
         seed: the seed of the first reset when the learner resets without one.
     """
 
-    def __init__(self, envs: AnyVectorEnv, collector: Collector | None, seed: int | None) -> None:
+    def __init__(
+        self,
+        envs: AnyVectorEnv,
+        collector: Collector | None,
+        seed: int | None,
+        *,
+        allow_private_env_calls: bool = False,
+    ) -> None:
         self.envs = envs
+        self._allow_private = allow_private_env_calls
         self.collector = collector
         self._pending_seed = seed
         self._weights_error: ApsError | None = None
@@ -177,6 +185,8 @@ class StepServer:
         kind, name, indices = request.kind, request.name, request.indices
         values: Any
         try:
+            if kind in ("call", "get_attr", "set_attr") and not self._allow_private:
+                _check_public(kind, name, request.args)
             if indices == ():
                 values = ()
             elif indices is not None or kind == "is_wrapped":
@@ -298,3 +308,24 @@ def _is_wrapped(env: gym.Env[Any, Any], class_name: str) -> bool:
             return True
         env = env.env
     return False
+
+
+def _check_public(kind: str, name: str, args: Any) -> None:
+    """Refuse an env call by a private (``_x``) or dunder name.
+
+    A learner holding the token would otherwise reach ``__class__``, ``__dict__``,
+    ``_np_random`` and every internal of the worker's envs by name, directly or through
+    Gymnasium's own lookups by name (``get_wrapper_attr`` and its kin).
+    """
+    if kind == "call" and name in _LOOKUPS_BY_NAME and args and isinstance(args[0], str):
+        kind, name = f"call({name!r}, ...)", args[0]
+    if name.startswith("_"):
+        raise ConfigError(
+            f"the learner asked for {kind}({name!r}), a private or dunder name, which this "
+            "worker refuses: env calls reach public names only, unless the worker's operator "
+            "allows more (aps worker --allow-private-env-calls, "
+            "Worker(allow_private_env_calls=True))"
+        )
+
+
+_LOOKUPS_BY_NAME = frozenset({"get_wrapper_attr", "set_wrapper_attr", "has_wrapper_attr"})

@@ -24,7 +24,6 @@ allowed (``allow_policy``): the learner's Welcome names it, but never chooses it
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import functools
 import logging
 import os
@@ -36,6 +35,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from aps import transports
+from aps._imports import PolicyPin
 from aps.compression import check_setting as check_compression, offer as offer_compression
 from aps.errors import (
     ApsError,
@@ -134,12 +134,19 @@ class Worker:
         policy: the import path of the one policy this worker may run
             (``"pkg.module:make_agent"`` or ``"path/to/script.py:Agent"``). A learner whose
             Welcome names another is refused (launchers pass the learner's automatically).
-        allow_policy: more policies this worker may run, as :mod:`fnmatch` patterns of import
-            paths (``"mypkg.agents:*"``). Without ``policy`` and ``allow_policy`` the worker
-            runs no policy: only a learner that chooses the actions can use it.
+        allow_policy: more policies this worker may run, as patterns of import paths matched
+            by structure (:class:`aps._imports.PolicyPin`): ``"mypkg.agents:*"``,
+            ``"/srv/agents/*.py:Agent"``, where ``*`` stands for part of one name or path
+            segment and never crosses ``.``, ``/`` or ``:``. Without ``policy`` and
+            ``allow_policy`` the worker runs no policy: only a learner that chooses the
+            actions can use it.
         compression: the codecs this worker offers the learner, which chooses
             (:mod:`aps.compression`): ``"auto"`` (default) every one it can import, ``"zstd"``
             or ``"lz4"`` that one, ``"none"`` none.
+        allow_private_env_calls: let the learner's env calls (``call``, ``get_attr``,
+            ``set_attr``) reach private and dunder names (``_max_episode_steps``,
+            ``__class__``); by default only public names, and the learner's caller gets a
+            :class:`~aps.WorkerError` naming the refusal.
 
     Raises:
         ConfigError: a bad argument, such as an unknown ``vector``, an id EnvPool lacks, or
@@ -170,6 +177,7 @@ class Worker:
         policy: str | None = None,
         allow_policy: Sequence[str] = (),
         compression: str = "auto",
+        allow_private_env_calls: bool = False,
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -206,6 +214,9 @@ class Worker:
         self.policy = policy
         self.allow_policy = tuple(allow_policy)
         self.compression = check_compression(compression)
+        self._pin = PolicyPin(policy, self.allow_policy)  # refuses a malformed pattern now
+        self._policy_path: str | None = None  # what the pin let this session import
+        self._allow_private_env_calls = bool(allow_private_env_calls)
         self._resume_window = 0.0  # from the learner's Welcome: how long it keeps our session
         self._timeouts = timeouts or Timeouts()
         self._factory = factory
@@ -482,27 +493,18 @@ class Worker:
             return _Retry(error, wait=min(reject.retry_after, 30.0))  # busy, not a refusal
         return error if verified else self._unverified(error)
 
-    def _check_policy(self, policy: str | None) -> None:
-        """Refuse a policy this worker's operator did not name or allow.
+    def _check_policy(self, policy: str | None) -> str | None:
+        """The import path to load for the policy the learner names, or a refusal.
 
         Raises:
-            ConfigError: naming the policy and the flag that would allow it.
+            ConfigError: the operator did not name or allow that policy (see
+                :class:`aps._imports.PolicyPin`), naming it and the flag that would allow it.
         """
-        if policy is None or policy == self.policy:
-            return
-        if any(fnmatch.fnmatchcase(policy, pattern) for pattern in self.allow_policy):
-            return
-        allowed = [p for p in (self.policy, *self.allow_policy) if p is not None]
-        raise ConfigError(
-            f"the learner asked this worker to run policy {policy!r}, which it was not "
-            f"allowed to run (allowed: {allowed or 'none'}); a worker runs only the code its "
-            f"own operator names: start it with --policy {policy} (Worker(policy=...)), or "
-            "--allow-policy PATTERN"
-        )
+        return None if policy is None else self._pin.check(policy)
 
     async def _build_envs(self, session: Session, answer: Welcome) -> None:
         try:
-            self._check_policy(answer.policy)
+            self._policy_path = self._check_policy(answer.policy)
         except ConfigError as exc:
             await session.send(ErrorReport.of(exc))
             raise
@@ -549,8 +551,8 @@ class Worker:
             )
             collector = (
                 None
-                if answer.policy is None
-                else Collector(envs, answer.policy, mode, dict(answer.policy_kwargs or {}))
+                if self._policy_path is None
+                else Collector(envs, self._policy_path, mode, dict(answer.policy_kwargs or {}))
             )
         except Exception as exc:
             await session.send(ErrorReport.of(exc))
@@ -569,7 +571,9 @@ class Worker:
 
     def _new_server(self, envs: AnyVectorEnv, collector: Collector | None) -> StepServer:
         """The step server of a new session; a subclass may serve with its own."""
-        return StepServer(envs, collector, self._seed)
+        return StepServer(
+            envs, collector, self._seed, allow_private_env_calls=self._allow_private_env_calls
+        )
 
     async def _serve(self, session: Session) -> None:
         server = self._server
