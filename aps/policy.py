@@ -1077,10 +1077,12 @@ class NatureCNN(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """CleanRL's ``get_action_and_value``: one trunk pass for both heads."""
         hidden = self.network(x / 255.0)
-        probs = torch.distributions.Categorical(logits=self.policy_head(hidden))
+        log_probs = torch.log_softmax(self.policy_head(hidden), dim=-1)
         if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.value_head(hidden)
+            action = torch.multinomial(log_probs.detach().exp(), 1).squeeze(1)
+        log_prob = log_probs.gather(1, action.long().reshape(-1, 1)).squeeze(1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, log_prob, entropy, self.value_head(hidden)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -1090,7 +1092,8 @@ class NatureCNN(nn.Module):
 
 def _conv_init(layer: _Layer, std: float = math.sqrt(2), bias: float = 0.0) -> _Layer:
     torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias)
+    if layer.bias is not None:
+        torch.nn.init.constant_(layer.bias, bias)
     return layer
 
 

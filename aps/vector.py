@@ -618,7 +618,10 @@ def atari_env(
             f"atari_env needs ale-py ({exc}); install it with pip install 'aps-rl[atari]'"
         ) from exc
     gym.register_envs(ale_py)
-    kwargs: dict[str, Any] = {"frameskip": 1, "repeat_action_probability": repeat_action_probability}
+    kwargs: dict[str, Any] = {
+        "frameskip": 1,
+        "repeat_action_probability": repeat_action_probability,
+    }
     if max_episode_steps is not None:
         kwargs["max_episode_steps"] = max_episode_steps
     try:
