@@ -207,6 +207,7 @@ def lockstep_rollout(
         if "episode" in infos:
             for i in np.flatnonzero(infos["_episode"]):
                 state["returns"].append(float(infos["episode"]["r"][i]))
+                state["episodes"] += 1
     state["next_obs"] = next_obs
     with torch.no_grad():
         next_value = agent.get_value(next_obs).reshape(-1)
@@ -228,6 +229,7 @@ def detach_rollout(
     envs.publish(agent)  # aps: a new version; the sync strategy decides who gets it
     b = envs.rollout(args.num_steps)
     state["returns"].extend(float(r) for r in b.episode_return)
+    state["episodes"] += len(b.episode_return)
     state["lags"].append(float(b.lag.mean()))
     obs = torch.as_tensor(b.obs)
     with torch.no_grad():
@@ -261,8 +263,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         state: dict[str, Any] = {
             "returns": collections.deque(maxlen=args.final_episodes),
             "lags": [],
+            "episodes": 0,
         }
-        episodes_seen = 0
         global_step = 0
         start_time = time.perf_counter()
         next_obs, _ = envs.reset(seed=args.seed)
@@ -271,12 +273,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            before = len(state["returns"])
             if args.mode == "lockstep":
                 r = lockstep_rollout(args, envs, agent, state)
             else:
                 r = detach_rollout(args, cluster, agent, state)
-            episodes_seen += len(state["returns"]) - before
             global_step += args.batch_size
             advantages, returns = gae(args, r["rewards"], r["dones"], r["values"], r["next_value"])
             stats = ppo_update(
@@ -317,13 +317,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "global_step": global_step,
         "seconds": elapsed,
         "sps": global_step / elapsed,
-        "episodes": episodes_seen,
+        "episodes": state["episodes"],
+        "final_episodes": len(state["returns"]),
         "final_return": float(np.mean(state["returns"])) if state["returns"] else None,
         "bytes_per_version": bytes_per_version,
         "versions": metrics.version,
         "syncs": metrics.syncs,
         "weight_bytes": metrics.weight_bytes,
         "lag_mean": float(np.mean(state["lags"])) if state["lags"] else 0.0,
+        # APS: each worker's last measured KL(its version || the newest), in nats
+        "last_divergences": [w.divergences[-1] for w in metrics.workers if w.divergences],
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -336,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     ret = result["final_return"]
     print(
         f"summary: {result['mode']} final mean return "
-        f"{'n/a' if ret is None else f'{ret:.1f}'} over {result['episodes']} episodes | "
+        f"{'n/a' if ret is None else f'{ret:.1f}'} over the last {result['final_episodes']} of "
+        f"{result['episodes']} episodes | "
         f"{result['sps']:,.0f} env-steps/s | {result['weight_bytes'] / 1e6:.2f} MB of weights "
         f"in {result['syncs']} syncs ({result['versions']} versions)"
     )
