@@ -41,6 +41,7 @@ __all__ = [
     "EnvPoolVectorEnv",
     "EnvProcessTraceback",
     "LeanSyncVectorEnv",
+    "atari_env",
     "check_backend",
     "envpool_id",
     "make_vector_env",
@@ -726,3 +727,84 @@ def _check_layout(*values: Any) -> None:
                 f"this EnvPool build does not work with NumPy {np.__version__}; install "
                 "EnvPool >= 1.2 (pip install 'aps-rl[envpool]') or NumPy < 2"
             )
+
+
+def atari_env(
+    env_id: str = "ALE/Pong-v5",
+    *,
+    noop_max: int = 30,
+    frame_skip: int = 4,
+    screen_size: int = 84,
+    frame_stack: int = 4,
+    terminal_on_life_loss: bool = False,
+    repeat_action_probability: float = 0.0,
+    max_episode_steps: int | None = None,
+) -> gym.Env[Any, Any]:
+    """An ALE Atari env with Gymnasium's Atari wrappers, built on the worker's side.
+
+    The preprocessing of CleanRL's ``ppo_atari.py`` through Gymnasium's wrappers: up to
+    ``noop_max`` no-ops after each reset, ``frame_skip`` frames per step (the max of the
+    last two), ``screen_size`` x ``screen_size`` grayscale, and the last ``frame_stack``
+    frames stacked, so observations are ``uint8 [frame_stack, screen_size, screen_size]``
+    as EnvPool's ``Pong-v5`` gives them. Rewards are the game's own (clip them on the
+    learner, as EnvPool leaves them unclipped too). Workers build it by import path:
+    ``aps worker URL --env aps.vector:atari_env --env-kwargs '{"env_id": "ALE/Breakout-v5"}'``;
+    the id and the numbers are data, the code is this function.
+
+    Args:
+        env_id: an ALE id (``"ALE/Pong-v5"``); the emulator's own frame skip is turned off
+            since :class:`gymnasium.wrappers.AtariPreprocessing` skips frames.
+        noop_max: the most no-op actions after a reset (``0``: none).
+        frame_skip: emulator frames per env step, ``>= 1``.
+        screen_size: the side of the square frames, ``>= 1``.
+        frame_stack: frames per observation, ``>= 1``.
+        terminal_on_life_loss: end an episode at each life lost.
+        repeat_action_probability: sticky actions (ALE v5's default is 0.25; 0.0 as
+            EnvPool's Atari and CleanRL's ``NoFrameskip-v4`` envs).
+        max_episode_steps: truncate episodes after this many env steps (``None``: the id's).
+
+    Raises:
+        MissingDependency: ``ale_py`` is not installed.
+        ConfigError: a number out of range, or an id ALE does not have.
+    """
+    for name, value, low in (
+        ("noop_max", noop_max, 0),
+        ("frame_skip", frame_skip, 1),
+        ("screen_size", screen_size, 1),
+        ("frame_stack", frame_stack, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"atari_env's {name} must be an int >= {low}, got {value!r}")
+    if not 0.0 <= float(repeat_action_probability) <= 1.0:
+        raise ConfigError(
+            "atari_env's repeat_action_probability must be in [0, 1], got "
+            f"{repeat_action_probability!r}"
+        )
+    try:
+        ale_py = importlib.import_module("ale_py")
+    except ImportError as exc:
+        raise MissingDependency(
+            f"atari_env needs ale-py ({exc}); install it with pip install 'aps-rl[atari]'"
+        ) from exc
+    gym.register_envs(ale_py)
+    kwargs: dict[str, Any] = {
+        "frameskip": 1,
+        "repeat_action_probability": repeat_action_probability,
+    }
+    if max_episode_steps is not None:
+        kwargs["max_episode_steps"] = max_episode_steps
+    try:
+        env = gym.make(env_id, **kwargs)
+    except (gym.error.Error, TypeError) as exc:
+        raise ConfigError(
+            f"atari_env could not make {env_id!r} ({exc}); ALE ids look like 'ALE/Pong-v5'"
+        ) from exc
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=noop_max,
+        frame_skip=frame_skip,
+        screen_size=screen_size,
+        terminal_on_life_loss=terminal_on_life_loss,
+        grayscale_obs=True,
+    )
+    return gym.wrappers.FrameStackObservation(env, frame_stack)

@@ -1,0 +1,350 @@
+"""CleanRL's ppo_atari_envpool.py on aps: Atari frames stepped on worker processes.
+
+The envs are EnvPool's Atari games (``--backend envpool``, ids such as ``Pong-v5``) or ALE's
+through Gymnasium's Atari wrappers (``--backend ale``: :func:`aps.vector.atari_env`, no-op
+resets, frame skip 4, 84x84 grayscale, 4 stacked frames), built on the workers from names
+decided here. Observations are ``uint8 [4, 84, 84]``, 28,224 bytes per env-step. The agent
+is :class:`aps.policy.NatureCNN` (the Nature DQN conv stack), which the workers build from
+its import path.
+
+- ``--mode lockstep``: the learner computes every action; ``envs.step(actions)`` sends them
+  to the workers and brings the frames back (no weights travel).
+- ``--mode detach``: each worker acts ``num_steps`` steps on its envs with its own copy of
+  the agent on its CPU and sends the chunk back; ``--sync`` decides whether the newest
+  weights travel before each rollout (``aps``: when KL(worker's version || newest) on the
+  states it acted on exceeds ``--kl-threshold``; ``always``; ``fixed``: every
+  ``--fixed-versions`` versions).
+
+Rewards are clipped to their sign on the learner (EnvPool's ``reward_clip``); the returns
+printed are the games' own.
+
+    python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000
+    python examples/ppo_atari.py --mode lockstep --backend ale --env-id Breakout-v5
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+
+import aps
+from aps.policy import NatureCNN
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--torch-threads", type=int, default=1, help="learner's torch threads")
+    p.add_argument("--env-id", default="Pong-v5", help="EnvPool id; ale uses ALE/<id>")
+    p.add_argument("--backend", default="envpool", choices=("envpool", "ale"))
+    p.add_argument("--mode", default="detach", choices=("lockstep", "detach"))
+    p.add_argument("--sync", default="aps", choices=("aps", "always", "fixed"))
+    p.add_argument("--kl-threshold", type=float, default=0.05)
+    p.add_argument("--fixed-versions", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--envs-per-worker", type=int, default=4)
+    p.add_argument("--transport", default="tcp", choices=("tcp", "unix", "ws", "memory"))
+    p.add_argument("--total-timesteps", type=int, default=10_000_000)
+    p.add_argument("--learning-rate", type=float, default=2.5e-4)
+    p.add_argument("--num-steps", type=int, default=128)
+    p.add_argument("--anneal-lr", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--gae-lambda", type=float, default=0.95)
+    p.add_argument("--num-minibatches", type=int, default=4)
+    p.add_argument("--update-epochs", type=int, default=4)
+    p.add_argument("--norm-adv", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--clip-coef", type=float, default=0.1)
+    p.add_argument("--clip-vloss", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--ent-coef", type=float, default=0.01)
+    p.add_argument("--vf-coef", type=float, default=0.5)
+    p.add_argument("--max-grad-norm", type=float, default=0.5)
+    p.add_argument("--final-episodes", type=int, default=20, help="mean return over these")
+    p.add_argument("--json", default=None, help="write the final figures to this JSON file")
+    args = p.parse_args(argv)
+    args.num_envs = args.workers * args.envs_per_worker
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = max(args.batch_size // args.num_minibatches, 1)
+    args.num_iterations = max(args.total_timesteps // args.batch_size, 1)
+    return args
+
+
+def make_sync(args: argparse.Namespace) -> Any:
+    if args.sync == "always":
+        return aps.sync.AlwaysSync()
+    if args.sync == "fixed":
+        return aps.sync.FixedInterval(versions=args.fixed_versions)
+    return aps.sync.APS(kl_threshold=args.kl_threshold)
+
+
+def make_envs(args: argparse.Namespace) -> aps.ClusterEnv:
+    """The workers' envs: EnvPool's by id, or ALE's through aps.vector.atari_env."""
+    if args.backend == "envpool":
+        env, env_kwargs, vector, autoreset = args.env_id, None, "envpool", "NextStep"
+    else:
+        ale_id = args.env_id if "/" in args.env_id else f"ALE/{args.env_id}"
+        env, env_kwargs, vector, autoreset = (
+            "aps.vector:atari_env",
+            {"env_id": ale_id},
+            "sync",
+            "SameStep",
+        )
+    detach = args.mode == "detach"
+    return aps.ClusterEnv.local(  # was: envpool.make(args.env_id, env_type="gym", num_envs=...)
+        env,
+        env_kwargs=env_kwargs,
+        num_workers=args.workers,
+        envs_per_worker=args.envs_per_worker,
+        transport=args.transport,
+        vector=vector,
+        autoreset_mode=autoreset,
+        policy="aps.policy:NatureCNN" if detach else None,
+        sync=make_sync(args) if detach else None,
+    )
+
+
+def gae(
+    args: argparse.Namespace,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    values: torch.Tensor,
+    next_value: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns; ``dones[t]`` means step t ended its episode."""
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros(rewards.shape[1])
+    for t in reversed(range(rewards.shape[0])):
+        nextvalues = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        nextnonterminal = 1.0 - dones[t]
+        delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+        lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_update(
+    args: argparse.Namespace,
+    agent: NatureCNN,
+    optimizer: optim.Optimizer,
+    b_obs: torch.Tensor,
+    b_actions: torch.Tensor,
+    b_logprobs: torch.Tensor,
+    b_advantages: torch.Tensor,
+    b_returns: torch.Tensor,
+    b_values: torch.Tensor,
+) -> dict[str, float]:
+    """CleanRL's clipped PPO update on a flat batch; the ratio is against ``b_logprobs``."""
+    b_inds = np.arange(b_obs.shape[0])
+    clipfracs: list[float] = []
+    for _epoch in range(args.update_epochs):
+        np.random.shuffle(b_inds)
+        for start in range(0, b_obs.shape[0], args.minibatch_size):
+            mb = b_inds[start : start + args.minibatch_size]
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+            logratio = newlogprob - b_logprobs[mb]
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+            mb_adv = b_advantages[mb]
+            if args.norm_adv:
+                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+            pg_loss1 = -mb_adv * ratio
+            pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+            newvalue = newvalue.view(-1)
+            if args.clip_vloss:
+                v_unclipped = (newvalue - b_returns[mb]) ** 2
+                v_clipped = b_values[mb] + torch.clamp(
+                    newvalue - b_values[mb], -args.clip_coef, args.clip_coef
+                )
+                v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_returns[mb]) ** 2).mean()
+            else:
+                v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+            loss = pg_loss - args.ent_coef * entropy.mean() + v_loss * args.vf_coef
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+    return {
+        "approx_kl": approx_kl.item(),
+        "clipfrac": float(np.mean(clipfracs)),
+        "v_loss": v_loss.item(),
+    }
+
+
+def lockstep_rollout(
+    args: argparse.Namespace, envs: Any, agent: NatureCNN, state: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """CleanRL's rollout: the learner acts, the workers step."""
+    shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs, *shape), dtype=torch.uint8)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.int64)
+    logprobs = torch.zeros((args.num_steps, args.num_envs))
+    rewards = torch.zeros((args.num_steps, args.num_envs))
+    dones = torch.zeros((args.num_steps, args.num_envs))
+    values = torch.zeros((args.num_steps, args.num_envs))
+    next_obs = state["next_obs"]
+    for step in range(args.num_steps):
+        obs[step] = next_obs
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(next_obs)
+        actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
+        next_obs_np, reward, terminations, truncations, infos = envs.step(action.numpy())
+        rewards[step] = torch.as_tensor(np.sign(reward), dtype=torch.float32)
+        dones[step] = torch.as_tensor(np.logical_or(terminations, truncations), dtype=torch.float32)
+        next_obs = torch.as_tensor(next_obs_np)
+        if "episode" in infos:
+            for i in np.flatnonzero(infos["_episode"]):
+                state["returns"].append(float(infos["episode"]["r"][i]))
+                state["episodes"] += 1
+    state["next_obs"] = next_obs
+    with torch.no_grad():
+        next_value = agent.get_value(next_obs).reshape(-1)
+    return {
+        "obs": obs,
+        "actions": actions,
+        "logprobs": logprobs,
+        "rewards": rewards,
+        "dones": dones,
+        "values": values,
+        "next_value": next_value,
+    }
+
+
+def detach_rollout(
+    args: argparse.Namespace, envs: aps.ClusterEnv, agent: NatureCNN, state: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """The workers act with their versions; the learner's critic values the states."""
+    envs.publish(agent)  # aps: a new version; the sync strategy decides who gets it
+    b = envs.rollout(args.num_steps)
+    state["returns"].extend(float(r) for r in b.episode_return)
+    state["episodes"] += len(b.episode_return)
+    state["lags"].append(float(b.lag.mean()))
+    obs = torch.as_tensor(b.obs)
+    with torch.no_grad():
+        flat = obs.reshape((-1, *obs.shape[2:]))
+        values = agent.get_value(flat).reshape(obs.shape[:2])
+        next_value = agent.get_value(torch.as_tensor(b.next_obs)).reshape(-1)
+    return {
+        "obs": obs,
+        "actions": torch.as_tensor(b.actions, dtype=torch.int64),
+        "logprobs": torch.as_tensor(b.logprob),  # behaviour log-probs: the version that acted
+        "rewards": torch.as_tensor(np.sign(b.reward), dtype=torch.float32),
+        "dones": torch.as_tensor(b.terminated | b.truncated, dtype=torch.float32),
+        "values": values,
+        "next_value": next_value,
+    }
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+
+    cluster = make_envs(args)
+    envs: Any = cluster
+    if args.mode == "lockstep":
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(cluster)
+    try:
+        agent = NatureCNN(envs)
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+        state: dict[str, Any] = {
+            "returns": collections.deque(maxlen=args.final_episodes),
+            "lags": [],
+            "episodes": 0,
+        }
+        global_step = 0
+        start_time = time.perf_counter()
+        next_obs, _ = envs.reset(seed=args.seed)
+        state["next_obs"] = torch.as_tensor(next_obs)
+        for iteration in range(1, args.num_iterations + 1):
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            if args.mode == "lockstep":
+                r = lockstep_rollout(args, envs, agent, state)
+            else:
+                r = detach_rollout(args, cluster, agent, state)
+            global_step += args.batch_size
+            advantages, returns = gae(args, r["rewards"], r["dones"], r["values"], r["next_value"])
+            stats = ppo_update(
+                args,
+                agent,
+                optimizer,
+                r["obs"].reshape((-1, *envs.single_observation_space.shape)),
+                r["actions"].reshape(-1),
+                r["logprobs"].reshape(-1),
+                advantages.reshape(-1),
+                returns.reshape(-1),
+                r["values"].reshape(-1),
+            )
+            sps = global_step / (time.perf_counter() - start_time)
+            mean_return = np.mean(state["returns"]) if state["returns"] else float("nan")
+            metrics = cluster.metrics
+            print(
+                f"iteration {iteration}/{args.num_iterations} step {global_step} "
+                f"return {mean_return:.1f} | {sps:,.0f} env-steps/s | "
+                f"weights {metrics.weight_bytes / 1e6:.1f} MB in {metrics.syncs} syncs | "
+                f"approx_kl {stats['approx_kl']:.4f}",
+                flush=True,
+            )
+        elapsed = time.perf_counter() - start_time
+        metrics = cluster.metrics
+    finally:
+        envs.close()
+    bytes_per_version = sum(t.numel() * t.element_size() for t in agent.state_dict().values())
+    result = {
+        "example": "ppo_atari",
+        "env_id": args.env_id,
+        "backend": args.backend,
+        "mode": args.mode,
+        "sync": args.sync if args.mode == "detach" else None,
+        "seed": args.seed,
+        "workers": args.workers,
+        "envs_per_worker": args.envs_per_worker,
+        "global_step": global_step,
+        "seconds": elapsed,
+        "sps": global_step / elapsed,
+        "episodes": state["episodes"],
+        "final_episodes": len(state["returns"]),
+        "final_return": float(np.mean(state["returns"])) if state["returns"] else None,
+        "bytes_per_version": bytes_per_version,
+        "versions": metrics.version,
+        "syncs": metrics.syncs,
+        "weight_bytes": metrics.weight_bytes,
+        "lag_mean": float(np.mean(state["lags"])) if state["lags"] else 0.0,
+        # APS: each worker's last measured KL(its version || the newest), in nats
+        "last_divergences": [w.divergences[-1] for w in metrics.workers if w.divergences],
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    result = train(parse_args(argv))
+    ret = result["final_return"]
+    print(
+        f"summary: {result['mode']} final mean return "
+        f"{'n/a' if ret is None else f'{ret:.1f}'} over the last {result['final_episodes']} of "
+        f"{result['episodes']} episodes | "
+        f"{result['sps']:,.0f} env-steps/s | {result['weight_bytes'] / 1e6:.2f} MB of weights "
+        f"in {result['syncs']} syncs ({result['versions']} versions)"
+    )
+
+
+if __name__ == "__main__":
+    main()
