@@ -45,6 +45,7 @@ turns it into tables. Nothing asserts on timings.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import re
@@ -273,7 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         by_env[env_id] = {"samples": runs, "medians": medians}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "json"}
-    payload: dict[str, Any] = {"benchmark": "ppo_end_to_end", "config": config, "envs": by_env}
+    payload: dict[str, Any] = {
+        "benchmark": "ppo_end_to_end",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/ppo_end_to_end.py", *argv]),
+        "config": config,
+        "envs": by_env,
+    }
     if len(env_ids) == 1:  # the layout of earlier runs, for one env
         payload.update(by_env[env_ids[0]])
     args.json.write_text(json.dumps(payload, indent=2) + "\n")

@@ -81,6 +81,8 @@ def cluster_tables(report: dict[str, Any]) -> str:
                 f"{mean_ci(row['final_return'])} | {mean_ci(row['weight_bytes'], ',.1f', 1e6)} |"
             )
         lines.append("")
+    elif report.get("rows"):  # saved before the seeds: its one-seed rows are in the JSON
+        lines += ["A one-seed report without intervals: its rows are in the JSON.", ""]
     if report.get("lockstep"):
         lines += ["| rate | lockstep step p50 ms | p95 ms |", "|---|---|---|"]
         for row in report["lockstep"]:
@@ -120,14 +122,18 @@ def end_to_end_tables(report: dict[str, Any]) -> str:
         rounds = len(next(iter(samples.values()))) if samples else 0
         lines += [
             f"CleanRL PPO on {env_id}, {config['workers']} x {config['envs_per_worker']} envs, "
-            f"{config['total_timesteps']:,} env-steps, {rounds} rounds (one seed each): "
+            f"{config['total_timesteps']:,} env-steps, {rounds} round{'' if rounds == 1 else 's'} "
+            "(one seed each): "
             "env-steps/s medians.",
             "",
             "| run | env-steps/s | " + "".join(f"vs {r} | " for r in refs) + "final return |",
             "|---|---:|" + "---:|" * len(refs) + "---:|",
         ]
         for name, median in medians.items():
-            returns = [s["final_return"] for s in samples[name] if s["final_return"] is not None]
+            # Runs saved before the examples reported a final return have none.
+            returns = [
+                s["final_return"] for s in samples[name] if s.get("final_return") is not None
+            ]
             final = sum(returns) / len(returns) if returns else None
             ratios = "".join(f"{median / medians[r]:.2f}x | " for r in refs)
             lines.append(f"| {name} | {median:,.0f} | {ratios}{num(final, '.1f')} |")
