@@ -4,6 +4,7 @@ PPO trains the same on aps as on Gymnasium's SyncVectorEnv."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -97,3 +98,21 @@ def test_continuous_ppo_on_aps_prints_what_cleanrl_prints(tmp_path: Path) -> Non
     on_aps, on_gymnasium = returns("aps", tmp_path), returns("gym-sync", tmp_path)
     assert on_aps == on_gymnasium
     assert "return nan" not in on_aps[-1]  # Pendulum's 200-step episodes ended
+
+
+@pytest.mark.timeout(300)
+def test_a_tiny_mujoco_round_writes_one_table_per_env(tmp_path: Path) -> None:
+    # Raw MuJoCo observations are float64: DETACH must bootstrap them in the critic's dtype.
+    pytest.importorskip("mujoco")
+    e2e = load()
+    out = tmp_path / "e2e.json"
+    argv = ["--env-id", "Hopper-v5", "--runs", "gym-sync,aps-detach", "--repeats", "1"]
+    argv += ["--total-timesteps", "256", "--num-steps", "32", "--envs-per-worker", "2"]
+    assert e2e.main([*argv, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs = report["envs"]["Hopper-v5"]["samples"]
+    assert set(runs) == {"gym-sync", "aps-detach"}
+    for samples in runs.values():
+        assert samples[0]["env_steps"] == 256
+        assert samples[0]["curve"]  # a learning curve, [env-step, mean return] rows
+    assert [row[0] for row in runs["aps-detach"][0]["curve"]] == [128, 256]
