@@ -255,6 +255,9 @@ def test_summary_uses_the_fixed_target_on_every_seed() -> None:
     assert aggregate["aps-0.05"]["seconds_to_target"]["reached"] == 1
     assert aggregate["always"]["seconds_to_target"]["reached"] == 2
     assert aggregate["aps-0.05"]["weight_bytes"]["mean"] == 150.0  # 200 and 100 bytes
+    # Always reached on both seeds; aps-0.05 did on seed 1 at half always's time.
+    ratio = aggregate["aps-0.05"]["time_ratio_vs_always"]
+    assert (ratio["n"], ratio["reached"], ratio["q20"]) == (2, 1, 0.5)
 
 
 def test_compression_costs_against_the_plain_run() -> None:
