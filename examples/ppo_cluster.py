@@ -526,7 +526,8 @@ def train(
                     values = agent.get_value(obs).squeeze(-1)
                 else:
                     values = torch.as_tensor(b.value)
-                next_value = agent.get_value(torch.as_tensor(b.next_obs)).reshape(1, -1)
+                next_obs = torch.as_tensor(b.next_obs, dtype=torch.float32)  # MuJoCo: float64
+                next_value = agent.get_value(next_obs).reshape(1, -1)
                 advantages = torch.zeros_like(rewards)
                 lastgaelam = torch.zeros(num_envs)
                 for t in reversed(range(args.num_steps)):

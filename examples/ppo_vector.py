@@ -4,6 +4,13 @@ This is CleanRL's ``ppo.py`` (discrete actions) with the vector env swapped: the
 computes every action and ``envs.step(actions)`` sends them to the workers (remote-step
 mode). Look for ``# aps:`` to find the one line that differs from a ``SyncVectorEnv`` script.
 
+A float ``Box`` action space (Hopper, Humanoid, Pendulum) gets the agent of CleanRL's
+``ppo_continuous_action.py`` instead: a Gaussian actor whose log standard deviation is a
+learned parameter independent of the state. Its sampled actions are stored unclipped (the
+log-probabilities are theirs) and clipped to the space's bounds only on their way to the
+env, as CleanRL's ``ClipAction`` wrapper does. Discrete spaces keep ``ppo.py``'s agent and
+its exact sequence of random draws.
+
 Autoreset: the envs use Gymnasium's ``SameStep`` mode, the semantics CleanRL's loop was
 written for (gym < 1.0): when a step ends an episode it returns the first observation of the
 next one, so ``obs[t + 1]`` after ``dones[t + 1]`` belongs to a new episode and the GAE mask
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.categorical import Categorical
+from torch.distributions.normal import Normal
 
 import aps
 
@@ -46,9 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--backend",
         default="aps",
-        choices=["aps", "gym-sync"],
-        help="aps: ClusterEnv.local; gym-sync: the same envs in Gymnasium's in-process "
-        "SyncVectorEnv (the reference benchmarks/ppo_end_to_end.py compares with)",
+        choices=["aps", "gym-sync", "gym-async"],
+        help="aps: ClusterEnv.local; gym-sync / gym-async: the same envs in Gymnasium's "
+        "SyncVectorEnv / AsyncVectorEnv (the references benchmarks/ppo_end_to_end.py uses)",
+    )
+    add(
+        "--compression",
+        default=None,
+        help="aps backend: passed to ClusterEnv.local as compression= (default: aps's own)",
     )
     add("--total-timesteps", type=int, default=100_000, help="total env steps")
     add("--learning-rate", type=float, default=2.5e-4, help="the learning rate")
@@ -111,7 +125,69 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-def main(argv: list[str] | None = None) -> None:
+class GaussianAgent(nn.Module):
+    """CleanRL's ``ppo_continuous_action.py`` agent: a Gaussian actor with a learned,
+    state-independent log standard deviation, and a critic (64-64 Tanh each)."""
+
+    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+        super().__init__()
+        obs_size = int(np.array(envs.single_observation_space.shape).prod())
+        action_size = int(np.prod(envs.single_action_space.shape))
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_size, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, action_size), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_size))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        action_mean = self.actor_mean(x)
+        probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+def make_envs(args: argparse.Namespace) -> gym.vector.VectorEnv:
+    """The vector env of ``--backend``: aps workers, or Gymnasium's in-process vector envs."""
+    if args.backend in ("gym-sync", "gym-async"):  # CleanRL's own line, for comparison
+        return gym.make_vec(
+            args.env_id,
+            args.num_envs,
+            vectorization_mode="sync" if args.backend == "gym-sync" else "async",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        )
+    # Only when asked: a compression= that this aps does not know is its error to report.
+    extra = {} if args.compression is None else {"compression": args.compression}
+    return aps.ClusterEnv.local(  # aps: the only line that differs from CleanRL
+        args.env_id,
+        num_workers=args.workers,
+        envs_per_worker=args.envs_per_worker,
+        transport=args.transport,
+        autoreset_mode="SameStep",
+        **extra,
+    )
+
+
+def main(
+    argv: list[str] | None = None,
+    envs_factory: Callable[[argparse.Namespace], gym.vector.VectorEnv] | None = None,
+) -> None:
+    """Train; ``envs_factory`` replaces :func:`make_envs` (a benchmark's other vector env)."""
     args = parse_args(argv)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = None
@@ -131,26 +207,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.torch_threads)
 
     # env setup
-    if args.backend == "gym-sync":  # CleanRL's own line, for comparison
-        envs = gym.make_vec(
-            args.env_id,
-            args.num_envs,
-            vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-        )
-    else:
-        envs = aps.ClusterEnv.local(  # aps: the only line that differs from CleanRL
-            args.env_id,
-            num_workers=args.workers,
-            envs_per_worker=args.envs_per_worker,
-            transport=args.transport,
-            autoreset_mode="SameStep",
-        )
+    envs = (envs_factory or make_envs)(args)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert isinstance(envs.single_action_space, gym.spaces.Discrete), "discrete actions only"
+    space = envs.single_action_space
+    continuous = isinstance(space, gym.spaces.Box)
+    assert continuous or isinstance(space, gym.spaces.Discrete), "Discrete or Box actions only"
 
     try:
-        agent = Agent(envs)
+        agent = GaussianAgent(envs) if continuous else Agent(envs)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
         # ALGO Logic: Storage setup
@@ -188,7 +252,11 @@ def main(argv: list[str] | None = None) -> None:
                 logprobs[step] = logprob
 
                 # TRY NOT TO MODIFY: execute the game and log data.
-                next_obs_np, reward, terminations, truncations, infos = envs.step(action.numpy())
+                # A Box's actions reach the env clipped to its bounds (CleanRL's ClipAction).
+                env_action = np.clip(action.numpy(), space.low, space.high) if continuous else None
+                next_obs_np, reward, terminations, truncations, infos = envs.step(
+                    action.numpy() if env_action is None else env_action
+                )
                 next_done_np = np.logical_or(terminations, truncations)
                 rewards[step] = torch.tensor(reward).view(-1)
                 next_obs, next_done = torch.Tensor(next_obs_np), torch.Tensor(next_done_np)
@@ -240,7 +308,8 @@ def main(argv: list[str] | None = None) -> None:
                     mb_inds = b_inds[start:end]
 
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                        b_obs[mb_inds], b_actions.long()[mb_inds]
+                        b_obs[mb_inds],
+                        b_actions[mb_inds] if continuous else b_actions.long()[mb_inds],
                     )
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
