@@ -11,6 +11,7 @@ timings; deadlines only keep a broken run from hanging.
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import json
 import os
@@ -431,3 +432,21 @@ def test_the_flood_script_admits_a_worker_and_leaves_nothing_open(transport: str
     assert figures["close_wait"] == 0
     # The listening socket and the worker's connection, give or take a closing one.
     assert figures["learner_sockets"] < 16
+
+
+async def test_a_plain_worker_dialing_a_tls_learner_says_why_once(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = tls
+    factory = TCPFactory(server_ssl_context=server)
+    timeouts = aps.Timeouts(connect=4.0, handshake=0.5, step=10.0)
+    async with aps.Learner(TCP, num_workers=1, factory=factory, timeouts=timeouts) as learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", timeouts=timeouts)
+        with caplog.at_level(logging.DEBUG, logger="aps"), pytest.raises(aps.Timeout):
+            await asyncio.wait_for(worker.run(), 60)
+    failed = [r for r in caplog.records if "joining the learner failed" in r.getMessage()]
+    assert len(failed) >= 2, "the worker should have tried more than once"
+    warned = [r for r in failed if r.levelno >= logging.WARNING]
+    # One warning for the outage, naming TLS; the retries that follow stay at debug level.
+    assert len(warned) == 1
+    assert "TLS" in warned[0].getMessage()

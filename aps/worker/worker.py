@@ -272,7 +272,15 @@ class Worker:
                         error = self._gave_up(window, retry.error)
                         log.warning("worker %s gives up: %s", self._name(), error)
                         raise error from retry.error
-                    log.debug("joining the learner failed (%s); again in %.2f s", retry, delay)
+                    # The first failure of an outage says why (a TLS mismatch, a refused token);
+                    # the retries that follow would repeat it every backoff.
+                    log.log(
+                        logging.WARNING if attempt == 0 else logging.DEBUG,
+                        "joining the learner failed (%s); again in %.2f s, for up to %.0f s",
+                        retry,
+                        delay,
+                        window,
+                    )
                     await asyncio.sleep(delay)
                     attempt += 1
                     continue
