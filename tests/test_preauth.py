@@ -11,9 +11,9 @@ timings; deadlines only keep a broken run from hanging.
 from __future__ import annotations
 
 import asyncio
-import logging
 import contextlib
 import json
+import logging
 import os
 import socket
 import ssl
