@@ -374,6 +374,19 @@ def interface_bytes(host: str) -> tuple[int, int]:
     return figures[0], figures[1]
 
 
+def pixel_detach_command(
+    url: str, compression: str | None, args: argparse.Namespace, out: Path
+) -> list[str]:
+    """``examples/ppo_atari.py``'s DETACH PPO run, listening on ``url`` for the workers."""
+    command = [
+        sys.executable, str(PIXEL_EXAMPLE), "--mode", "detach", "--listen", url,
+        "--workers", str(args.workers), "--envs-per-worker", str(args.envs_per_worker),
+        "--env-id", args.pixel_env, "--total-timesteps", str(args.pixel_timesteps),
+        "--seed", str(args.seeds[0]), "--json", str(out),
+    ]  # fmt: skip
+    return command if compression is None else [*command, "--compression", compression]
+
+
 def pixel_run(
     cluster: Cluster, mode: str, compression: str, args: argparse.Namespace, logs: Path
 ) -> dict[str, Any]:
@@ -390,14 +403,7 @@ def pixel_run(
         script = [PIXEL_LOCKSTEP, url, str(args.workers), str(args.pixel_steps)]
         learner = [sys.executable, "-c", *script, compression if passed else "-"]
     else:
-        learner = [
-            sys.executable, str(PIXEL_EXAMPLE), "--mode", "detach", "--listen", url,
-            "--workers", str(args.workers), "--envs-per-worker", str(args.envs_per_worker),
-            "--env-id", args.pixel_env, "--total-timesteps", str(args.pixel_timesteps),
-            "--seed", str(args.seeds[0]), "--json", str(out),
-        ]  # fmt: skip
-        if passed:
-            learner += ["--compression", compression]
+        learner = pixel_detach_command(url, compression if passed else None, args, out)
         policy = "aps.policy:NatureCNN"  # the example's agent, which the workers act with
     before = interface_bytes(cluster.hosts[0])
     command = [sys.executable, "-c", CPU_WRAPPER, *learner]
