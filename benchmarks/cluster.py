@@ -374,6 +374,19 @@ def interface_bytes(host: str) -> tuple[int, int]:
     return figures[0], figures[1]
 
 
+def pixel_detach_command(
+    url: str, compression: str | None, args: argparse.Namespace, out: Path
+) -> list[str]:
+    """``examples/ppo_atari.py``'s DETACH PPO run, listening on ``url`` for the workers."""
+    command = [
+        sys.executable, str(PIXEL_EXAMPLE), "--mode", "detach", "--listen", url,
+        "--workers", str(args.workers), "--envs-per-worker", str(args.envs_per_worker),
+        "--env-id", args.pixel_env, "--total-timesteps", str(args.pixel_timesteps),
+        "--seed", str(args.seeds[0]), "--json", str(out),
+    ]  # fmt: skip
+    return command if compression is None else [*command, "--compression", compression]
+
+
 def pixel_run(
     cluster: Cluster, mode: str, compression: str, args: argparse.Namespace, logs: Path
 ) -> dict[str, Any]:
@@ -385,20 +398,16 @@ def pixel_run(
     if passed:
         worker_args += ["--compression", compression]
     out = logs / f"{name}.json"
+    policy = None
     if mode == "lockstep":
         script = [PIXEL_LOCKSTEP, url, str(args.workers), str(args.pixel_steps)]
         learner = [sys.executable, "-c", *script, compression if passed else "-"]
     else:
-        learner = [
-            sys.executable, str(PIXEL_EXAMPLE), "--listen", url, "--workers", str(args.workers),
-            "--env-id", args.pixel_env, "--total-timesteps", str(args.pixel_timesteps),
-            "--seed", str(args.seeds[0]), "--no-progress", "--json", str(out),
-        ]  # fmt: skip
-        if passed:
-            learner += ["--compression", compression]
+        learner = pixel_detach_command(url, compression if passed else None, args, out)
+        policy = "aps.policy:NatureCNN"  # the example's agent, which the workers act with
     before = interface_bytes(cluster.hosts[0])
     command = [sys.executable, "-c", CPU_WRAPPER, *learner]
-    run_hosts(cluster, command, args, logs, name, None, worker_args, env_id=args.pixel_env)
+    run_hosts(cluster, command, args, logs, name, policy, worker_args, env_id=args.pixel_env)
     after = interface_bytes(cluster.hosts[0])
     log = (logs / f"{name}.learner.log").read_text()
     if mode == "lockstep":

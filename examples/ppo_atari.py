@@ -20,6 +20,8 @@ printed are the games' own.
 
     python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000
     python examples/ppo_atari.py --mode lockstep --backend ale --env-id Breakout-v5
+    python examples/ppo_atari.py --listen tcp://0.0.0.0:7000 --compression zstd  # prints
+        # the ``aps worker`` command to run on each worker machine
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--envs-per-worker", type=int, default=4)
     p.add_argument("--transport", default="tcp", choices=("tcp", "unix", "ws", "memory"))
+    p.add_argument(
+        "--listen",
+        default=None,
+        help="listen here for --workers workers started elsewhere (token: $APS_TOKEN)",
+    )
+    p.add_argument(
+        "--compression",
+        default=None,
+        choices=aps.compression.SETTINGS,
+        help="how frames and weights travel (default: aps's, auto: compressed off this host)",
+    )
     p.add_argument("--total-timesteps", type=int, default=10_000_000)
     p.add_argument("--learning-rate", type=float, default=2.5e-4)
     p.add_argument("--num-steps", type=int, default=128)
@@ -100,16 +115,52 @@ def make_envs(args: argparse.Namespace) -> aps.ClusterEnv:
             "SameStep",
         )
     detach = args.mode == "detach"
-    return aps.ClusterEnv.local(  # was: envpool.make(args.env_id, env_type="gym", num_envs=...)
-        env,
-        env_kwargs=env_kwargs,
+    policy = "aps.policy:NatureCNN" if detach else None
+    sync = make_sync(args) if detach else None
+    extra = {} if args.compression is None else {"compression": args.compression}
+    if args.listen is None:
+        return aps.ClusterEnv.local(  # was: envpool.make(args.env_id, env_type="gym", ...)
+            env,
+            env_kwargs=env_kwargs,
+            num_workers=args.workers,
+            envs_per_worker=args.envs_per_worker,
+            transport=args.transport,
+            vector=vector,
+            autoreset_mode=autoreset,
+            policy=policy,
+            sync=sync,
+            **extra,
+        )
+    # aps: a token guards a learner other machines can reach; workers read it from a file.
+    token = os.environ.get("APS_TOKEN")
+    token_file = Path("aps-token")
+    if token is None:
+        token = secrets.token_hex(16)
+        token_file.touch(mode=0o600)
+        token_file.write_text(token)
+
+    def announce(url: str) -> None:
+        command = f"aps worker {aps.launch.dialable_url(url)} --env {env} --vector {vector}"
+        if env_kwargs is not None:
+            command += f" --env-kwargs '{json.dumps(env_kwargs)}'"
+        command += f" --num-envs {args.envs_per_worker} --token-file {token_file}"
+        command += "" if policy is None else f" --policy {policy}"
+        command += "" if args.compression is None else f" --compression {args.compression}"
+        print(
+            f"waiting for {args.workers} workers; on each worker machine, with the file "
+            f"{token_file} copied, run:\n  {command}",
+            flush=True,
+        )
+
+    return aps.ClusterEnv(
+        args.listen,
         num_workers=args.workers,
-        envs_per_worker=args.envs_per_worker,
-        transport=args.transport,
-        vector=vector,
+        token=token,
         autoreset_mode=autoreset,
-        policy="aps.policy:NatureCNN" if detach else None,
-        sync=make_sync(args) if detach else None,
+        policy=policy,
+        sync=sync,
+        on_listening=announce,
+        **extra,
     )
 
 
@@ -314,6 +365,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "workers": args.workers,
         "envs_per_worker": args.envs_per_worker,
+        "compression": args.compression,
         "global_step": global_step,
         "seconds": elapsed,
         "sps": global_step / elapsed,

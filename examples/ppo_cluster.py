@@ -105,6 +105,9 @@ class Args:
         None, "listen here for --workers workers started elsewhere (token: $APS_TOKEN)"
     )
     external_workers: bool = arg(False, "start no workers: print the aps worker command")
+    compression: str | None = arg(
+        None, "how large arrays travel: auto, zstd, lz4 or none (default: aps's, auto)"
+    )
     norm_obs: bool = arg(False, "normalize observations in each env (running mean and std)")
     norm_reward: bool = arg(False, "scale rewards by the running std of the discounted return")
 
@@ -163,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
     args = Args(**vars(parser.parse_args(argv)))
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
+    if args.compression not in (None, *aps.compression.SETTINGS):
+        choices = ", ".join(aps.compression.SETTINGS)
+        parser.error(f"--compression must be one of {choices}, got {args.compression!r}")
     if args.weight_precision not in ("exact", "float16"):
         parser.error(f"--weight-precision must be exact or float16, got {args.weight_precision!r}")
     for name in ("hidden_size", "num_layers"):
@@ -323,6 +329,11 @@ def policy_path(args: Args) -> str:
     return f"{Path(__file__).resolve()}:sized.h{args.hidden_size}x{args.num_layers}"
 
 
+def compression_kwargs(args: Args) -> dict[str, Any]:
+    """``compression=`` for the cluster only when ``--compression`` was given."""
+    return {} if args.compression is None else {"compression": args.compression}
+
+
 def make_envs(args: Args) -> Any:
     """Local workers (the default), or a learner on ``--listen`` that workers dial."""
     if args.listen is None and not args.external_workers:
@@ -337,6 +348,7 @@ def make_envs(args: Args) -> Any:
             sync=make_sync(args),
             weight_precision=args.weight_precision,  # type: ignore[arg-type]
             overlap_weights=args.overlap_weights,
+            **compression_kwargs(args),
         )
     # aps: a token guards a learner other machines can reach; workers read it from a file.
     token = os.environ.get("APS_TOKEN")
@@ -361,7 +373,8 @@ def make_envs(args: Args) -> Any:
             f"waiting for {args.workers} workers; on each worker machine, with the file "
             f"{token_file} copied, run from a checkout of this repository:\n"
             f"  aps worker {aps.launch.dialable_url(url)} {env} "
-            f"--num-envs {args.envs_per_worker} --token-file {token_file} --policy {policy}",
+            f"--num-envs {args.envs_per_worker} --token-file {token_file} --policy {policy}"
+            + ("" if args.compression is None else f" --compression {args.compression}"),
             flush=True,
         )
 
@@ -375,6 +388,7 @@ def make_envs(args: Args) -> Any:
         weight_precision=args.weight_precision,  # type: ignore[arg-type]
         overlap_weights=args.overlap_weights,
         on_listening=announce,
+        **compression_kwargs(args),
     )
 
 
@@ -673,6 +687,7 @@ def train(
         "weight_precision": args.weight_precision,
         "overlap_weights": args.overlap_weights,
         "overlap_rollouts": args.overlap_rollouts,
+        "compression": args.compression,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,
         "workers": args.workers,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -245,3 +247,64 @@ def test_ppo_atari_example_runs_on_a_tiny_budget(
         # the second rollout measured each worker's KL to version 2
         assert len(result["last_divergences"]) == 2
         assert all(d >= 0.0 for d in result["last_divergences"])
+
+
+@pytest.mark.timeout(150)
+def test_ppo_atari_listens_prints_the_worker_command_and_trains_compressed(
+    tmp_path: Path,
+) -> None:
+    from aps.launch.local import terminate
+
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("APS_TOKEN", None)  # the example writes its token to ./aps-token
+    learner = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "examples" / "ppo_atari.py"),
+            *TINY,
+            "--backend",
+            "ale",
+            "--sync",
+            "always",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--compression",
+            "zstd",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        assert learner.stdout is not None
+        command = next((x.strip() for x in learner.stdout if "aps worker " in x), "")
+        words = shlex.split(command)
+        assert words[:2] == ["aps", "worker"] and words[2].startswith("tcp://127.0.0.1:")
+        for flag, value in [
+            ("--policy", "aps.policy:NatureCNN"),
+            ("--compression", "zstd"),
+            ("--num-envs", "2"),
+        ]:
+            assert words[words.index(flag) + 1] == value, command
+        token_at = words.index("--token-file") + 1
+        words[token_at] = str(tmp_path / words[token_at])  # the file, "copied" here
+        for _ in range(2):
+            workers.append(subprocess.Popen([sys.executable, "-m", "aps", *words[1:]], env=env))
+        rest = learner.stdout.read()
+        assert learner.wait(timeout=120) == 0
+        assert "summary: detach" in rest
+        result = json.loads(out.read_text())
+        assert result["compression"] == "zstd"
+        assert result["global_step"] == 128
+        assert result["syncs"] == 4  # each of the 2 versions reaches each of the 2 workers
+    finally:
+        learner.kill()
+        learner.wait()
+        if learner.stdout is not None:
+            learner.stdout.close()
+        terminate(workers, grace=5.0)

@@ -154,6 +154,25 @@ def test_seeds_and_flags_are_parsed_and_checked() -> None:
         cluster.parse_args(["--rates", "20MB/s"])
 
 
+def test_the_pong_detach_run_calls_the_example_with_flags_it_takes(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    cluster = load()
+    spec = importlib.util.spec_from_file_location("ppo_atari", cluster.PIXEL_EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = cluster.parse_args(["--quick", "--workload", "pong", "--seeds", "7"])
+    out = tmp_path / "run.json"
+    for compression in (None, "zstd"):
+        command = cluster.pixel_detach_command("tcp://10.0.0.1:7000", compression, args, out)
+        assert command[1] == str(cluster.PIXEL_EXAMPLE)
+        parsed = example.parse_args(command[2:])  # an unknown flag exits here
+        assert (parsed.listen, parsed.mode, parsed.seed) == ("tcp://10.0.0.1:7000", "detach", 7)
+        assert (parsed.workers, parsed.envs_per_worker) == (args.workers, args.envs_per_worker)
+        assert parsed.total_timesteps == args.pixel_timesteps and parsed.json == str(out)
+        assert parsed.compression == compression
+
+
 def test_median_interval_counts_runs_that_never_reached() -> None:
     cluster = load()
     figures = cluster.median_interval([10.0, 20.0, None, 30.0, None])

@@ -34,6 +34,8 @@ from aps.compression import CODEC_IDS, EXT_COMPRESSED, choose, offer  # noqa: E4
 from aps.messages import (  # noqa: E402
     PROTOCOL_VERSION,
     Challenge,
+    GradientProgress,
+    GradientRound,
     Hello,
     Ready,
     ResetResult,
@@ -434,6 +436,52 @@ async def test_detach_chunks_and_weights_travel_compressed_and_exact() -> None:
         assert reward.tobytes() == np.asarray(rollout.reward[t]).tobytes()
     envs.close()
     assert listener.accepted[0].received < 6 * 2 * 4096  # less than the raw frames alone
+
+
+async def test_a_gradient_round_travels_compressed_where_negotiated() -> None:
+    listener = await listen(local=False)
+    async with aps.Learner(
+        listener,
+        num_workers=2,
+        token=TOKEN,
+        timeouts=FAST,
+        policy=POLICY,
+        autoreset_mode="SameStep",
+    ) as learner:
+        tasks = [
+            asyncio.create_task(
+                aps.Worker(
+                    learner.url,
+                    ENV,
+                    num_envs=2,
+                    token=TOKEN,
+                    timeouts=FAST,
+                    allow_policy=(f"{HERE}:*",),
+                    compression=setting,
+                ).run()
+            )
+            for setting in ("zstd", "none")
+        ]
+        try:
+            await learner.wait_for_workers()
+            assert sorted(sessions(learner)) == ["none", "zstd"]
+            agent = PixelAgent(learner)
+            arrays = {k: v.detach().numpy() for k, v in agent.state_dict().items()}
+            message = GradientRound(round=0, arrays=arrays, horizon=3, gamma=1.0)
+            plain = len(codec.encode(message))
+            packed = len(codec.encode(message, compressor=compression.compressor("zstd")))
+            assert packed < plain / 10  # the zero weights compress: the codec is worth it
+            # Each worker gets the round in its connection's codec, encoded once per codec.
+            assert await learner.start_round(0, arrays, horizon=3, gamma=1.0) == plain + packed
+            counted: set[int] = set()
+            async with asyncio.timeout(30):
+                while len(counted) < 2:  # both decoded the round and sample at its point
+                    worker_id, report = await learner.next_report()
+                    if isinstance(report, GradientProgress) and report.count:
+                        counted.add(worker_id)
+            await learner.stop_gradients()
+        finally:
+            await stop(tasks)
 
 
 async def test_env_call_results_travel_compressed_and_exact() -> None:

@@ -196,6 +196,40 @@ def test_ppo_cluster_sized_policy_reaches_the_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_ppo_cluster_takes_a_compression_setting(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--compression",
+        "zstd",
+        "--sync",
+        "always",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["compression"] == "zstd"
+    assert result["global_step"] == 256
+    assert result["syncs"] == 2 * result["versions"]  # every version reached both workers
+
+
+@pytest.mark.timeout(120)
+def test_ppo_cluster_refuses_an_unknown_compression(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ppo_cluster.py"), "--compression", "gzip"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--compression must be one of auto, zstd, lz4, none, got 'gzip'" in proc.stderr
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("size", [["--hidden-size", "0"], ["--num-layers", "0"]])
 def test_ppo_cluster_refuses_an_empty_policy(tmp_path: Path, size: list[str]) -> None:
     proc = subprocess.run(

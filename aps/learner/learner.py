@@ -608,7 +608,8 @@ class Learner:
         A worker that replaced a lost one joins at the next call.
 
         Returns:
-            The bytes put on the wire (the encoded round, once per worker).
+            The bytes put on the wire: the encoded round, once per worker, compressed for
+            the workers whose connection negotiated a codec (:mod:`aps.compression`).
 
         Raises:
             InvalidState: no policy, or another operation is running.

@@ -82,6 +82,27 @@ def _store_host(url: str, local: bool) -> tuple[str, str]:
 _Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
 
 
+class _RoundFrames:
+    """A round and its frame per codec, each encoded once however many workers it goes to.
+
+    The round's arrays (the policy's weights) are as large as a weights message, so a worker
+    whose connection negotiated a codec (:mod:`aps.compression`) gets them compressed, as
+    weights are (:meth:`aps.collect.PolicyVersions.frame`).
+    """
+
+    def __init__(self, message: GradientRound) -> None:
+        self.message = message
+        self._frames: dict[str, bytes] = {}
+
+    def frame(self, remote: Remote) -> bytes:
+        """The frame for ``remote``'s session, encoded with its codec on first use."""
+        name = remote.session.compression
+        frame = self._frames.get(name)
+        if frame is None:
+            frame = self._frames[name] = remote.session.encode(self.message)
+        return frame
+
+
 class GradientRounds:
     """Gradient mode over the pool's workers; see the :class:`Learner` methods."""
 
@@ -91,7 +112,7 @@ class GradientRounds:
         self._remotes: list[Remote] = []
         self._pumps: list[asyncio.Task[None]] = []
         self._inbox: _Inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
-        self._round: tuple[GradientRound, bytes] | None = None
+        self._round: _RoundFrames | None = None
         # The workers the current round was sent to: a replacement joins at the next round.
         self._members: frozenset[int] = frozenset()
         self._collect: tuple[CollectGradients, bytes] | None = None
@@ -113,7 +134,7 @@ class GradientRounds:
         rule counts the workers it started with; it receives the next round.
         """
         if self._round is not None and remote.info.worker_id in self._members:
-            await self._pool.send(remote, *self._round)
+            await self._pool.send(remote, self._round.message, self._round.frame(remote))
             if self._collect is not None:
                 await self._pool.send(remote, *self._collect)
 
@@ -137,22 +158,24 @@ class GradientRounds:
                 for r in self._remotes
             ]
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
-        frame = codec.encode(message)
-        self._round = (message, frame)
+        self._round = frames = _RoundFrames(message)
         self._members = frozenset(r.info.worker_id for r in self._remotes)
         self._collect = None
+        sent = 0
         for remote in self._remotes:
+            frame = frames.frame(remote)
             await pool.send(remote, message, frame)
-        return len(frame) * len(self._remotes)
+            sent += len(frame)
+        return sent
 
     async def collect(self, round_id: int) -> int:
         """:meth:`Learner.collect_gradients`."""
         if not self.active or self._round is None:
             raise InvalidState("call start_round() before collect_gradients()")
-        if round_id != self._round[0].round:
+        if round_id != self._round.message.round:
             raise ConfigError(
                 f"cannot collect round {round_id}: the round under way is "
-                f"{self._round[0].round}; collect the round last started"
+                f"{self._round.message.round}; collect the round last started"
             )
         message = CollectGradients(round=round_id)
         frame = codec.encode(message)
@@ -169,10 +192,10 @@ class GradientRounds:
         pool = self._pool
         if not self.active or self._round is None:
             raise InvalidState("call start_round() before reduce_gradients()")
-        if round_id != self._round[0].round:
+        if round_id != self._round.message.round:
             raise ConfigError(
                 f"cannot reduce round {round_id}: the round under way is "
-                f"{self._round[0].round}; reduce the round last started"
+                f"{self._round.message.round}; reduce the round last started"
             )
         if not isinstance(size, int) or size < 1:
             raise ConfigError(f"size must be an int >= 1 (the gradient length), got {size!r}")
