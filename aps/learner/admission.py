@@ -372,8 +372,11 @@ class Gate:
         """
         timeouts = self.timeouts
         nonce = os.urandom(NONCE_SIZE)
+        # This deadline falls a little before the budget's, so that a silent peer is told why
+        # in a goodbye; the budget's abort stays the backstop for a gate that cannot run.
+        margin = min(0.2 * ticket.deadline, 0.5)
         try:
-            async with asyncio.timeout(ticket.remaining()):
+            async with asyncio.timeout(max(ticket.remaining() - margin, 0.001)):
                 await session.send(Challenge(protocol_version=PROTOCOL_VERSION, nonce=nonce))
                 hello = await session.receive(timeout=None, operation="the worker's hello")
                 ticket.greeted()
