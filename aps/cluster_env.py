@@ -13,11 +13,11 @@ import builtins
 import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import queue
 import secrets
-import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Literal, NoReturn, TypeVar
@@ -37,6 +37,7 @@ from aps.learner import Learner, WorkerInfo
 from aps.session import Timeouts
 from aps.sync import SyncStrategy
 from aps.transports.base import Listener
+from aps.transports.registry import default_local_transports, local_listen_url
 from aps.worker import EnvSpec
 
 __all__ = ["ClusterEnv", "as_raised"]
@@ -48,14 +49,6 @@ T = TypeVar("T")
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
-
-
-_LOCAL_URLS = {
-    "tcp": "tcp://127.0.0.1:0",
-    "unix": "unix://",
-    "ws": "ws://127.0.0.1:0",
-    "memory": "memory://",
-}
 
 
 _UNKNOWN = object()
@@ -477,9 +470,10 @@ class ClusterEnv(VectorEnv):
             compression: see the class; ``"auto"`` never compresses here (every worker is
                 on this host), ``"zstd"`` or ``"lz4"`` does.
         """
-        chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
-        if chosen not in _LOCAL_URLS:
-            raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {chosen!r}")
+        # The transports to try: the one asked for, or the host's default list, where a
+        # later one is the fallback for an earlier one that cannot bind here.
+        choices = default_local_transports() if transport is None else (transport,)
+        urls = [local_listen_url(name) for name in choices]
         if isinstance(env, list | tuple):
             if num_envs is not None and num_envs != len(env):
                 raise ConfigError(
@@ -494,7 +488,7 @@ class ClusterEnv(VectorEnv):
             raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
         check_compression(compression)  # before any worker starts
 
-        def start(transport: str) -> ClusterEnv:
+        def start(url: str) -> ClusterEnv:
             token = secrets.token_hex(16)
             launcher = LocalWorkers(
                 env,
@@ -508,7 +502,7 @@ class ClusterEnv(VectorEnv):
                 vector=vector,
             )
             return cls(
-                _LOCAL_URLS[transport],
+                url,
                 num_workers=num_workers,
                 token=token,
                 autoreset_mode=autoreset_mode,
@@ -526,15 +520,14 @@ class ClusterEnv(VectorEnv):
                 _seed=seed,
             )
 
-        try:
-            return start(chosen)
-        except ConnectError as exc:
-            if transport is not None or chosen != "unix":
-                raise
-            # The default is a convenience: where no Unix socket can be bound here (no
-            # writable temporary directory, a file system without sockets), TCP still is.
-            log.warning("cannot listen on a Unix socket (%s); using tcp://127.0.0.1", exc)
-            return start("tcp")
+        for url, fallback in itertools.pairwise(urls):
+            try:
+                return start(url)
+            except ConnectError as exc:
+                # The default is a convenience: where no Unix socket can be bound here (no
+                # writable temporary directory, a file system without sockets), TCP still is.
+                log.warning("cannot listen on %s (%s); using %s", url, exc, fallback)
+        return start(urls[-1])
 
     async def _shutdown(self) -> None:
         await self._learner.aclose()  # stops the launcher too

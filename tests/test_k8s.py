@@ -219,6 +219,7 @@ def test_the_learner_script_and_worker_commands_run_here(tls: bool, tmp_path: Pa
     token_dir.mkdir()
     tls_dir.mkdir()
     (token_dir / "token").write_text("k8s-test-token\n")
+    (token_dir / "token").chmod(0o600)  # the worker refuses a token file others may read
     if tls and not make_certificates(tls_dir):
         pytest.skip("openssl could not make certificates here")
     port = free_port()
