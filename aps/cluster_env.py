@@ -34,6 +34,7 @@ from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
+from aps.learner.pool import OnWorkerLost
 from aps.session import Timeouts
 from aps.sync import SyncStrategy
 from aps.transports.base import Listener
@@ -52,6 +53,21 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
 
 
 _UNKNOWN = object()
+
+
+def _check_on_worker_lost(value: object) -> None:
+    """Refuse the one word of the learner's vocabulary a fixed-size vector env cannot keep.
+
+    Raises:
+        ConfigError: ``value`` is ``"drop"``. Other words are the learner's to check.
+    """
+    if value == "drop":
+        raise ConfigError(
+            "on_worker_lost='drop' cannot apply to a ClusterEnv: a Gymnasium VectorEnv steps "
+            "all of its num_envs every call, and a dropped worker's envs would be missing; "
+            "use 'raise' or 'wait' (a replacement worker takes the envs over), or "
+            "aps.Learner(on_worker_lost='drop') for chunk streams and gradient rounds"
+        )
 
 
 def as_raised(error: WorkerError) -> Exception:
@@ -264,6 +280,8 @@ class ClusterEnv(VectorEnv):
         on_worker_lost: ``"raise"`` (default) or ``"wait"``: a worker that resumes its
             session changes nothing; one that another worker replaces ends its envs'
             episodes (``truncated``, ``info["worker_restarted"]``). See :class:`aps.Learner`.
+            ``"drop"`` is refused with a :class:`~aps.errors.ConfigError`: a vector env
+            steps all of its ``num_envs`` every call.
         reconnect_timeout: how long ``"wait"`` waits, in seconds.
         on_listening: called with the bound URL (port 0 resolved) before the constructor
             waits for the workers, e.g. to print the command that starts them elsewhere.
@@ -315,7 +333,7 @@ class ClusterEnv(VectorEnv):
         policy: str | None = None,
         sync: SyncStrategy | None = None,
         launcher: Launcher | None = None,
-        on_worker_lost: Literal["raise", "wait"] = "raise",
+        on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
         on_listening: Callable[[str], object] | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -325,6 +343,7 @@ class ClusterEnv(VectorEnv):
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
+        _check_on_worker_lost(on_worker_lost)
         self._render_mode: object = _UNKNOWN
         # Why stepping is refused until the next reset (an env raised in a step or reset).
         self._out_of_step: str | None = None
@@ -421,7 +440,7 @@ class ClusterEnv(VectorEnv):
         use_uvloop: bool | None = None,
         policy: str | None = None,
         sync: SyncStrategy | None = None,
-        on_worker_lost: Literal["raise", "wait"] = "raise",
+        on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
         vector: str = "sync",
         policy_kwargs: dict[str, Any] | None = None,
@@ -487,6 +506,7 @@ class ClusterEnv(VectorEnv):
         if timeouts is not None and not isinstance(timeouts, Timeouts):
             raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
         check_compression(compression)  # before any worker starts
+        _check_on_worker_lost(on_worker_lost)
 
         def start(url: str) -> ClusterEnv:
             token = secrets.token_hex(16)
