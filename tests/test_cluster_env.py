@@ -160,7 +160,7 @@ def test_the_default_falls_back_to_tcp_where_no_unix_socket_can_be_made(
 
 def test_drop_is_refused_before_any_worker_starts() -> None:
     # The Learner's word, refused with its reason: a VectorEnv steps every env each call.
-    with pytest.raises(aps.ConfigError, match="steps all of its num_envs.*'raise' or 'wait'"):
+    with pytest.raises(aps.ConfigError, match=r"steps all of its num_envs.*'raise' or 'wait'"):
         aps.ClusterEnv.local("CartPole-v1", num_workers=1, on_worker_lost="drop")
     with pytest.raises(aps.ConfigError, match="on_worker_lost='drop' cannot apply"):
         aps.ClusterEnv("memory://", num_workers=1, on_worker_lost="drop")

@@ -116,7 +116,7 @@ def test_the_old_spelling_continue_still_means_drop_and_warns() -> None:
     assert trainer.on_worker_lost == "drop"
     with pytest.raises(aps.ConfigError, match="'wait' is the Learner's choice"):
         pg.NIGT(agent, on_worker_lost="wait")
-    with pytest.raises(aps.ConfigError, match="'raise' or 'drop' .* got 'skip'"):
+    with pytest.raises(aps.ConfigError, match=r"'raise' or 'drop' .* got 'skip'"):
         pg.NIGT(agent, on_worker_lost="skip")  # type: ignore[arg-type]
 
 
