@@ -28,13 +28,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
-from aps.collect import Metrics, Rollout, WeightPrecision
 from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
 from aps.learner.pool import OnWorkerLost
+from aps.learner.rollouts import Metrics, Rollout, WeightPrecision
 from aps.session import Timeouts
 from aps.sync import SyncStrategy
 from aps.transports.base import Listener
