@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from aps._version import __version__ as __version__
 from aps.cluster_env import ClusterEnv
-from aps.collect import Chunk, Metrics, Rollout, WorkerMetrics
 from aps.errors import (
     ApsError,
     AuthError,
@@ -37,6 +36,7 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.learner import Learner, WorkerInfo
+from aps.learner.rollouts import Chunk, Metrics, Rollout, WorkerMetrics
 from aps.session import Timeouts
 from aps.worker import Worker
 

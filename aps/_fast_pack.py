@@ -24,20 +24,31 @@ from typing import Any
 import numpy as np
 
 from aps._wire import (
-    _WIRE_NAME,
     DTYPES,
     EXT_NDARRAY,
     EXT_OBJECT_ARRAY,
     EXT_SCALAR,
     MAX_NDIM,
     MAX_OBJECT_DEPTH,
-    _ext_prefix,
-    _header,
-    _is_large,
+    WIRE_NAME,
+    array_header,
+    ext_prefix,
+    is_large,
 )
 
+# What aps.codec (and aps.compression) use; the module stays private by its file name.
+__all__ = [
+    "ATOM_KINDS",
+    "PREFIXES",
+    "array_prefix",
+    "pack_atom",
+    "pack_int",
+    "pack_object_array",
+    "pack_tree",
+]
 
-def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: int) -> bool:
+
+def pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: int) -> bool:
     """Append the msgpack bytes of ``value`` as the generic path packs it; ``False``: refused.
 
     Writes exact ``dict`` (str keys), ``list``, ``tuple`` and object arrays holding values
@@ -51,10 +62,10 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
     kind = type(value)
     if kind is np.ndarray:
         if value.dtype.hasobject:
-            return _pack_object_array(value, append, nesting, depth)
-        prefix = _PREFIXES.get((value.dtype, value.shape))
+            return pack_object_array(value, append, nesting, depth)
+        prefix = PREFIXES.get((value.dtype, value.shape))
         if prefix is None:
-            prefix = _array_prefix(value)
+            prefix = array_prefix(value)
             if prefix is None:
                 return False
         append(prefix)
@@ -75,7 +86,7 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
                 if packed_key is None:
                     return False
             append(packed_key)
-            if not _pack_tree(item, append, nesting + 1, depth):
+            if not pack_tree(item, append, nesting + 1, depth):
                 return False
     elif kind is list or kind is tuple:
         if nesting >= _MAX_FAST_NESTING:
@@ -85,15 +96,15 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
             return False
         append(head)
         for item in value:
-            if not _pack_tree(item, append, nesting + 1, depth):
+            if not pack_tree(item, append, nesting + 1, depth):
                 return False
     elif kind is int:
-        packed = _pack_int(value)
+        packed = pack_int(value)
         if packed is None:
             return False
         append(packed)
-    elif kind in _ATOM_KINDS:
-        return _pack_atom(value, kind, append)
+    elif kind in ATOM_KINDS:
+        return pack_atom(value, kind, append)
     else:
         prefix = _SCALAR_PREFIXES.get(kind)
         if prefix is None:
@@ -103,10 +114,10 @@ def _pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: 
     return True
 
 
-def _pack_atom(value: Any, kind: type, append: Callable[[bytes], Any]) -> bool:
+def pack_atom(value: Any, kind: type, append: Callable[[bytes], Any]) -> bool:
     """Append ``None``, a ``bool``, ``float``, ``str`` or ``bytes`` as msgpack packs it.
 
-    ``kind`` is ``type(value)``, one of :data:`_ATOM_KINDS`. ``False``: refused (a str with
+    ``kind`` is ``type(value)``, one of :data:`ATOM_KINDS`. ``False``: refused (a str with
     lone surrogates, a length beyond 32 bits), nothing appended.
     """
     if value is None:
@@ -135,11 +146,11 @@ def _pack_atom(value: Any, kind: type, append: Callable[[bytes], Any]) -> bool:
     return True
 
 
-_ATOM_KINDS = frozenset({type(None), bool, float, str, bytes})
-"""The kinds :func:`_pack_atom` writes."""
+ATOM_KINDS = frozenset({type(None), bool, float, str, bytes})
+"""The kinds :func:`pack_atom` writes."""
 
 
-def _pack_object_array(
+def pack_object_array(
     array: np.ndarray[Any, Any], append: Callable[[bytes], Any], nesting: int, depth: int
 ) -> bool:
     """Append an object array as ``aps.codec._ext_object_array`` packs it; ``False``: refused."""
@@ -152,7 +163,7 @@ def _pack_object_array(
         # the list [list(shape), list(elements)].
         ndim = _container_header(len(shape), 0x90, 0xDC, 0xDD)
         count = _container_header(array.size, 0x90, 0xDC, 0xDD)
-        dims = [_pack_int(dim) for dim in shape]
+        dims = [pack_int(dim) for dim in shape]
         if ndim is None or count is None or None in dims:
             return False
         head = b"".join([b"\x92", ndim, *typing.cast("list[bytes]", dims), count])
@@ -166,7 +177,7 @@ def _pack_object_array(
     for item in array.reshape(-1).tolist():
         if item is None:
             add(b"\xc0")
-        elif not _pack_tree(item, add, nesting + 1, depth + 1):
+        elif not pack_tree(item, add, nesting + 1, depth + 1):
             return False
     payload = b"".join(parts)
     size = len(payload)
@@ -224,10 +235,10 @@ def _scalar_prefixes() -> dict[type, bytes]:
     prefixes: dict[type, bytes] = {}
     for name in DTYPES:
         dtype = np.dtype(name)
-        wire = _WIRE_NAME.get(dtype)
+        wire = WIRE_NAME.get(dtype)
         if wire is None:  # a big-endian host: its scalars take the generic path
             continue
-        header = _header(wire, ())
+        header = array_header(wire, ())
         length = len(header) + dtype.itemsize
         fixext = _FIXEXT.get(length)
         ext = bytes((fixext, EXT_SCALAR)) if fixext else bytes((0xC7, length, EXT_SCALAR))
@@ -258,7 +269,7 @@ def _length_header(size: int, code8: int, code16: int, code32: int) -> bytes | N
     return None
 
 
-def _pack_int(value: int) -> bytes | None:
+def pack_int(value: int) -> bytes | None:
     """An int as msgpack packs it (the shortest form), or ``None`` beyond 64 bits."""
     if value >= 0:
         if value <= 0x7F:
@@ -285,18 +296,18 @@ def _pack_int(value: int) -> bytes | None:
     return None
 
 
-def _array_prefix(array: np.ndarray[Any, Any]) -> bytes | None:
+def array_prefix(array: np.ndarray[Any, Any]) -> bytes | None:
     """What precedes the data of ``array`` in a frame: the ext header and the array header.
 
     ``None`` for arrays the fast path leaves to the generic one: other dtypes (big-endian,
     object, unsupported ones, whose errors it raises), too many dimensions, large arrays.
     The result is cached per dtype and shape.
     """
-    name = _WIRE_NAME.get(array.dtype)
+    name = WIRE_NAME.get(array.dtype)
     if name is None or array.ndim > MAX_NDIM:
         return None
-    header = _header(name, array.shape)
-    if _is_large(header, array.nbytes):
+    header = array_header(name, array.shape)
+    if is_large(header, array.nbytes):
         return None
     length = len(header) + array.nbytes
     # The ext header msgpack writes for a payload of this length: fixext where one fits.
@@ -306,14 +317,14 @@ def _array_prefix(array: np.ndarray[Any, Any]) -> bytes | None:
     elif length <= 0xFF:
         prefix = bytes([0xC7, length, EXT_NDARRAY]) + header
     else:
-        prefix = _ext_prefix(length) + header
-    if len(_PREFIXES) >= 4096:  # as for _wire._HEADERS: few shapes in practice, bounded anyway
-        _PREFIXES.clear()
-    _PREFIXES[(array.dtype, array.shape)] = prefix
+        prefix = ext_prefix(length) + header
+    if len(PREFIXES) >= 4096:  # as for _wire._HEADERS: few shapes in practice, bounded anyway
+        PREFIXES.clear()
+    PREFIXES[(array.dtype, array.shape)] = prefix
     return prefix
 
 
-_PREFIXES: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+PREFIXES: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
 _FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
 _UINT8 = [bytes([b]) for b in range(256)]
 _FIXSTR = [bytes([0xA0 | size]) for size in range(32)]

@@ -6,7 +6,7 @@ views of their payload), numpy scalars, and object arrays, nested at most
 shared mutable state. Every error is a :class:`~aps.errors.WireError`.
 
 The second half is the zero-copy walk that :func:`aps.codec.decode` runs on a frame of more
-than :data:`~aps._wire._LARGE_ARRAY` bytes, so that its large arrays are views of the frame
+than :data:`~aps._wire.LARGE_ARRAY` bytes, so that its large arrays are views of the frame
 itself rather than of copies; the comment that opens it says how.
 """
 
@@ -21,19 +21,33 @@ import msgpack
 import numpy as np
 
 from aps._wire import (
-    _LARGE_ARRAY,
-    _LONGEST_HEADER,
     EXT_COMPRESSED,
     EXT_NDARRAY,
     EXT_OBJECT_ARRAY,
     EXT_SCALAR,
+    LARGE_ARRAY,
+    LONGEST_HEADER,
     MAX_NDIM,
     MAX_OBJECT_DEPTH,
     MAX_PADDING,
-    _data_offset,
-    _parse_payload,
+    data_offset,
+    parse_payload,
 )
 from aps.errors import WireError
+
+# What aps.codec (and aps.compression) use; the module stays private by its file name.
+__all__ = [
+    "DECODE_FLOOR",
+    "DECODE_RATIO",
+    "SCAN_FROM",
+    "TOP_HOOK",
+    "decode_budget",
+    "make_ext_hook",
+    "reference_hook",
+    "scan",
+    "str_keys",
+    "with_references",
+]
 
 
 def _unpack_array(data: bytes) -> np.ndarray[Any, Any]:
@@ -47,8 +61,8 @@ def _unpack_array(data: bytes) -> np.ndarray[Any, Any]:
         if nbytes != len(data) - offset:
             parsed = None
     if parsed is None:
-        dtype, shape, end, nbytes = _parse_payload(data)
-        offset = _data_offset(data, len(data), end, dtype, shape, nbytes)
+        dtype, shape, end, nbytes = parse_payload(data)
+        offset = data_offset(data, len(data), end, dtype, shape, nbytes)
         if offset == end + (-end % 8) and offset <= 16:
             if len(_PARSED) >= 4096:
                 _PARSED.clear()
@@ -63,7 +77,7 @@ def _unpack_array(data: bytes) -> np.ndarray[Any, Any]:
 _PARSED: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
 
 
-def _str_keys(mapping: dict[Any, Any]) -> dict[Any, Any]:
+def str_keys(mapping: dict[Any, Any]) -> dict[Any, Any]:
     # strict_map_key lets bytes keys through as well; the encoder never sends them.
     for key in mapping:
         if type(key) is not str:
@@ -72,9 +86,7 @@ def _str_keys(mapping: dict[Any, Any]) -> dict[Any, Any]:
 
 
 def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> Any:
-    body = msgpack.unpackb(
-        data, ext_hook=ext_hook, object_hook=_str_keys, use_list=False, raw=False
-    )
+    body = msgpack.unpackb(data, ext_hook=ext_hook, object_hook=str_keys, use_list=False, raw=False)
     if not (type(body) is tuple and len(body) == 2 and type(body[1]) is tuple):
         raise WireError("object array must be [shape, [elements]]")
     shape, elements = body
@@ -97,7 +109,7 @@ def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> 
     return array
 
 
-def _make_ext_hook(
+def make_ext_hook(
     depth: int, inflate: Callable[[bytes], np.ndarray[Any, Any]] | None = None
 ) -> Callable[[int, bytes], Any]:
     """The ext hook for values nested ``depth`` object arrays deep.
@@ -118,7 +130,7 @@ def _make_ext_hook(
         if code == EXT_OBJECT_ARRAY:
             if depth >= MAX_OBJECT_DEPTH:
                 raise WireError(f"object arrays nest deeper than {MAX_OBJECT_DEPTH} levels")
-            inner = _EXT_HOOKS[depth + 1] if inflate is None else _make_ext_hook(depth + 1, inflate)
+            inner = _EXT_HOOKS[depth + 1] if inflate is None else make_ext_hook(depth + 1, inflate)
             return _unpack_object_array(data, inner)
         if code == EXT_COMPRESSED:
             if inflate is None:
@@ -138,18 +150,18 @@ def _make_ext_hook(
 
 # One hook per object-array depth, so the depth needs no shared mutable state: decoding is
 # safe from many threads, and the bounded depth bounds the C stack msgpack uses per level.
-_EXT_HOOKS = [_make_ext_hook(depth) for depth in range(MAX_OBJECT_DEPTH + 1)]
-_TOP_HOOK = _EXT_HOOKS[0]
+_EXT_HOOKS = [make_ext_hook(depth) for depth in range(MAX_OBJECT_DEPTH + 1)]
+TOP_HOOK = _EXT_HOOKS[0]
 
 
 # --------------------------------------------------------------------------------------------
 # What a decode costs. msgpack builds one Python object per msgpack object, and a small object
 # costs far more memory than its bytes on the wire: an empty map is 1 byte and a 64-byte dict,
 # a one-element array ext about 20 bytes and 300 in numpy. Before a frame of more than
-# _SCAN_FROM bytes is unpacked, _scan walks its structure (a cheap scan of headers, in Python)
+# SCAN_FROM bytes is unpacked, scan walks its structure (a cheap scan of headers, in Python)
 # and charges each object an upper bound of what unpacking it allocates; a frame whose charge
 # passes decode_budget(size) is refused before msgpack builds anything. A smaller frame cannot
-# cost more than _SCAN_FROM times the worst amplification (about 100x), within the floor.
+# cost more than SCAN_FROM times the worst amplification (about 100x), within the floor.
 #
 # The same walk finds the frame's large arrays. msgpack hands every ext payload to ext_hook as a
 # new bytes object, so an array decoded the ordinary way is a view of a copy; decode() instead
@@ -174,7 +186,7 @@ def decode_budget(size: int) -> int:
     return DECODE_RATIO * size + DECODE_FLOOR
 
 
-_SCAN_FROM = DECODE_FLOOR // 128
+SCAN_FROM = DECODE_FLOOR // 128
 
 # Upper bounds of the bytes unpacking allocates per object, on top of the bytes its payload
 # copies (str, bin and ext payloads are copied once, an object array's elements once more).
@@ -193,10 +205,10 @@ inside decode(): a frame that holds it is refused, like any unknown code."""
 _REFERENCE = struct.Struct(">BbI")  # fixext 4, the code, the index of the array
 
 # The longest array header with its padding.
-_MAX_ARRAY_HEADER = _LONGEST_HEADER + MAX_PADDING
+_MAX_ARRAY_HEADER = LONGEST_HEADER + MAX_PADDING
 
 
-def _scan(frame: Any, size: int, find_large: bool) -> list[tuple[int, int, int]]:
+def scan(frame: Any, size: int, find_large: bool) -> list[tuple[int, int, int]]:
     """Charge ``frame``'s objects against the decode budget; find its large arrays.
 
     Returns the large arrays to view in place, ``(ext start, payload start, payload
@@ -297,7 +309,7 @@ def _walk(
             if (
                 found is not None
                 and frame[pos] == EXT_NDARRAY
-                and count >= _LARGE_ARRAY
+                and count >= LARGE_ARRAY
                 and pos + 1 + count <= end
             ):
                 found.append((pos - 1 - width, pos + 1, count))
@@ -372,7 +384,7 @@ _LENGTH_WIDTH = {
 }  # fmt: skip
 
 
-def _with_references(frame: bytes, found: list[tuple[int, int, int]]) -> bytes:
+def with_references(frame: bytes, found: list[tuple[int, int, int]]) -> bytes:
     """A copy of ``frame`` with each large array's ext replaced by a reference to it."""
     parts: list[bytes | memoryview] = []
     done = 0
@@ -385,8 +397,8 @@ def _with_references(frame: bytes, found: list[tuple[int, int, int]]) -> bytes:
         return b"".join(parts)
 
 
-def _reference_hook(
-    frame: bytes, found: list[tuple[int, int, int]], base: Callable[[int, bytes], Any] = _TOP_HOOK
+def reference_hook(
+    frame: bytes, found: list[tuple[int, int, int]], base: Callable[[int, bytes], Any] = TOP_HOOK
 ) -> Callable[[int, bytes], Any]:
     def ext_hook(code: int, data: bytes) -> Any:
         if code != _REFERENCE_CODE:
@@ -400,8 +412,8 @@ def _reference_hook(
 def _view_array(frame: bytes, start: int, length: int) -> np.ndarray[Any, Any]:
     """The array whose ext payload is ``frame[start : start + length]``, as a view of it."""
     head = frame[start : start + min(length, _MAX_ARRAY_HEADER)]
-    dtype, shape, end, nbytes = _parse_payload(head)
-    offset = _data_offset(head, length, end, dtype, shape, nbytes)
+    dtype, shape, end, nbytes = parse_payload(head)
+    offset = data_offset(head, length, end, dtype, shape, nbytes)
     try:
         return np.ndarray(shape, dtype, frame, start + offset)
     except ValueError as exc:  # zero-size arrays with absurd dims pass the length check

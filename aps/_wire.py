@@ -3,8 +3,8 @@
 :mod:`aps.codec` describes the wire format; this module holds what every part of it needs to
 agree on: the extension codes, the dtype whitelist and its lookup tables, and the array
 header ``[dtype.str, shape]`` that starts every array and scalar payload, both written
-(:func:`_header`, cached per dtype and shape) and parsed (:func:`_parse_payload`, which checks
-every byte before numpy sees any). It also fixes :data:`_LARGE_ARRAY`, the payload size from
+(:func:`array_header`, cached per dtype and shape) and parsed (:func:`parse_payload`, which checks
+every byte before numpy sees any). It also fixes :data:`LARGE_ARRAY`, the payload size from
 which an array is written aligned within the frame and decoded as a view of it.
 
 The public constants are re-exported by :mod:`aps.codec`, where users find them. Nothing here
@@ -19,6 +19,31 @@ from typing import Any, Final
 import numpy as np
 
 from aps.errors import WireError
+
+# What aps.codec (and aps.compression) use; the module stays private by its file name.
+__all__ = [
+    "ALIGNMENT",
+    "DTYPES",
+    "EXT_COMPRESSED",
+    "EXT_NDARRAY",
+    "EXT_OBJECT_ARRAY",
+    "EXT_SCALAR",
+    "LARGE_ARRAY",
+    "LITTLE",
+    "LONGEST_HEADER",
+    "MAX_NDIM",
+    "MAX_OBJECT_DEPTH",
+    "MAX_PADDING",
+    "SWAPPED",
+    "WIRE_NAME",
+    "array_header",
+    "data_offset",
+    "dtype_error",
+    "ext_prefix",
+    "is_large",
+    "parse_payload",
+    "unpadded_header",
+]
 
 ALIGNMENT: Final = 16
 """The data of an array of 64 KiB or more starts at a multiple of this from the frame's start."""
@@ -58,23 +83,23 @@ MAX_NDIM: Final = 32
 MAX_OBJECT_DEPTH: Final = 8
 """How deeply object arrays may nest inside object arrays."""
 
-_LITTLE: dict[str, np.dtype[Any]] = {
+LITTLE: dict[str, np.dtype[Any]] = {
     np.dtype(name).newbyteorder("<").str: np.dtype(name).newbyteorder("<") for name in DTYPES
 }
 # Equal dtypes hash equally, so native-order and little-endian dtypes find the same name.
-_WIRE_NAME: dict[np.dtype[Any], str] = {dtype: name for name, dtype in _LITTLE.items()}
+WIRE_NAME: dict[np.dtype[Any], str] = {dtype: name for name, dtype in LITTLE.items()}
 # Big-endian inputs are sent as their little-endian twins.
-_SWAPPED: dict[str, np.dtype[Any]] = {
-    dtype.newbyteorder(">").str: dtype for dtype in _LITTLE.values() if dtype.itemsize > 1
+SWAPPED: dict[str, np.dtype[Any]] = {
+    dtype.newbyteorder(">").str: dtype for dtype in LITTLE.values() if dtype.itemsize > 1
 }
 # The decoder looks dtype strings up as the raw bytes of the header, skipping a utf-8 decode.
-_BY_WIRE_NAME: dict[bytes, np.dtype[Any]] = {s.encode(): dtype for s, dtype in _LITTLE.items()}
+_BY_WIRE_NAME: dict[bytes, np.dtype[Any]] = {s.encode(): dtype for s, dtype in LITTLE.items()}
 _PADDING = [b"\0" * (-k % 8) for k in range(8)]
 
 _DTYPE_HINT = ", ".join(DTYPES)
 
 
-def _dtype_error(dtype: np.dtype[Any]) -> WireError:
+def dtype_error(dtype: np.dtype[Any]) -> WireError:
     return WireError(
         f"cannot encode numpy dtype {dtype} ({dtype.str!r}); supported dtypes: {_DTYPE_HINT} "
         "(and object arrays of supported values); convert with .astype() first"
@@ -85,7 +110,7 @@ def _dtype_error(dtype: np.dtype[Any]) -> WireError:
 # Array headers, written
 
 
-def _header(name: str, shape: tuple[int, ...]) -> bytes:
+def array_header(name: str, shape: tuple[int, ...]) -> bytes:
     """The msgpack bytes of ``[name, shape]`` plus zero bytes up to a multiple of 8, cached.
 
     Packing it with msgpack would need a second Packer while the outer one runs, and each
@@ -96,7 +121,7 @@ def _header(name: str, shape: tuple[int, ...]) -> bytes:
     header = _HEADERS.get(key)
     if header is not None:
         return header
-    header = _unpadded_header(name, shape)
+    header = unpadded_header(name, shape)
     header += _PADDING[len(header) % 8]
     if len(_HEADERS) >= 4096:  # shapes vary little in practice; bound the cache anyway
         _HEADERS.clear()
@@ -105,7 +130,7 @@ def _header(name: str, shape: tuple[int, ...]) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)  # each large array of a frame needs it: build it once
-def _unpadded_header(name: str, shape: tuple[int, ...]) -> bytes:
+def unpadded_header(name: str, shape: tuple[int, ...]) -> bytes:
     """The msgpack bytes of ``[name, shape]``."""
     ndim = len(shape)
     if ndim > MAX_NDIM:
@@ -129,27 +154,27 @@ def _unpadded_header(name: str, shape: tuple[int, ...]) -> bytes:
 
 
 _HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
-_NAME_PREFIX = {name: b"\x92" + bytes([0xA0 | len(name)]) + name.encode() for name in _LITTLE}
+_NAME_PREFIX = {name: b"\x92" + bytes([0xA0 | len(name)]) + name.encode() for name in LITTLE}
 
 # Arrays whose payload (header and data) is at least this many bytes are not copied into
 # msgpack's buffer: the frame is assembled once around them (see codec._pack_frame), and decode()
 # views them in the frame.
-_LARGE_ARRAY = 64 * 2**10
+LARGE_ARRAY = 64 * 2**10
 # The longest array header: the dtype, and up to MAX_NDIM dims of up to 9 bytes each.
-_LONGEST_HEADER = 16 + 9 * MAX_NDIM
+LONGEST_HEADER = 16 + 9 * MAX_NDIM
 
 
-def _is_large(header: bytes, nbytes: int) -> bool:
+def is_large(header: bytes, nbytes: int) -> bool:
     """Whether an array travels as a large array, aligned within the frame.
 
-    ``header`` is its :func:`_header`. An array is large when its payload, packed inline,
-    would be :data:`_LARGE_ARRAY` bytes or more: the size at which the decoder views an
+    ``header`` is its :func:`array_header`. An array is large when its payload, packed inline,
+    would be :data:`LARGE_ARRAY` bytes or more: the size at which the decoder views an
     array in the frame instead of in a copy.
     """
-    return len(header) + nbytes >= _LARGE_ARRAY
+    return len(header) + nbytes >= LARGE_ARRAY
 
 
-def _ext_prefix(length: int) -> bytes:
+def ext_prefix(length: int) -> bytes:
     """The msgpack ext header of an EXT_NDARRAY payload of ``length`` bytes (over 255)."""
     if length <= 0xFFFF:
         return b"\xc8" + length.to_bytes(2, "big") + bytes([EXT_NDARRAY])
@@ -183,7 +208,7 @@ def _parse_header(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
     if dtype is None:
         raise WireError(
             f"array dtype {name.decode('utf-8', 'replace')!r} is not supported; "
-            f"supported: {', '.join(s for s in _LITTLE)}"
+            f"supported: {', '.join(s for s in LITTLE)}"
         )
     b = data[pos]
     if 0x90 <= b <= 0x9F:
@@ -212,7 +237,7 @@ def _parse_header(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int]:
     return dtype, tuple(shape), pos
 
 
-def _parse_payload(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
+def parse_payload(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
     """Parse the header of an array ext payload (or of its start).
 
     Returns the dtype, the shape, where the header ends and the data's size in bytes.
@@ -230,7 +255,7 @@ def _parse_payload(data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], int, in
     return dtype, shape, end, nbytes
 
 
-def _data_offset(
+def data_offset(
     payload: bytes, length: int, end: int, dtype: np.dtype[Any], shape: tuple[int, ...], nbytes: int
 ) -> int:
     """Where the data of a payload of ``length`` bytes starts; its header ends at ``end``.

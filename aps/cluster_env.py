@@ -13,11 +13,11 @@ import builtins
 import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import queue
 import secrets
-import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Literal, NoReturn, TypeVar
@@ -28,15 +28,17 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps._loop import new_event_loop
 from aps._typing import Array, Info
-from aps.collect import Metrics, Rollout, WeightPrecision
 from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
+from aps.learner.pool import OnWorkerLost
+from aps.learner.rollouts import Metrics, Rollout, WeightPrecision
 from aps.session import Timeouts
 from aps.sync import SyncStrategy
 from aps.transports.base import Listener
+from aps.transports.registry import default_local_transports, local_listen_url
 from aps.worker import EnvSpec
 
 __all__ = ["ClusterEnv", "as_raised"]
@@ -50,15 +52,22 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-_LOCAL_URLS = {
-    "tcp": "tcp://127.0.0.1:0",
-    "unix": "unix://",
-    "ws": "ws://127.0.0.1:0",
-    "memory": "memory://",
-}
-
-
 _UNKNOWN = object()
+
+
+def _check_on_worker_lost(value: object) -> None:
+    """Refuse the one word of the learner's vocabulary a fixed-size vector env cannot keep.
+
+    Raises:
+        ConfigError: ``value`` is ``"drop"``. Other words are the learner's to check.
+    """
+    if value == "drop":
+        raise ConfigError(
+            "on_worker_lost='drop' cannot apply to a ClusterEnv: a Gymnasium VectorEnv steps "
+            "all of its num_envs every call, and a dropped worker's envs would be missing; "
+            "use 'raise' or 'wait' (a replacement worker takes the envs over), or "
+            "aps.Learner(on_worker_lost='drop') for chunk streams and gradient rounds"
+        )
 
 
 def as_raised(error: WorkerError) -> Exception:
@@ -271,6 +280,8 @@ class ClusterEnv(VectorEnv):
         on_worker_lost: ``"raise"`` (default) or ``"wait"``: a worker that resumes its
             session changes nothing; one that another worker replaces ends its envs'
             episodes (``truncated``, ``info["worker_restarted"]``). See :class:`aps.Learner`.
+            ``"drop"`` is refused with a :class:`~aps.errors.ConfigError`: a vector env
+            steps all of its ``num_envs`` every call.
         reconnect_timeout: how long ``"wait"`` waits, in seconds.
         on_listening: called with the bound URL (port 0 resolved) before the constructor
             waits for the workers, e.g. to print the command that starts them elsewhere.
@@ -322,7 +333,7 @@ class ClusterEnv(VectorEnv):
         policy: str | None = None,
         sync: SyncStrategy | None = None,
         launcher: Launcher | None = None,
-        on_worker_lost: Literal["raise", "wait"] = "raise",
+        on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
         on_listening: Callable[[str], object] | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -332,6 +343,7 @@ class ClusterEnv(VectorEnv):
         _seed: int | None = None,
     ) -> None:
         self.closed = True  # until the workers are in, close() has nothing to do
+        _check_on_worker_lost(on_worker_lost)
         self._render_mode: object = _UNKNOWN
         # Why stepping is refused until the next reset (an env raised in a step or reset).
         self._out_of_step: str | None = None
@@ -428,7 +440,7 @@ class ClusterEnv(VectorEnv):
         use_uvloop: bool | None = None,
         policy: str | None = None,
         sync: SyncStrategy | None = None,
-        on_worker_lost: Literal["raise", "wait"] = "raise",
+        on_worker_lost: OnWorkerLost = "raise",
         reconnect_timeout: float = 60.0,
         vector: str = "sync",
         policy_kwargs: dict[str, Any] | None = None,
@@ -477,9 +489,10 @@ class ClusterEnv(VectorEnv):
             compression: see the class; ``"auto"`` never compresses here (every worker is
                 on this host), ``"zstd"`` or ``"lz4"`` does.
         """
-        chosen = transport or ("unix" if hasattr(socket, "AF_UNIX") else "tcp")
-        if chosen not in _LOCAL_URLS:
-            raise ConfigError(f"transport must be one of {sorted(_LOCAL_URLS)}, got {chosen!r}")
+        # The transports to try: the one asked for, or the host's default list, where a
+        # later one is the fallback for an earlier one that cannot bind here.
+        choices = default_local_transports() if transport is None else (transport,)
+        urls = [local_listen_url(name) for name in choices]
         if isinstance(env, list | tuple):
             if num_envs is not None and num_envs != len(env):
                 raise ConfigError(
@@ -493,8 +506,9 @@ class ClusterEnv(VectorEnv):
         if timeouts is not None and not isinstance(timeouts, Timeouts):
             raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
         check_compression(compression)  # before any worker starts
+        _check_on_worker_lost(on_worker_lost)
 
-        def start(transport: str) -> ClusterEnv:
+        def start(url: str) -> ClusterEnv:
             token = secrets.token_hex(16)
             launcher = LocalWorkers(
                 env,
@@ -508,7 +522,7 @@ class ClusterEnv(VectorEnv):
                 vector=vector,
             )
             return cls(
-                _LOCAL_URLS[transport],
+                url,
                 num_workers=num_workers,
                 token=token,
                 autoreset_mode=autoreset_mode,
@@ -526,15 +540,14 @@ class ClusterEnv(VectorEnv):
                 _seed=seed,
             )
 
-        try:
-            return start(chosen)
-        except ConnectError as exc:
-            if transport is not None or chosen != "unix":
-                raise
-            # The default is a convenience: where no Unix socket can be bound here (no
-            # writable temporary directory, a file system without sockets), TCP still is.
-            log.warning("cannot listen on a Unix socket (%s); using tcp://127.0.0.1", exc)
-            return start("tcp")
+        for url, fallback in itertools.pairwise(urls):
+            try:
+                return start(url)
+            except ConnectError as exc:
+                # The default is a convenience: where no Unix socket can be bound here (no
+                # writable temporary directory, a file system without sockets), TCP still is.
+                log.warning("cannot listen on %s (%s); using %s", url, exc, fallback)
+        return start(urls[-1])
 
     async def _shutdown(self) -> None:
         await self._learner.aclose()  # stops the launcher too

@@ -62,43 +62,43 @@ import numpy as np
 
 from aps._buffers import allocate, seal
 from aps._fast_pack import (
-    _ATOM_KINDS,
-    _PREFIXES,
-    _array_prefix,
-    _pack_atom,
-    _pack_int,
-    _pack_object_array,
-    _pack_tree,
+    ATOM_KINDS,
+    PREFIXES,
+    array_prefix,
+    pack_atom,
+    pack_int,
+    pack_object_array,
+    pack_tree,
 )
 from aps._typing import Frame
 from aps._unpack import (
-    _SCAN_FROM,
-    _TOP_HOOK,
-    _make_ext_hook,
-    _reference_hook,
-    _scan,
-    _str_keys,
-    _with_references,
+    SCAN_FROM,
+    TOP_HOOK,
+    make_ext_hook,
+    reference_hook,
+    scan,
+    str_keys,
+    with_references,
 )
 from aps._wire import (
-    _LARGE_ARRAY,
-    _LITTLE,
-    _LONGEST_HEADER,
-    _SWAPPED,
-    _WIRE_NAME,
     ALIGNMENT,
     DTYPES,
     EXT_NDARRAY,
     EXT_OBJECT_ARRAY,
     EXT_SCALAR,
+    LARGE_ARRAY,
+    LITTLE,
+    LONGEST_HEADER,
     MAX_NDIM,
     MAX_OBJECT_DEPTH,
     MAX_PADDING,
-    _dtype_error,
-    _ext_prefix,
-    _header,
-    _is_large,
-    _unpadded_header,
+    SWAPPED,
+    WIRE_NAME,
+    array_header,
+    dtype_error,
+    ext_prefix,
+    is_large,
+    unpadded_header,
 )
 from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
@@ -139,22 +139,22 @@ def _new_ext(code: int, data: bytes) -> msgpack.ExtType:
 
 def _ext_array(array: np.ndarray[Any, Any], code: int) -> msgpack.ExtType:
     # Looked up by the dtype object: dtype.str builds a new string on every call.
-    name = _WIRE_NAME.get(array.dtype)
+    name = WIRE_NAME.get(array.dtype)
     if name is None:
-        little = _SWAPPED.get(array.dtype.str)
+        little = SWAPPED.get(array.dtype.str)
         if little is None:
-            raise _dtype_error(array.dtype)
+            raise dtype_error(array.dtype)
         array = array.astype(little)
         name = little.str
     # tobytes() writes C order whatever the layout, so non-contiguous inputs need no extra step.
-    return _new_ext(code, _header(name, array.shape) + array.tobytes())
+    return _new_ext(code, array_header(name, array.shape) + array.tobytes())
 
 
 def _ext_object_array(
     array: np.ndarray[Any, Any], compressor: Compressor | None = None
 ) -> msgpack.ExtType:
     if array.dtype != object:
-        raise _dtype_error(array.dtype)  # a structured dtype holding objects
+        raise dtype_error(array.dtype)  # a structured dtype holding objects
     # Object arrays hold odd, rare values; a Python loop over them is the only way anyway.
     payload = _packb([array.shape, list(array.reshape(-1))], compressor)
     return _new_ext(EXT_OBJECT_ARRAY, payload)
@@ -176,13 +176,13 @@ def _default(value: Any, compressor: Compressor | None = None) -> Any:
         return _ext_array(value, EXT_NDARRAY)
     # Checked before the built-ins: np.float64 is a float subclass but must stay a numpy scalar.
     if isinstance(value, np.generic):
-        name = _WIRE_NAME.get(value.dtype)
+        name = WIRE_NAME.get(value.dtype)
         if name is not None:
-            return _new_ext(EXT_SCALAR, _header(name, ()) + value.tobytes())
+            return _new_ext(EXT_SCALAR, array_header(name, ()) + value.tobytes())
         if isinstance(value, np.str_ | np.bytes_):
             # Text has no numeric dtype to keep; it arrives as plain str or bytes.
             return str(value) if isinstance(value, str) else bytes(value)
-        raise _dtype_error(value.dtype)
+        raise dtype_error(value.dtype)
     # strict_types sends subclasses and tuples here, so that numpy scalars reach the branch
     # above; plain equivalents are returned for everything else.
     if isinstance(value, tuple | list):
@@ -247,7 +247,7 @@ def _pack_frame(body: dict[str, Any], compressor: Compressor | None = None) -> b
     def default(value: Any) -> Any:
         if (
             type(value) is not np.ndarray
-            or value.nbytes < _LARGE_ARRAY - _LONGEST_HEADER
+            or value.nbytes < LARGE_ARRAY - LONGEST_HEADER
             or value.dtype.hasobject
         ):
             return _default(value, compressor)
@@ -255,16 +255,16 @@ def _pack_frame(body: dict[str, Any], compressor: Compressor | None = None) -> b
             packed = compressor.pack(value)
             if packed is not None:
                 return packed
-        name = _WIRE_NAME.get(value.dtype)
+        name = WIRE_NAME.get(value.dtype)
         if name is None:
-            little = _SWAPPED.get(value.dtype.str)
+            little = SWAPPED.get(value.dtype.str)
             if little is None:
-                raise _dtype_error(value.dtype)
+                raise dtype_error(value.dtype)
             name = little.str
-        if _is_large(_header(name, value.shape), value.nbytes):
+        if is_large(array_header(name, value.shape), value.nbytes):
             with packing[0].getbuffer() as packed:
                 offset = packed.nbytes  # where msgpack writes what this call returns
-            large.append((offset, value, _LITTLE[name], _unpadded_header(name, value.shape)))
+            large.append((offset, value, LITTLE[name], unpadded_header(name, value.shape)))
             return _STAND_IN
         return _default(value)
 
@@ -289,10 +289,10 @@ def _pack_frame(body: dict[str, Any], compressor: Compressor | None = None) -> b
             # The payload's length fixes the ext prefix's; large payloads need the 6-byte
             # one whatever their padding, so the data's position is known before the padding.
             padding = -(at + 6 + len(header)) % ALIGNMENT
-            if len(header) + padding + array.nbytes < _LARGE_ARRAY:
+            if len(header) + padding + array.nbytes < LARGE_ARRAY:
                 padding += ALIGNMENT  # still large to the decoder, which views it in place
             head = header + bytes(padding)
-            prefix = _ext_prefix(len(head) + array.nbytes)
+            prefix = ext_prefix(len(head) + array.nbytes)
             parts.append((offset, prefix + head, array, dtype))
             at += len(prefix) + len(head) + array.nbytes
             done = offset + len(_STAND_IN_BYTES)
@@ -562,7 +562,7 @@ def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
 # cost of encoding them. _pack_small writes such a message directly, in Python, from bytes
 # prepared once per message type and once per array dtype and shape, in one pass over the
 # fields: no body map is built unless the generic path takes over.
-# The writers it shares with _pack_tree are in aps._fast_pack.
+# The writers it shares with pack_tree are in aps._fast_pack.
 
 
 def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> bytes | None:
@@ -570,8 +570,8 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
 
     Simple values: ``None``, ``bool``, ``int`` and ``float`` (exact types), ``str``,
     ``bytes``, the empty dict, and numpy arrays of a wire dtype in native or little-endian
-    order whose payload is under :data:`_LARGE_ARRAY` bytes. With ``containers`` (as
-    :func:`encode` calls it), also what :func:`_pack_tree` writes: dicts, lists, tuples and
+    order whose payload is under :data:`LARGE_ARRAY` bytes. With ``containers`` (as
+    :func:`encode` calls it), also what :func:`pack_tree` writes: dicts, lists, tuples and
     object arrays of simple values and numpy scalars, such as a SameStep step's infos. A
     field's value must also pass the field's check (as in :func:`_body`). The frame is byte
     for byte what :func:`_pack_frame` makes of the message's body (the tests compare them);
@@ -588,27 +588,27 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
         append(key)
         kind = type(value)
         if kind is np.ndarray:
-            prefix = _PREFIXES.get((value.dtype, value.shape))
+            prefix = PREFIXES.get((value.dtype, value.shape))
             if prefix is None:
-                prefix = _array_prefix(value)
+                prefix = array_prefix(value)
                 if prefix is None:
-                    if containers and _pack_object_array(value, append, 0, 0):
+                    if containers and pack_object_array(value, append, 0, 0):
                         continue
                     return None
             append(prefix)
             # tobytes() writes C order whatever the layout, as in _ext_array.
             append(value.tobytes())
         elif kind is int:
-            packed = _pack_int(value)
+            packed = pack_int(value)
             if packed is None:
                 return None
             append(packed)
-        elif kind in _ATOM_KINDS:
-            if not _pack_atom(value, kind, append):
+        elif kind in ATOM_KINDS:
+            if not pack_atom(value, kind, append):
                 return None
         elif kind is dict and not value:
             append(b"\x80")
-        elif not containers or not _pack_tree(value, append, 0, 0):
+        elif not containers or not pack_tree(value, append, 0, 0):
             return None
     return b"".join(parts)
 
@@ -658,25 +658,25 @@ def decode(
     """
     size = _frame_size(frame, max_frame_size)
     data: Frame = frame
-    ext_hook = _TOP_HOOK
+    ext_hook = TOP_HOOK
     # A compressed array's ext code is a byte of the frame: a small frame without that byte
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
     if compression != "none" and _may_hold_compressed(frame, size):
-        ext_hook = _make_ext_hook(0, inflater(compression, max_frame_size))
-    if size > _SCAN_FROM:
+        ext_hook = make_ext_hook(0, inflater(compression, max_frame_size))
+    if size > SCAN_FROM:
         # What decoding will allocate is charged before msgpack builds anything (a frame of
         # many small objects is refused), and the large arrays are found on the way. Only
         # bytes are viewed in place: a view of a caller's bytearray would not be read-only.
-        found = _scan(frame, size, find_large=type(frame) is bytes and size > _LARGE_ARRAY)
+        found = scan(frame, size, find_large=type(frame) is bytes and size > LARGE_ARRAY)
         if found and isinstance(frame, bytes):
-            data = _with_references(frame, found)
-            ext_hook = _reference_hook(frame, found, ext_hook)
+            data = with_references(frame, found)
+            ext_hook = reference_hook(frame, found, ext_hook)
     try:
         # No container can hold more items than the frame has bytes.
         body = msgpack.unpackb(
             data,
             ext_hook=ext_hook,
-            object_hook=_str_keys,
+            object_hook=str_keys,
             use_list=False,
             raw=False,
             strict_map_key=True,

@@ -43,13 +43,13 @@ import msgpack
 import numpy as np
 
 from aps._wire import (
-    _LONGEST_HEADER,
-    _SWAPPED,
-    _WIRE_NAME,
     EXT_COMPRESSED,
-    _dtype_error,
-    _parse_payload,
-    _unpadded_header,
+    LONGEST_HEADER,
+    SWAPPED,
+    WIRE_NAME,
+    dtype_error,
+    parse_payload,
+    unpadded_header,
 )
 from aps.errors import ConfigError, WireError
 
@@ -295,18 +295,18 @@ class Compressor:
         """
         if array.nbytes < self.threshold or array.dtype.hasobject:
             return None
-        name = _WIRE_NAME.get(array.dtype)
+        name = WIRE_NAME.get(array.dtype)
         if name is None:
-            little = _SWAPPED.get(array.dtype.str)
+            little = SWAPPED.get(array.dtype.str)
             if little is None:
-                raise _dtype_error(array.dtype)
+                raise dtype_error(array.dtype)
             array = array.astype(little)
             name = little.str
         data = np.ascontiguousarray(array)
         packed = self.compress(data.reshape(-1).view(np.uint8))
         if len(packed) > MAX_RATIO * array.nbytes:
             return None
-        head = bytes([CODEC_IDS[self.name]]) + _unpadded_header(name, array.shape)
+        head = bytes([CODEC_IDS[self.name]]) + unpadded_header(name, array.shape)
         ext: msgpack.ExtType = tuple.__new__(msgpack.ExtType, (EXT_COMPRESSED, head + packed))
         return ext
 
@@ -408,7 +408,7 @@ def inflater(name: str, budget: int) -> Callable[[bytes], np.ndarray[Any, Any]]:
                 f"(negotiated: {name}); the peer is not a compatible aps peer"
             )
         # The header is parsed from a bounded copy: a few hundred bytes at most.
-        dtype, shape, end, nbytes = _parse_payload(payload[1 : 1 + _LONGEST_HEADER])
+        dtype, shape, end, nbytes = parse_payload(payload[1 : 1 + LONGEST_HEADER])
         if nbytes > left[0]:
             raise WireError(
                 f"compressed array declares {nbytes} bytes ({dtype}, shape {shape}), over "

@@ -152,10 +152,20 @@ def test_the_default_falls_back_to_tcp_where_no_unix_socket_can_be_made(
         envs = aps.ClusterEnv.local("CartPole-v1", num_workers=1)
     try:
         assert envs.workers[0].peer.startswith("tcp://127.0.0.1:")
-        assert "cannot listen on a Unix socket" in caplog.text
+        assert "cannot listen on unix://" in caplog.text and "using tcp://" in caplog.text
         envs.reset(seed=0)
     finally:
         envs.close()
+
+
+def test_drop_is_refused_before_any_worker_starts() -> None:
+    # The Learner's word, refused with its reason: a VectorEnv steps every env each call.
+    with pytest.raises(aps.ConfigError, match=r"steps all of its num_envs.*'raise' or 'wait'"):
+        aps.ClusterEnv.local("CartPole-v1", num_workers=1, on_worker_lost="drop")
+    with pytest.raises(aps.ConfigError, match="on_worker_lost='drop' cannot apply"):
+        aps.ClusterEnv("memory://", num_workers=1, on_worker_lost="drop")
+    with pytest.raises(aps.ConfigError, match="'raise', 'wait' or 'drop', got 'skip'"):
+        aps.ClusterEnv("memory://", num_workers=1, on_worker_lost="skip")  # type: ignore[arg-type]
 
 
 def test_worker_that_cannot_start_fails_fast() -> None:

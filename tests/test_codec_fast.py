@@ -190,7 +190,7 @@ def test_floats_pack_identically() -> None:
     ],
 )
 def test_array_payload_lengths_pack_identically(array: np.ndarray[Any, Any], payload: int) -> None:
-    assert len(_wire._header(array.dtype.str, array.shape)) + array.nbytes == payload
+    assert len(_wire.array_header(array.dtype.str, array.shape)) + array.nbytes == payload
     assert_fast_and_identical(StepRequest(actions=array))
     decoded = codec.decode(codec.encode(StepRequest(actions=array)))
     assert isinstance(decoded, StepRequest)

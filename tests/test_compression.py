@@ -28,7 +28,7 @@ lz4_block = pytest.importorskip("lz4.block")
 
 import aps  # noqa: E402
 from aps import codec, compression, transports  # noqa: E402
-from aps._wire import _unpadded_header  # noqa: E402
+from aps._wire import unpadded_header  # noqa: E402
 from aps.cli import main as cli_main  # noqa: E402
 from aps.compression import CODEC_IDS, EXT_COMPRESSED, choose, offer  # noqa: E402
 from aps.messages import (  # noqa: E402
@@ -550,7 +550,7 @@ def test_arrays_of_every_layout_round_trip_and_small_ones_stay_plain() -> None:
 
 
 def ext(codec_id: int, dtype: str, shape: tuple[int, ...], data: bytes) -> msgpack.ExtType:
-    header = _unpadded_header(np.dtype(dtype).newbyteorder("<").str, shape)
+    header = unpadded_header(np.dtype(dtype).newbyteorder("<").str, shape)
     return msgpack.ExtType(EXT_COMPRESSED, bytes([codec_id]) + header + data)
 
 

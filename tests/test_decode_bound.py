@@ -24,7 +24,7 @@ import pytest
 
 import aps
 from aps import codec, transports
-from aps._unpack import DECODE_FLOOR, DECODE_RATIO, _scan, decode_budget
+from aps._unpack import DECODE_FLOOR, DECODE_RATIO, decode_budget, scan
 from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Welcome
 from aps.protocol import learner_proof
 
@@ -150,7 +150,7 @@ def test_tiny_objects_padded_to_just_under_the_budget_decode_within_three_times(
     def fits(padding: int) -> bool:
         frame = bench.frame_of({"tiny": objects, "padding": b"\0" * padding})
         try:
-            _scan(frame, len(frame), find_large=True)
+            scan(frame, len(frame), find_large=True)
         except aps.WireError:
             return False
         return True

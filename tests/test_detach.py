@@ -201,7 +201,7 @@ async def test_fixed_interval_in_versions(learner_factory: Any) -> None:
 async def test_a_worker_the_strategy_never_syncs_is_reported_stalled(
     learner_factory: Any, caplog: pytest.LogCaptureFixture, strategy: Any, stalls: bool
 ) -> None:
-    from aps.collect import STALL_LAG
+    from aps.learner.rollouts import STALL_LAG
 
     learner = await learner_factory(strategy=strategy)
     agent = Agent(Spaces("CartPole-v1"))

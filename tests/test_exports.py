@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 import aps
 import aps.errors
 
@@ -36,3 +38,16 @@ def test_no_public_name_is_left_out() -> None:
 def test_every_error_derives_from_aps_error() -> None:
     for name in aps.errors.__all__:
         assert issubclass(getattr(aps.errors, name), aps.ApsError)
+
+
+def test_aps_collect_is_a_deprecated_alias_of_the_learners_rollouts() -> None:
+    import aps.collect
+    from aps.learner import rollouts
+
+    with pytest.warns(DeprecationWarning, match="import STALL_LAG from aps.learner.rollouts"):
+        from aps.collect import STALL_LAG
+    assert STALL_LAG == rollouts.STALL_LAG
+    with pytest.warns(DeprecationWarning, match="aps.collect is deprecated"):
+        assert aps.collect.Rollout is aps.Rollout is rollouts.Rollout
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        aps.collect.nothing_here  # noqa: B018

@@ -241,3 +241,72 @@ def test_cycle_rule_catches_a_function_level_cycle() -> None:
     node = ast.parse(source).body[0]
     assert isinstance(node, ast.FunctionDef)
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(node))
+
+
+# Transports describe themselves: outside aps/transports/ no code decides what to do by a
+# scheme's name (a comparison, a membership test, a prefix test or a table keyed by scheme).
+# Docstrings and default URL arguments name schemes freely; they decide nothing.
+SCHEMES = frozenset({"tcp", "tls", "ws", "wss", "unix", "memory"})
+SCHEME_RULE_EXEMPT = {
+    # A relay of raw TCP bytes for the chaos tests: it is a TCP transport of its own.
+    "aps.testing.chaos",
+}
+
+
+def _names_a_scheme(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value.lower()
+        return text in SCHEMES or ("://" in text and text.partition("://")[0] in SCHEMES)
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_scheme(element) for element in node.elts)
+    return False
+
+
+def scheme_decisions(source: str) -> list[int]:
+    """The lines of ``source`` that decide behaviour by a scheme's name."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            named = any(map(_names_a_scheme, [node.left, *node.comparators]))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            named = node.func.attr in ("startswith", "endswith") and any(
+                map(_names_a_scheme, node.args)
+            )
+        elif isinstance(node, ast.Dict):
+            named = any(key is not None and _names_a_scheme(key) for key in node.keys)
+        elif isinstance(node, ast.match_case):
+            named = any(
+                isinstance(n, ast.MatchValue) and _names_a_scheme(n.value)
+                for n in ast.walk(node.pattern)
+            )
+        else:
+            continue
+        if named:
+            lines.append(node.pattern.lineno if isinstance(node, ast.match_case) else node.lineno)
+    return sorted(lines)
+
+
+def test_scheme_names_decide_nothing_outside_the_transports() -> None:
+    violations = []
+    for path in sorted(ROOT.rglob("*.py")):
+        me = module_name(path)
+        if me.startswith("aps.transports") or me in SCHEME_RULE_EXEMPT:
+            continue
+        for line in scheme_decisions(path.read_text()):
+            violations.append(f"{me}:{line} decides by a scheme's name; ask aps.transports")
+    assert not violations, "\n".join(violations)
+
+
+def test_scheme_rule_catches_each_kind_of_decision() -> None:
+    # The check itself must be able to fail, and must let docstrings and defaults be.
+    caught = [
+        'if scheme in ("tcp", "tls"):\n    pass\n',
+        'ok = url.startswith("ws://")\n',
+        'urls = {"unix": "unix://"}\n',
+        'match scheme:\n    case "memory":\n        pass\n',
+        'ok = "TCP" == name\n',
+    ]
+    for source in caught:
+        assert scheme_decisions(source) != [], source
+    allowed = 'def f(listen="tcp://127.0.0.1:0"):\n    """Bind ``"unix://"``."""\n'
+    assert scheme_decisions(allowed) == []

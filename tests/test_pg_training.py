@@ -114,8 +114,10 @@ def test_the_old_spelling_continue_still_means_drop_and_warns() -> None:
     with pytest.warns(DeprecationWarning, match="spelled 'drop'"):
         trainer = pg.NIGT(agent, on_worker_lost="continue")
     assert trainer.on_worker_lost == "drop"
-    with pytest.raises(aps.ConfigError, match="'raise' or 'drop', got 'wait'"):
-        pg.NIGT(agent, on_worker_lost="wait")  # type: ignore[arg-type]
+    with pytest.raises(aps.ConfigError, match="'wait' is the Learner's choice"):
+        pg.NIGT(agent, on_worker_lost="wait")
+    with pytest.raises(aps.ConfigError, match=r"'raise' or 'drop' .* got 'skip'"):
+        pg.NIGT(agent, on_worker_lost="skip")  # type: ignore[arg-type]
 
 
 async def test_rounds_need_same_step_autoreset(workers: WorkerTasks) -> None:

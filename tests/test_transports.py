@@ -1317,6 +1317,46 @@ async def test_a_tls_scheme_by_registration(
                 assert client.peer.startswith("tls://")
 
 
+async def test_a_tls_client_factory_for_a_url_dials_a_tls_listener(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    server_context, client_context = tls
+    async with asyncio.timeout(10):
+        factory = TCPFactory(server_ssl_context=server_context)
+        async with await factory.listen("tcp://127.0.0.1:0") as listener:
+            for url in (listener.url, listener.url.replace("tcp://", "tls://")):
+                dialer = aps.transports.tls_client_factory(url, client_context)
+                async with await dialer.connect(url, timeout=5) as client:
+                    async with await listener.accept() as server:
+                        await client.send(b"secret")
+                        assert await server.receive() == b"secret"
+    assert isinstance(
+        aps.transports.tls_client_factory("wss://127.0.0.1:1/", client_context), WebSocketFactory
+    )
+    for url in ("ws://127.0.0.1:1/", "unix:///tmp/x", "memory://"):
+        with pytest.raises(ConfigError, match=r"tcp://, tls://, wss:// URLs, not \w+://"):
+            aps.transports.tls_client_factory(url, client_context)
+
+
+@pytest.mark.parametrize("name", aps.transports.local_transports())
+async def test_every_local_transport_binds_its_local_listen_url(name: str) -> None:
+    async with asyncio.timeout(10):
+        listener = await aps.transports.listen(aps.transports.local_listen_url(name))
+        try:
+            assert aps.transports.scheme_of(listener.url) == name
+            assert aps.transports.is_local(listener)
+        finally:
+            await listener.aclose()
+
+
+def test_local_listen_url_names_the_transports_it_knows() -> None:
+    assert set(aps.transports.default_local_transports()) <= set(aps.transports.local_transports())
+    assert aps.transports.default_local_transports()[-1] == "tcp"  # every platform has it
+    for bad in ("quic", "TCP", "", None, 1):
+        with pytest.raises(ConfigError, match=r"transport must be one of \['memory', "):
+            aps.transports.local_listen_url(bad)  # type: ignore[arg-type]
+
+
 # Capabilities: a transport says whether its peer is on this host.
 
 

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from aps.errors import ConfigError
 from aps.session import Timeouts
 from aps.transports.base import TransportFactory
+from aps.transports.registry import tls_client_factory
 from aps.vector import check_backend
 from aps.worker import EnvSpec
 
@@ -270,9 +271,9 @@ class WorkerSpec:
 def client_factory(url: str, tls_ca: str | None) -> TransportFactory | None:
     """The transport factory a worker dials ``url`` with.
 
-    ``None`` (the scheme's own) without a CA file, else a TLS one that trusts the CA
-    certificates in ``tls_ca``: TCP for ``tcp://`` and ``tls://`` (a learner may register
-    ``tls`` as its TLS flavour of TCP), WebSocket for ``wss://``.
+    ``None`` (the scheme's own) without a CA file, else the transports' TLS one for
+    ``url`` (:func:`aps.transports.tls_client_factory`) trusting the CA certificates in
+    ``tls_ca``.
 
     Raises:
         ConfigError: ``tls_ca`` cannot be read, or the URL's scheme has no TLS here.
@@ -283,20 +284,12 @@ def client_factory(url: str, tls_ca: str | None) -> TransportFactory | None:
         context = ssl.create_default_context(cafile=tls_ca)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the CA certificates in {tls_ca!r}: {exc}") from exc
-    scheme = urlsplit(url).scheme
-    if scheme in ("tcp", "tls"):  # "tls": the scheme docs/transports.md suggests registering
-        from aps.transports.tcp import TCPFactory
-
-        return TCPFactory(client_ssl_context=context)
-    if scheme == "wss":
-        from aps.transports.websocket import WebSocketFactory
-
-        return WebSocketFactory(client_ssl_context=context)
-    raise ConfigError(
-        f"a CA file makes workers dial with TLS, which aps does for tcp:// (or a tls:// "
-        f"alias of it) and wss:// URLs, "
-        f"not {scheme}://; use one of those or drop the CA file"
-    )
+    try:
+        return tls_client_factory(url, context)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"a CA file makes workers dial with TLS: {exc}; or drop the CA file"
+        ) from exc
 
 
 def per_worker(

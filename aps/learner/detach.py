@@ -1,11 +1,12 @@
 """DETACH: workers act with their own policy copy; weights travel when the sync strategy says.
 
 :class:`Detach` implements :meth:`Learner.publish`, :meth:`Learner.rollout` and
-:meth:`Learner.chunks`. It keeps the published versions (:class:`~aps.collect.PolicyVersions`,
-encoded once however many workers they go to), asks the sync strategy before each request
-whether a worker gets the newest one (measuring the worker's divergence only when the
-strategy asks for it), and checks and accounts for every chunk: its shapes, the version it was
-acted with, and the policy lag of its transitions.
+:meth:`Learner.chunks`. It keeps the published versions
+(:class:`~aps.learner.rollouts.PolicyVersions`, encoded once however many workers they go
+to), asks the sync strategy before each request whether a worker gets the newest one
+(measuring the worker's divergence only when the strategy asks for it), and checks and
+accounts for every chunk: its shapes, the version it was acted with, and the policy lag of
+its transitions.
 
 With ``overlap`` a version the strategy chose goes right *after* the request it was decided
 for, not before: the worker acts that request with the version it holds while the new one
@@ -33,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from aps.collect import (
+from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
+from aps.learner.pool import Mode, Remote, WorkerPool, expect
+from aps.learner.rollouts import (
     STALL_LAG,
     Chunk,
     PolicyVersions,
@@ -41,8 +44,6 @@ from aps.collect import (
     WeightPrecision,
     sample_states,
 )
-from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
-from aps.learner.pool import Mode, Remote, WorkerPool, expect
 from aps.messages import (
     ErrorReport,
     Message,
@@ -83,7 +84,7 @@ class Detach:
         pool: the workers.
         policy: the policy import path the workers act with (``None``: no DETACH).
         sync: the sync strategy.
-        precision: how weights travel (see :class:`~aps.collect.PolicyVersions`).
+        precision: how weights travel (see :class:`~aps.learner.rollouts.PolicyVersions`).
         overlap: send a chosen version after the request it was decided for, so the worker
             keeps acting while it travels (see the module's docstring).
     """

@@ -13,12 +13,12 @@ from gymnasium.vector.utils import batch_space
 
 from aps import codec, transports
 from aps._typing import Array, Info
-from aps.collect import Chunk, Metrics, Rollout, WeightPrecision
 from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
+from aps.learner.rollouts import Chunk, Metrics, Rollout, WeightPrecision
 from aps.learner.rounds import GradientRounds
 from aps.messages import (
     ENV_CALL_KINDS,

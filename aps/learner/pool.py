@@ -36,7 +36,6 @@ from gymnasium.vector import AutoresetMode
 
 from aps import transports
 from aps._version import __version__
-from aps.collect import WorkerMetrics
 from aps.compression import choose as choose_compression
 from aps.delivery import Accepted, Outbox
 from aps.errors import (
@@ -51,6 +50,7 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.learner.admission import Gate, reject
+from aps.learner.rollouts import WorkerMetrics
 from aps.messages import (
     ErrorReport,
     Hello,

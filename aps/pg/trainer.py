@@ -33,6 +33,7 @@ from aps import codec
 from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.gradients import ring_allreduce_bytes
 from aps.learner import Learner
+from aps.learner.pool import OnWorkerLost
 from aps.messages import GradientProgress, GradientsReduced
 from aps.pg.aggregate import AggregationRule, Malenia, Rennala
 from aps.pg.nigt import NIGTUpdate, flatten, unflatten
@@ -110,11 +111,13 @@ class NIGT:
         horizon: H, the most steps per trajectory.
         gamma: the discount (absolute: ``gamma^h r_h``).
         initial_batch: the batch of iteration 0 (default: the aggregator's).
-        on_worker_lost: the :class:`~aps.Learner`'s words. ``"raise"`` (default): a worker
+        on_worker_lost: the :class:`~aps.Learner`'s words (docs/reliability.md). ``"raise"``
+            (default): a worker
             lost mid-round ends training with :class:`~aps.errors.WorkerLost`. ``"drop"``:
             drop it and go on with the others (Rennala and Synchronous only: Malenia's
             objective is the average over all workers' environments, which a lost worker
-            changes). ``"continue"``, the old spelling of ``"drop"``, still works and warns.
+            changes). ``"wait"`` is refused: waiting for a replacement is the learner's
+            choice. ``"continue"``, the old spelling of ``"drop"``, still works and warns.
         aggregation: ``"server"`` (default): when the rule holds each worker sends its sum
             once, over its aps session. ``"allreduce"``: the learner and the workers run
             one gloo all-reduce (``torch.distributed``) over the sums instead, rendezvoused
@@ -140,7 +143,7 @@ class NIGT:
         horizon: int = 200,
         gamma: float = 0.99,
         initial_batch: int | None = None,
-        on_worker_lost: Literal["raise", "drop", "continue"] = "raise",
+        on_worker_lost: OnWorkerLost | Literal["continue"] = "raise",
         aggregation: Literal["server", "allreduce"] = "server",
     ) -> None:
         if on_worker_lost == "continue":
@@ -165,8 +168,17 @@ class NIGT:
             raise ConfigError(f"horizon must be an int >= 1, got {horizon!r}")
         if not 0.0 <= gamma <= 1.0:
             raise ConfigError(f"gamma must be in [0, 1], got {gamma!r}")
+        if on_worker_lost == "wait":
+            raise ConfigError(
+                "on_worker_lost='wait' is the Learner's choice, not the trainer's: give it to "
+                "aps.Learner, whose replacement worker joins at the next round; the trainer "
+                "decides what the open round does without the lost worker, 'raise' or 'drop'"
+            )
         if on_worker_lost not in ("raise", "drop"):
-            raise ConfigError(f"on_worker_lost must be 'raise' or 'drop', got {on_worker_lost!r}")
+            raise ConfigError(
+                f"on_worker_lost must be 'raise' or 'drop' (of 'raise', 'wait', 'drop'), "
+                f"got {on_worker_lost!r}"
+            )
         if on_worker_lost == "drop" and not self.aggregator.survives_worker_loss:
             raise ConfigError(
                 f"{self.aggregator!r} cannot continue without a worker: its objective is the "

@@ -34,7 +34,17 @@ from aps.transports.base import (
 )
 from aps.transports.budget import PreauthBudget
 from aps.transports.memory import memory_transport_pair
-from aps.transports.registry import connect, get_factory, listen, register, scheme_of
+from aps.transports.registry import (
+    connect,
+    default_local_transports,
+    get_factory,
+    listen,
+    local_listen_url,
+    local_transports,
+    register,
+    scheme_of,
+    tls_client_factory,
+)
 
 __all__ = [
     # contracts
@@ -51,6 +61,10 @@ __all__ = [
     "scheme_of",
     "connect",
     "listen",
+    "local_transports",
+    "default_local_transports",
+    "local_listen_url",
+    "tls_client_factory",
     # in-process pairs, for tests
     "memory_transport_pair",
 ]

@@ -22,12 +22,25 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import re
+import socket
+import ssl
 from urllib.parse import urlsplit
 
 from aps.errors import ConfigError
 from aps.transports.base import Listener, Transport, TransportFactory
 
-__all__ = ["ENTRY_POINT_GROUP", "connect", "get_factory", "listen", "register", "scheme_of"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "connect",
+    "default_local_transports",
+    "get_factory",
+    "listen",
+    "local_listen_url",
+    "local_transports",
+    "register",
+    "scheme_of",
+    "tls_client_factory",
+]
 
 ENTRY_POINT_GROUP = "aps.transports"
 """The entry-point group searched for schemes that are not registered or built in."""
@@ -37,6 +50,24 @@ _BUILTINS: dict[str, str] = {
     "tcp": "aps.transports.tcp:TCPFactory",
     "unix": "aps.transports.unix:UnixFactory",
     "ws": "aps.transports.websocket:WebSocketFactory",
+    "wss": "aps.transports.websocket:WebSocketFactory",
+}
+
+# The built-ins a learner can bind on this host with no address chosen, and the URL it binds
+# (port 0 or a fresh private directory: nothing to collide with).
+_LOCAL_LISTEN_URLS: dict[str, str] = {
+    "tcp": "tcp://127.0.0.1:0",
+    "unix": "unix://",
+    "ws": "ws://127.0.0.1:0",
+    "memory": "memory://",
+}
+
+# The built-ins a worker can dial with TLS given only a client context. "tls" is the scheme
+# docs/transports.md suggests a learner register as its TLS flavour of TCP; a worker started
+# elsewhere does not see that registration.
+_TLS_CLIENTS: dict[str, str] = {
+    "tcp": "aps.transports.tcp:TCPFactory",
+    "tls": "aps.transports.tcp:TCPFactory",
     "wss": "aps.transports.websocket:WebSocketFactory",
 }
 
@@ -93,6 +124,12 @@ def register(scheme: str, factory: TransportFactory, *, replace: bool = False) -
     _factories[name] = checked
 
 
+def _load(target: str) -> type:
+    module_name, _, attribute = target.partition(":")
+    loaded: type = getattr(importlib.import_module(module_name), attribute)
+    return loaded
+
+
 def get_factory(scheme: str) -> TransportFactory:
     """Return the factory for ``scheme``, importing a built-in or entry point if needed.
 
@@ -106,9 +143,7 @@ def get_factory(scheme: str) -> TransportFactory:
         return factory
     target = _BUILTINS.get(name)
     if target is not None:
-        module_name, _, attribute = target.partition(":")
-        factory_class = getattr(importlib.import_module(module_name), attribute)
-        factory = _check_factory(factory_class(), f"built-in scheme {name!r}")
+        factory = _check_factory(_load(target)(), f"built-in scheme {name!r}")
     else:
         factory = _from_entry_point(name)
     # setdefault: a concurrent register() during the import wins over the default.
@@ -143,6 +178,58 @@ def _from_entry_point(name: str) -> TransportFactory:
         loaded() if isinstance(loaded, type) else loaded,
         f"entry point {entry.value!r} for scheme {name!r}",
     )
+
+
+def local_transports() -> tuple[str, ...]:
+    """The transport names :func:`local_listen_url` knows, sorted."""
+    return tuple(sorted(_LOCAL_LISTEN_URLS))
+
+
+def default_local_transports() -> tuple[str, ...]:
+    """The transports to try, in order, for a learner whose workers all run on this host.
+
+    A Unix socket first where the platform has them (less CPU per message than loopback
+    TCP), then TCP on 127.0.0.1, which every platform has.
+    """
+    return ("unix", "tcp") if hasattr(socket, "AF_UNIX") else ("tcp",)
+
+
+def local_listen_url(transport: str) -> str:
+    """The URL a learner binds for workers on this host over the built-in ``transport``.
+
+    ``"tcp"`` and ``"ws"`` bind 127.0.0.1 on a free port, ``"unix"`` a socket in a fresh
+    private directory, ``"memory"`` a fresh in-process name.
+
+    Raises:
+        ConfigError: ``transport`` is not one of :func:`local_transports`.
+    """
+    url = _LOCAL_LISTEN_URLS.get(transport) if isinstance(transport, str) else None
+    if url is None:
+        raise ConfigError(
+            f"transport must be one of {list(local_transports())}, got {transport!r}; "
+            "for another transport pass a listen URL or a Listener instead"
+        )
+    return url
+
+
+def tls_client_factory(url: str, context: ssl.SSLContext) -> TransportFactory:
+    """A factory that dials ``url`` with TLS, trusting what ``context`` trusts.
+
+    TCP for ``tcp://`` and ``tls://`` URLs, WebSocket for ``wss://``.
+
+    Raises:
+        ConfigError: the URL is malformed, or its scheme has no TLS flavour among the
+            built-ins.
+    """
+    scheme = scheme_of(url)
+    target = _TLS_CLIENTS.get(scheme)
+    if target is None:
+        schemes = ", ".join(f"{name}://" for name in _TLS_CLIENTS)
+        raise ConfigError(
+            f"aps dials with TLS over {schemes} URLs, not {scheme}://; use one of those, "
+            "or pass a transport factory built with your own TLS context"
+        )
+    return _check_factory(_load(target)(client_ssl_context=context), f"TLS for {scheme!r}")
 
 
 def scheme_of(url: str) -> str:

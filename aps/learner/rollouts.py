@@ -1,0 +1,448 @@
+"""What worker-side inference (DETACH) hands the learner: chunks, rollouts and sync metrics.
+
+These are plain data: numpy arrays and counters, built by :class:`~aps.learner.Learner` from
+the workers' :class:`~aps.messages.RolloutChunk` messages.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from aps import codec
+from aps._typing import Array
+from aps.compression import CODECS, compressor
+from aps.errors import ConfigError
+from aps.messages import Weights
+
+__all__ = [
+    "STALL_LAG",
+    "Chunk",
+    "Metrics",
+    "PolicyVersions",
+    "Rollout",
+    "WeightPrecision",
+    "WorkerMetrics",
+    "sample_states",
+]
+
+WeightPrecision = Literal["exact", "float16"]
+"""How published weights travel: as the module holds them, or with floats rounded to float16."""
+
+DIVERGENCE_HISTORY = 1000
+"""How many recent divergence values each worker's metrics keep."""
+
+STALL_LAG = 64
+"""Versions behind at which a worker whose every sync decision declined on a measured
+divergence counts as stalled: four times the default ``APS(max_lag=16)``, so a bounded APS
+never reaches it, while a threshold above what the learner's updates can move a stale
+policy by (PPO clipped against it) is reported long before the run ends."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk:
+    """``T`` steps of one worker's ``E`` envs, acted with one policy version.
+
+    Arrays lead with ``[T, E]`` (``next_obs`` with ``[E]``). Under the ``NextStep`` autoreset
+    mode, a step right after an episode ended only reset that env: its action was ignored and
+    its reward is 0. Use ``SameStep`` for algorithms that treat every step as a transition.
+
+    Attributes:
+        worker_id: the worker that produced it.
+        env_offset: global index of the worker's first env.
+        version: the policy version every action in the chunk was chosen with.
+        lag: learner version when the chunk was delivered, minus ``version``.
+        obs: the observation each action was chosen on.
+        actions: the actions taken.
+        logprob: behaviour log-probabilities of those actions (float32).
+        value: the worker's critic values (float32), or ``None`` without a critic.
+        reward: rewards (float64).
+        terminated: termination flags.
+        truncated: truncation flags.
+        next_obs: observations after the last step, to bootstrap from.
+        episode_return: returns of the episodes that ended in this chunk.
+        episode_length: their lengths.
+        episode_env: their global env indices.
+        truncated_obs: the last observation of every truncated step ``[K, ...]`` (the
+            observation that ``obs`` does not show because the env reset), to bootstrap from.
+        truncated_index: where those are, ``[K, 2]``: (step, global env index).
+    """
+
+    worker_id: int
+    env_offset: int
+    version: int
+    lag: int
+    obs: Array
+    actions: Array
+    logprob: Array
+    value: Array | None
+    reward: Array
+    terminated: Array
+    truncated: Array
+    next_obs: Array
+    episode_return: Array
+    episode_length: Array
+    episode_env: Array
+    truncated_obs: Array
+    truncated_index: Array
+
+    @property
+    def num_steps(self) -> int:
+        """``T``."""
+        return int(self.reward.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        """``E``."""
+        return int(self.reward.shape[1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rollout:
+    """``T`` steps of every env, ``[T, num_envs]``, gathered from one chunk per worker.
+
+    The fields are those of :class:`Chunk` concatenated along the env axis (the episode and
+    truncation lists one after the other, with global env indices), plus the policy version
+    and lag of every transition (workers may hold different versions).
+    """
+
+    obs: Array
+    actions: Array
+    logprob: Array
+    value: Array | None
+    reward: Array
+    terminated: Array
+    truncated: Array
+    next_obs: Array
+    policy_version: Array
+    lag: Array
+    episode_return: Array
+    episode_length: Array
+    episode_env: Array
+    truncated_obs: Array
+    truncated_index: Array
+
+    @classmethod
+    def from_chunks(cls, chunks: list[Chunk]) -> Rollout:
+        """Concatenate chunks of equal ``T`` along the env axis, in the given order."""
+
+        def cat(name: str, axis: int = 1) -> Array:
+            return np.concatenate([getattr(c, name) for c in chunks], axis=axis)
+
+        steps = chunks[0].num_steps
+
+        def per_transition(name: str) -> Array:
+            return np.concatenate(
+                [np.full((steps, c.num_envs), getattr(c, name), dtype=np.int64) for c in chunks],
+                axis=1,
+            )
+
+        return cls(
+            obs=cat("obs"),
+            actions=cat("actions"),
+            logprob=cat("logprob"),
+            value=cat("value") if all(c.value is not None for c in chunks) else None,
+            reward=cat("reward"),
+            terminated=cat("terminated"),
+            truncated=cat("truncated"),
+            next_obs=cat("next_obs", axis=0),
+            policy_version=per_transition("version"),
+            lag=per_transition("lag"),
+            episode_return=cat("episode_return", axis=0),
+            episode_length=cat("episode_length", axis=0),
+            episode_env=cat("episode_env", axis=0),
+            truncated_obs=cat("truncated_obs", axis=0),
+            truncated_index=cat("truncated_index", axis=0),
+        )
+
+
+@dataclass(slots=True)
+class WorkerMetrics:
+    """Weight synchronization and staleness figures of one worker.
+
+    Attributes:
+        worker_id: the worker.
+        version: the policy version the worker holds (-1: none yet).
+        syncs: weight messages sent to it, the first deployment included.
+        weight_bytes: bytes of weight arrays sent to it.
+        divergences: the most recent divergence values measured for it (KL of its version
+            against the learner's, mean over states), oldest first.
+        transitions: env transitions received from it.
+        lag_sum: sum over those transitions of their policy lag (learner version minus
+            behaviour version).
+        lag_max: the largest lag of any of them.
+        chunks: chunks received from it.
+        dropped_chunks: chunks that arrived after their stream was closed and were discarded.
+        resumes: times the worker resumed its session after its connection dropped.
+        stalled: the worker is at least :data:`STALL_LAG` versions behind, and every sync
+            decision since it last got weights measured its divergence and declined: the
+            pattern of a threshold it can never cross (see :mod:`aps.sync`). Cleared when it
+            is synced.
+        stalls: times it was found stalled.
+    """
+
+    worker_id: int
+    version: int = -1
+    syncs: int = 0
+    weight_bytes: int = 0
+    divergences: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=DIVERGENCE_HISTORY)
+    )
+    transitions: int = 0
+    lag_sum: int = 0
+    lag_max: int = 0
+    chunks: int = 0
+    dropped_chunks: int = 0
+    resumes: int = 0
+    stalled: bool = False
+    stalls: int = 0
+
+    @property
+    def lag_mean(self) -> float:
+        """Mean policy lag per transition (0 before any transition)."""
+        return self.lag_sum / self.transitions if self.transitions else 0.0
+
+    def snapshot(self) -> WorkerMetrics:
+        """An independent copy."""
+        copy = WorkerMetrics(
+            worker_id=self.worker_id,
+            version=self.version,
+            syncs=self.syncs,
+            weight_bytes=self.weight_bytes,
+            transitions=self.transitions,
+            lag_sum=self.lag_sum,
+            lag_max=self.lag_max,
+            chunks=self.chunks,
+            dropped_chunks=self.dropped_chunks,
+            resumes=self.resumes,
+            stalled=self.stalled,
+            stalls=self.stalls,
+        )
+        copy.divergences.extend(self.divergences)
+        return copy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """Per worker and total synchronization figures of a learner."""
+
+    version: int
+    """The learner's newest policy version (0 before the first publish)."""
+    workers: tuple[WorkerMetrics, ...]
+
+    @property
+    def syncs(self) -> int:
+        """Weight messages sent, all workers."""
+        return sum(w.syncs for w in self.workers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weight arrays sent, all workers."""
+        return sum(w.weight_bytes for w in self.workers)
+
+    @property
+    def transitions(self) -> int:
+        """Transitions received, all workers."""
+        return sum(w.transitions for w in self.workers)
+
+    @property
+    def lag_mean(self) -> float:
+        """Mean policy lag per transition, all workers."""
+        total = self.transitions
+        return sum(w.lag_sum for w in self.workers) / total if total else 0.0
+
+    @property
+    def lag_max(self) -> int:
+        """Largest policy lag of any transition."""
+        return max((w.lag_max for w in self.workers), default=0)
+
+    @property
+    def stalled(self) -> tuple[int, ...]:
+        """Ids of the workers stalled now (see :attr:`WorkerMetrics.stalled`)."""
+        return tuple(w.worker_id for w in self.workers if w.stalled)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Totals and per-worker figures as plain numbers, for logs and JSON."""
+        return {
+            "version": self.version,
+            "syncs": self.syncs,
+            "weight_bytes": self.weight_bytes,
+            "transitions": self.transitions,
+            "lag_mean": self.lag_mean,
+            "lag_max": self.lag_max,
+            "stalled": list(self.stalled),
+            "workers": [
+                {
+                    "worker_id": w.worker_id,
+                    "version": w.version,
+                    "syncs": w.syncs,
+                    "weight_bytes": w.weight_bytes,
+                    "transitions": w.transitions,
+                    "lag_mean": w.lag_mean,
+                    "lag_max": w.lag_max,
+                    "chunks": w.chunks,
+                    "divergence_last": w.divergences[-1] if w.divergences else None,
+                    "divergence_max": max(w.divergences, default=None),
+                    "stalled": w.stalled,
+                    "stalls": w.stalls,
+                }
+                for w in self.workers
+            ],
+        }
+
+
+class PolicyVersions:
+    """The policy versions a learner has published and still needs, and the KL between them.
+
+    Only the newest version and versions some worker still holds are kept (:meth:`prune`), so
+    a learner that publishes faster than workers sync holds a bounded number of copies.
+    Divergence is measured on the learner with two scratch copies of the policy (one loaded
+    with the current version, one with the worker's): zero extra bytes on the wire.
+
+    A version is snapshotted by encoding it: its :class:`~aps.messages.Weights` frame is made
+    once, straight from the agent's tensors, and its arrays are read-only views of that frame.
+    So a publish copies the weights once (into memory reused from earlier frames where
+    possible), and the frame sent to every worker is the version itself.
+
+    With ``precision="float16"`` a version's float arrays are rounded to float16 when it is
+    published: that is what travels and what workers act with, and divergences are measured
+    against it too, so APS compares the policies the workers really hold.
+
+    torch is imported on the first :meth:`publish`, never before.
+    """
+
+    def __init__(
+        self,
+        observation_space: Any,
+        action_space: Any,
+        *,
+        max_states: int = 1024,
+        precision: WeightPrecision = "exact",
+    ) -> None:
+        if precision not in ("exact", "float16"):
+            raise ConfigError(f"weight precision must be 'exact' or 'float16', got {precision!r}")
+        self.precision: WeightPrecision = precision
+        self._spaces = (observation_space, action_space)
+        self.max_states = max_states
+        self.current = 0
+        self.epsilon: float | None = None
+        self._weights: dict[int, dict[str, Array]] = {}
+        self._frames: dict[int, bytes] = {}
+        self._compressed: dict[tuple[int, str], bytes] = {}
+        self._behaviour: dict[int, dict[str, float]] = {}
+        self._nbytes: dict[int, int] = {}
+        self._wrapped: Any = None  # the Policy around the user's agent, built once
+        self._live: Any = None  # Policy holding the current version
+        self._probe: Any = None  # Policy holding whichever old version was measured last
+        self._probe_version = -1
+        self._live_version = -1
+
+    def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
+        """Snapshot ``agent``'s weights as a new version and return its number (1, 2, ...).
+
+        Args:
+            agent: an ``nn.Module`` the policy adapter understands, or an
+                :class:`aps.policy.Policy`.
+            epsilon: exploration rate for epsilon-greedy Q-policies (``None``: unchanged).
+
+        Raises:
+            ConfigError: the agent is not a policy aps can run (or ``epsilon`` was given for
+                a policy that does not explore with it).
+        """
+        from aps.policy import Policy, compact_weights
+
+        if isinstance(agent, Policy):
+            policy = agent
+        elif self._wrapped is not None and self._wrapped.module is agent:
+            policy = self._wrapped  # wrapping checks the heads with a forward pass: once
+        else:
+            policy = self._wrapped = Policy(agent, *self._spaces)
+        if self._live is None:
+            # Scratch copies: training goes on in the user's agent, these hold versions.
+            self._live, self._probe = policy.clone(), policy.clone()
+        if epsilon is not None:
+            self._live.epsilon = epsilon
+            self.epsilon = epsilon
+        version = self.current + 1
+        arrays = policy.get_weights(copy=False)
+        if self.precision == "float16":
+            arrays = compact_weights(arrays)
+        frame = codec.encode(Weights(version=version, arrays=arrays, epsilon=self.epsilon))
+        weights = codec.decode(frame, max_frame_size=len(frame))
+        assert isinstance(weights, Weights)
+        self.current = version
+        self._frames[version] = frame
+        self._weights[version] = weights.arrays
+        # The behaviour of a version includes its exploration rate, kept for its KL later.
+        self._behaviour[version] = self._live.behaviour_params()
+        self._nbytes[version] = sum(a.nbytes for a in weights.arrays.values())
+        return version
+
+    def weights(self, version: int) -> dict[str, Array]:
+        """The arrays of ``version`` (which must still be kept), read-only."""
+        return self._weights[version]
+
+    def frame(self, version: int, compression: str = "none") -> bytes:
+        """The encoded :class:`~aps.messages.Weights` of ``version`` (which must be kept).
+
+        With a codec (a connection's negotiated :mod:`aps.compression`), the frame is
+        compressed once per version and codec, however many workers it goes to.
+        """
+        if compression == "none":
+            return self._frames[version]
+        key = (version, compression)
+        frame = self._compressed.get(key)
+        if frame is None:
+            plain = self._frames[version]
+            message = codec.decode(plain, max_frame_size=len(plain))  # views, as published
+            frame = codec.encode(message, compressor=compressor(compression))
+            self._compressed[key] = frame
+        return frame
+
+    def nbytes(self, version: int) -> int:
+        """Bytes of ``version``'s arrays."""
+        return self._nbytes[version]
+
+    def divergence(self, version: int, obs: Array) -> float:
+        """Mean over ``obs`` of KL(pi_version(.|s) || pi_current(.|s)); 0 for the current one."""
+        if version == self.current:
+            return 0.0
+        if self._live_version != self.current:
+            # Loaded only when measured: strategies that never measure never pay for it.
+            self._live.set_weights(self._weights[self.current], widen=True)
+            self._live_version = self.current
+        if self._probe_version != version:
+            self._probe.set_weights(self._weights[version], widen=True)
+            self._probe.set_behaviour_params(self._behaviour[version])
+            self._probe_version = version
+        return float(self._probe.kl(self._live, obs, max_states=self.max_states))
+
+    def prune(self, held: set[int]) -> None:
+        """Forget every version but the current one and those in ``held``."""
+        keep = held | {self.current}
+        for version in [v for v in self._weights if v not in keep]:
+            del self._weights[version]
+            del self._frames[version]
+            for name in CODECS:
+                self._compressed.pop((version, name), None)
+            del self._nbytes[version]
+            del self._behaviour[version]
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+
+def sample_states(obs: Array, max_states: int) -> Array:
+    """Flatten ``[T, E, ...]`` observations to states and keep at most ``max_states``.
+
+    The sample is evenly spaced (deterministic) and copied, so it outlives the frame it came
+    from.
+    """
+    states = obs.reshape(-1, *obs.shape[2:])
+    if states.shape[0] > max_states:
+        index = np.linspace(0, states.shape[0] - 1, max_states).round().astype(np.int64)
+        return states[index]
+    return states.copy()
