@@ -87,7 +87,7 @@ class _RoundFrames:
 
     The round's arrays (the policy's weights) are as large as a weights message, so a worker
     whose connection negotiated a codec (:mod:`aps.compression`) gets them compressed, as
-    weights are (:meth:`aps.collect.PolicyVersions.frame`).
+    weights are (:meth:`aps.learner.rollouts.PolicyVersions.frame`).
     """
 
     def __init__(self, message: GradientRound) -> None:
