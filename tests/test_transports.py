@@ -1292,6 +1292,10 @@ def test_public_names() -> None:
         "scheme_of",
         "connect",
         "listen",
+        "local_transports",
+        "default_local_transports",
+        "local_listen_url",
+        "tls_client_factory",
         "memory_transport_pair",
     }
     for name in aps.transports.__all__:
