@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aps.transports",),
     ("aps.protocol", "aps.delivery", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
-    ("aps.policy", "aps._numpy_heads"),
+    ("aps.policy", "aps._numpy_heads", "aps._nature_cnn"),
     (
         "aps.vector",
         "aps.worker",
