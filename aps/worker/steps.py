@@ -114,7 +114,7 @@ class StepServer:
                     "aps learner"
                 )
             # Encoded again if the connection that resumed compresses otherwise.
-            same = kept[2] == session.compression
+            same = kept[2] == session.encoding
             await session.send(kept[0], frame=kept[1] if same else None)
             return True
         answer: Answer
@@ -144,7 +144,7 @@ class StepServer:
                 seq,
             )
             frame = session.encode(answer)
-        self._answers.keep((answer, frame, session.compression))
+        self._answers.keep((answer, frame, session.encoding))
         await session.send(answer, frame=frame)
         return False
 
