@@ -25,6 +25,11 @@ from the network makes a side allocate more than its limit per frame); a zstd fr
 declares another size than the header; and data that does not decompress to exactly the
 declared size.
 
+Frame delta (:mod:`aps.frame_delta`) is negotiated along with the codec, as one more name in
+the Hello's list (:data:`FRAME_DELTA`) and after the codec in the Welcome
+(:func:`accepted`, :func:`parse_accepted`); the learner takes it where its setting
+compresses (:func:`choose_frame_delta`).
+
 The libraries are `zstandard <https://pypi.org/project/zstandard/>`_ and `lz4
 <https://pypi.org/project/lz4/>`_, the ``compression`` extra. A side that lacks one cannot
 offer or choose it: it falls back to no compression, says so once in the log, and works.
