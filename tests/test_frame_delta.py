@@ -710,3 +710,52 @@ async def test_a_lying_worker_is_its_own_protocol_error_and_the_honest_one_goes_
     lost = [r.getMessage() for r in caplog.records if "127.0.0.1" in r.getMessage()]
     words = "did not negotiate frame delta" if tamper == "not_negotiated" else LIES[tamper]
     assert any(words in text for text in lost), lost
+
+
+# --------------------------------------------------------------------------------------------
+# The worker's answer cache
+
+
+class Recording:
+    """The part of a session the step server uses: its encoding, encode and send."""
+
+    def __init__(self, codec_name: str, delta: bool) -> None:
+        self.compression = codec_name
+        self.encoding = compression.accepted(codec_name, delta)
+        self._compressor = compression.compressor(codec_name)
+        self._delta = delta
+        self.sent: list[bytes | None] = []
+
+    def encode(self, message: Message) -> bytes:
+        return codec.encode(message, compressor=self._compressor, frame_delta=self._delta)
+
+    async def send(self, message: Message, *, frame: bytes | None = None) -> None:
+        self.sent.append(frame)
+
+
+async def test_a_kept_answer_is_encoded_again_where_frame_delta_changed() -> None:
+    from aps.messages import StepRequest
+    from aps.vector import make_vector_env
+    from aps.worker.steps import StepServer
+
+    envs = make_vector_env(
+        "sync", make_stacked_env, num_envs=2, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
+    envs.reset(seed=0)
+    server = StepServer(envs, None, seed=0)
+    try:
+        request = StepRequest(actions=np.array([0, 1]), seq=0, acked=0)
+        first = Recording("none", True)
+        assert not await server.answer(first, request)  # type: ignore[arg-type]
+        kept = first.sent[0]
+        assert kept is not None
+        # The connection resumed without frame delta (same codec): the kept frame is not
+        # what this connection would write, so it is encoded again.
+        plain = Recording("none", False)
+        assert await server.answer(plain, request)  # type: ignore[arg-type]
+        assert plain.sent == [None]
+        again = Recording("none", True)
+        assert await server.answer(again, request)  # type: ignore[arg-type]
+        assert again.sent == [kept]
+    finally:
+        server.close()

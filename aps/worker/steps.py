@@ -113,7 +113,8 @@ class StepServer:
                     f"but it was a {type(kept[0]).__name__}; the learner is not a compatible "
                     "aps learner"
                 )
-            # Encoded again if the connection that resumed compresses otherwise.
+            # Encoded again if the connection that resumed encodes otherwise (another codec,
+            # or frame delta where it was off, or the reverse).
             same = kept[2] == session.encoding
             await session.send(kept[0], frame=kept[1] if same else None)
             return True
