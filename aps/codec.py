@@ -25,6 +25,10 @@ numpy values are msgpack extension types:
 - :data:`~aps.compression.EXT_COMPRESSED`: a numeric array compressed with the codec the
   connection negotiated in its handshake (see :mod:`aps.compression`); only
   :func:`encode` with a compressor writes it, and only :func:`decode` told the codec reads it.
+- :data:`~aps.frame_delta.EXT_FRAME_DELTA`: a rollout chunk's ``obs`` whose frame stacks
+  travel as their newest frames (see :mod:`aps.frame_delta`); only :func:`encode` with
+  ``frame_delta`` writes it, and only :func:`decode` with ``frame_delta`` reads it, as a
+  :class:`~aps.messages.RolloutChunk`'s ``obs`` and nowhere else.
 
 Decoded arrays are read-only views over the received payload: copy them (``np.array(x)``)
 before writing to them.

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -28,8 +31,10 @@ from aps._wire import EXT_NDARRAY, WIRE_NAME, array_header, unpadded_header
 from aps.cli import main as cli_main
 from aps.compression import choose_frame_delta, offer, parse_accepted
 from aps.frame_delta import EXT_FRAME_DELTA, Delta
-from aps.messages import Message, RolloutChunk, StepResult
+from aps.messages import Message, RolloutChunk, StepRequest, StepResult
 from aps.session import Session
+from aps.vector import make_vector_env
+from aps.worker.steps import StepServer
 from tests.conftest import FAST
 
 HERE = Path(__file__)
@@ -734,10 +739,6 @@ class Recording:
 
 
 async def test_a_kept_answer_is_encoded_again_where_frame_delta_changed() -> None:
-    from aps.messages import StepRequest
-    from aps.vector import make_vector_env
-    from aps.worker.steps import StepServer
-
     envs = make_vector_env(
         "sync", make_stacked_env, num_envs=2, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
     )
@@ -759,3 +760,26 @@ async def test_a_kept_answer_is_encoded_again_where_frame_delta_changed() -> Non
         assert again.sent == [kept]
     finally:
         server.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark's part, on a tiny budget (its figures are in docs/compression.md)
+
+
+@pytest.mark.timeout(300)
+def test_the_benchmark_part_runs_and_reports_every_encoding(tmp_path: Path) -> None:
+    pytest.importorskip("envpool")
+    if compression.available() != compression.CODECS:
+        pytest.skip("the benchmark needs both codecs")
+    out = tmp_path / "delta.json"
+    script = HERE.parent.parent / "benchmarks" / "compression.py"
+    argv = [sys.executable, str(script), "--part", "delta", "--chunk-steps", "8"]
+    argv += ["--chunks", "1", "--num-envs", "2", "--out", str(out)]
+    subprocess.run(argv, check=True, timeout=240, capture_output=True)
+    report = json.loads(out.read_text())["delta"]
+    assert report["env_steps"] == 16 and report["wire"]["encoding"] == "zstd,frame-delta"
+    rows = {(row["codec"], row["frame_delta"]): row for row in report["rows"]}
+    assert set(rows) == {(c, d) for c in ("none", "zstd", "lz4") for d in (False, True)}
+    for name in ("none", "zstd", "lz4"):
+        assert rows[name, True]["bytes_per_env_step"] < rows[name, False]["bytes_per_env_step"]
+    assert report["split_us_per_env_step"] > 0 and report["env_step_cpu_us_per_env_step"] > 0
