@@ -56,6 +56,7 @@ __all__ = [
     "NAME",
     "THRESHOLD",
     "Delta",
+    "check",
     "pack",
     "rebuild",
     "split",

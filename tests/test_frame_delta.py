@@ -783,3 +783,33 @@ def test_the_benchmark_part_runs_and_reports_every_encoding(tmp_path: Path) -> N
     for name in ("none", "zstd", "lz4"):
         assert rows[name, True]["bytes_per_env_step"] < rows[name, False]["bytes_per_env_step"]
     assert report["split_us_per_env_step"] > 0 and report["env_step_cpu_us_per_env_step"] > 0
+
+
+@pytest.mark.timeout(60)
+async def test_under_raise_the_lie_is_a_protocol_error_naming_the_peer_and_the_value() -> None:
+    async with aps.Learner(
+        TCP,
+        num_workers=1,
+        timeouts=FAST,
+        policy=POLICY,
+        autoreset_mode="SameStep",
+        compression="zstd",
+        on_worker_lost="raise",
+    ) as learner:
+        bad = worker(learner.url, LyingWorker, tamper="fewer_newest_than_the_mask")
+        tasks = [asyncio.create_task(bad.run())]
+        try:
+            await learner.reset(seed=2)
+            await learner.publish(StackAgent(learner))
+            with pytest.raises(aps.ProtocolError) as caught:
+                await learner.rollout(6)
+        finally:
+            await stop(tasks)
+    chain: list[BaseException] = []
+    error: BaseException | None = caught.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__
+    text = " | ".join(str(e) for e in chain)
+    assert str(caught.value).startswith(f"worker {bad.worker_id}"), text
+    assert "127.0.0.1" in text and "newest frames are uint8 of shape (" in text, text
