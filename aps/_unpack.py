@@ -22,6 +22,7 @@ import numpy as np
 
 from aps._wire import (
     EXT_COMPRESSED,
+    EXT_FRAME_DELTA,
     EXT_NDARRAY,
     EXT_OBJECT_ARRAY,
     EXT_SCALAR,
@@ -110,13 +111,16 @@ def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> 
 
 
 def make_ext_hook(
-    depth: int, inflate: Callable[[bytes], np.ndarray[Any, Any]] | None = None
+    depth: int,
+    inflate: Callable[[bytes], np.ndarray[Any, Any]] | None = None,
+    rebuild: Callable[[bytes], np.ndarray[Any, Any]] | None = None,
 ) -> Callable[[int, bytes], Any]:
     """The ext hook for values nested ``depth`` object arrays deep.
 
     ``inflate`` turns the payload of a compressed array into the array (see
-    :func:`aps.compression.inflater`); without it a compressed array is refused. A hook
-    with it is made per frame (it counts what the frame inflated), the nested ones on use.
+    :func:`aps.compression.inflater`), ``rebuild`` that of a frame-delta array (see
+    :func:`aps.frame_delta.unpacker`); without them such arrays are refused. A hook with
+    either is made per frame (they count what the frame inflated), the nested ones on use.
     """
 
     def ext_hook(code: int, data: bytes) -> Any:
@@ -130,7 +134,11 @@ def make_ext_hook(
         if code == EXT_OBJECT_ARRAY:
             if depth >= MAX_OBJECT_DEPTH:
                 raise WireError(f"object arrays nest deeper than {MAX_OBJECT_DEPTH} levels")
-            inner = _EXT_HOOKS[depth + 1] if inflate is None else make_ext_hook(depth + 1, inflate)
+            inner = (
+                _EXT_HOOKS[depth + 1]
+                if inflate is None and rebuild is None
+                else make_ext_hook(depth + 1, inflate, rebuild)
+            )
             return _unpack_object_array(data, inner)
         if code == EXT_COMPRESSED:
             if inflate is None:
@@ -139,10 +147,17 @@ def make_ext_hook(
                     "peer is not a compatible aps peer"
                 )
             return inflate(data)
+        if code == EXT_FRAME_DELTA:
+            if rebuild is None:
+                raise WireError(
+                    "frame-delta array on a connection that did not negotiate frame delta; "
+                    "the peer is not a compatible aps peer"
+                )
+            return rebuild(data)
         raise WireError(
             f"unknown msgpack extension code {code}; known: {EXT_NDARRAY} (array), "
             f"{EXT_SCALAR} (numpy scalar), {EXT_OBJECT_ARRAY} (object array), "
-            f"{EXT_COMPRESSED} (compressed array)"
+            f"{EXT_COMPRESSED} (compressed array), {EXT_FRAME_DELTA} (frame-delta array)"
         )
 
     return ext_hook

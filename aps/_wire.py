@@ -25,6 +25,7 @@ __all__ = [
     "ALIGNMENT",
     "DTYPES",
     "EXT_COMPRESSED",
+    "EXT_FRAME_DELTA",
     "EXT_NDARRAY",
     "EXT_OBJECT_ARRAY",
     "EXT_SCALAR",
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_PADDING",
     "SWAPPED",
     "WIRE_NAME",
+    "Allowance",
     "array_header",
     "data_offset",
     "dtype_error",
@@ -60,6 +62,10 @@ EXT_OBJECT_ARRAY: Final = 3
 
 EXT_COMPRESSED: Final = 4
 """msgpack extension code of a compressed numpy array (see :mod:`aps.compression`)."""
+
+EXT_FRAME_DELTA: Final = 5
+"""msgpack extension code of a chunk of frame stacks sent as newest frames (see
+:mod:`aps.frame_delta`)."""
 
 DTYPES: Final = (
     "bool",
@@ -97,6 +103,36 @@ _BY_WIRE_NAME: dict[bytes, np.dtype[Any]] = {s.encode(): dtype for s, dtype in L
 _PADDING = [b"\0" * (-k % 8) for k in range(8)]
 
 _DTYPE_HINT = ", ".join(DTYPES)
+
+
+class Allowance:
+    """What the arrays of one frame may still inflate or rebuild to, in bytes.
+
+    Compressed arrays (:mod:`aps.compression`) and frame-delta arrays
+    (:mod:`aps.frame_delta`) allocate more than their bytes on the wire; each declares its
+    size, which is charged here before anything is allocated, so that together they stay
+    within the receiving side's frame limit.
+    """
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, nbytes: int, what: str) -> None:
+        """Charge ``nbytes`` for ``what`` (named in the error).
+
+        Raises:
+            WireError: fewer than ``nbytes`` are left.
+        """
+        if nbytes > self.left:
+            raise WireError(
+                f"{what} declares {nbytes} bytes, over the {self.left} bytes left of this "
+                f"side's limit of {self.limit} bytes per frame; raise max_frame_size on both "
+                "sides if such arrays are intended"
+            )
+        self.left -= nbytes
 
 
 def dtype_error(dtype: np.dtype[Any]) -> WireError:

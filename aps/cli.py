@@ -152,6 +152,12 @@ def _parser() -> argparse.ArgumentParser:
         "auto)",
     )
     worker.add_argument(
+        "--no-frame-delta",
+        action="store_true",
+        help="send DETACH chunks' frame stacks whole; by default, where the learner "
+        "compresses, each stack that shifted by one frame travels as its newest frame",
+    )
+    worker.add_argument(
         "--env-kwargs",
         type=_json_object,
         default=None,
@@ -523,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow_policy=args.allow_policy,
             compression=args.compression,
             allow_private_env_calls=args.allow_private_env_calls,
+            frame_delta=not args.no_frame_delta,
         )
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

@@ -25,6 +25,10 @@ numpy values are msgpack extension types:
 - :data:`~aps.compression.EXT_COMPRESSED`: a numeric array compressed with the codec the
   connection negotiated in its handshake (see :mod:`aps.compression`); only
   :func:`encode` with a compressor writes it, and only :func:`decode` told the codec reads it.
+- :data:`~aps.frame_delta.EXT_FRAME_DELTA`: a rollout chunk's ``obs`` whose frame stacks
+  travel as their newest frames (see :mod:`aps.frame_delta`); only :func:`encode` with
+  ``frame_delta`` writes it, and only :func:`decode` with ``frame_delta`` reads it, as a
+  :class:`~aps.messages.RolloutChunk`'s ``obs`` and nowhere else.
 
 Decoded arrays are read-only views over the received payload: copy them (``np.array(x)``)
 before writing to them.
@@ -60,6 +64,7 @@ import gymnasium as gym
 import msgpack
 import numpy as np
 
+from aps import frame_delta as _frame_delta
 from aps._buffers import allocate, seal
 from aps._fast_pack import (
     ATOM_KINDS,
@@ -94,6 +99,7 @@ from aps._wire import (
     MAX_PADDING,
     SWAPPED,
     WIRE_NAME,
+    Allowance,
     array_header,
     dtype_error,
     ext_prefix,
@@ -102,7 +108,8 @@ from aps._wire import (
 )
 from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
-from aps.messages import MESSAGE_TYPES, Message
+from aps.frame_delta import EXT_FRAME_DELTA
+from aps.messages import MESSAGE_TYPES, Message, RolloutChunk
 from aps.spaces import space_from_wire, space_to_wire
 
 __all__ = [
@@ -174,6 +181,8 @@ def _default(value: Any, compressor: Compressor | None = None) -> Any:
             if packed is not None:
                 return packed
         return _ext_array(value, EXT_NDARRAY)
+    if type(value) is _frame_delta.Delta:
+        return _frame_delta.pack(value, functools.partial(_packb, compressor=compressor))
     # Checked before the built-ins: np.float64 is a float subclass but must stay a numpy scalar.
     if isinstance(value, np.generic):
         name = WIRE_NAME.get(value.dtype)
@@ -473,7 +482,9 @@ def _type_name(value: Any) -> str:
     return type(value).__qualname__
 
 
-def encode(message: Message, *, compressor: Compressor | None = None) -> bytes:
+def encode(
+    message: Message, *, compressor: Compressor | None = None, frame_delta: bool = False
+) -> bytes:
     """Encode one message as one frame.
 
     Arrays are copied into the frame; the message may be reused or mutated afterwards.
@@ -483,6 +494,10 @@ def encode(message: Message, *, compressor: Compressor | None = None) -> bytes:
         compressor: the connection's negotiated compression (see :mod:`aps.compression`),
             or ``None`` to send every array plain. A frame made with one decodes only where
             :func:`decode` is given its codec.
+        frame_delta: the connection negotiated frame delta: a
+            :class:`~aps.messages.RolloutChunk` whose ``obs`` are frame stacks sends them
+            as newest frames (see :mod:`aps.frame_delta`); a frame made so decodes only
+            where :func:`decode` is told.
 
     Returns:
         The frame, a msgpack map.
@@ -500,6 +515,15 @@ def encode(message: Message, *, compressor: Compressor | None = None) -> bytes:
             f"cannot encode {type(message).__qualname__}: not an aps message type; "
             f"known tags: {_KNOWN_TAGS}"
         )
+    if frame_delta and type(message) is RolloutChunk:
+        delta = _frame_delta.split(message.obs)
+        if delta is not None:
+            body = _body(spec, message)
+            body["obs"] = delta
+            try:
+                return _pack_frame(body, compressor)
+            except Exception as exc:
+                raise _locate(spec, body, exc) from exc
     frame = _pack_small(spec, message, containers=True)
     # A frame under the threshold holds no array worth compressing: the fast path's is final.
     if frame is not None and (compressor is None or len(frame) < compressor.threshold):
@@ -619,18 +643,23 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
 
 _SMALL_FRAME = 4096
 _COMPRESSED_CODE = bytes([EXT_COMPRESSED])
+_FRAME_DELTA_CODE = bytes([EXT_FRAME_DELTA])
 
 
-def _may_hold_compressed(frame: Frame, size: int) -> bool:
-    """Whether ``frame`` may hold a compressed array: ``False`` only if it cannot."""
+def _may_hold(code: bytes, frame: Frame, size: int) -> bool:
+    """Whether ``frame`` may hold an ext of ``code``: ``False`` only if it cannot."""
     if size > _SMALL_FRAME:
         return True  # scanning a large frame costs more than the hook
     data = frame if type(frame) is bytes or type(frame) is bytearray else bytes(frame)
-    return _COMPRESSED_CODE in data
+    return code in data
 
 
 def decode(
-    frame: Frame, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, compression: str = "none"
+    frame: Frame,
+    *,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    compression: str = "none",
+    frame_delta: bool = False,
 ) -> Message:
     """Decode one frame into the message it holds.
 
@@ -646,6 +675,10 @@ def decode(
             The compressed arrays of one frame may inflate to this many bytes together.
         compression: the codec the connection negotiated (``"none"``: a compressed array
             is refused); see :mod:`aps.compression`.
+        frame_delta: whether the connection negotiated frame delta; without it a
+            frame-delta array is refused, and with it one is accepted only as a
+            :class:`~aps.messages.RolloutChunk`'s ``obs`` (see :mod:`aps.frame_delta`).
+            Rebuilt and inflated arrays share ``max_frame_size``.
 
     Returns:
         The message, an instance of the type its tag names.
@@ -659,10 +692,24 @@ def decode(
     size = _frame_size(frame, max_frame_size)
     data: Frame = frame
     ext_hook = TOP_HOOK
+    rebuilt: list[np.ndarray[Any, Any]] = []
     # A compressed array's ext code is a byte of the frame: a small frame without that byte
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
-    if compression != "none" and _may_hold_compressed(frame, size):
-        ext_hook = make_ext_hook(0, inflater(compression, max_frame_size))
+    inflates = compression != "none" and _may_hold(_COMPRESSED_CODE, frame, size)
+    rebuilds = frame_delta and _may_hold(_FRAME_DELTA_CODE, frame, size)
+    if inflates or rebuilds:
+        allowance = Allowance(max_frame_size)
+        inflate = inflater(compression, allowance) if compression != "none" else None
+        rebuild = None
+        if rebuilds:
+            unpack = _frame_delta.unpacker(allowance, make_ext_hook(MAX_OBJECT_DEPTH, inflate))
+
+            def rebuild(payload: bytes) -> np.ndarray[Any, Any]:
+                array = unpack(payload)
+                rebuilt.append(array)  # where it may appear is checked once decoded
+                return array
+
+        ext_hook = make_ext_hook(0, inflate, rebuild)
     if size > SCAN_FROM:
         # What decoding will allocate is charged before msgpack builds anything (a frame of
         # many small objects is refused), and the large arrays are found on the way. Only
@@ -690,7 +737,15 @@ def decode(
         raise
     except Exception as exc:
         raise WireError(f"frame of {size} bytes is not valid msgpack: {exc}") from exc
-    return _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+    message = _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+    if rebuilt and not (
+        len(rebuilt) == 1 and type(message) is RolloutChunk and message.obs is rebuilt[0]
+    ):
+        raise WireError(
+            f"{message.TAG} message holds {len(rebuilt)} frame-delta arrays; only a rollout "
+            "chunk's obs may travel as one"
+        )
+    return message
 
 
 HANDSHAKE_FRAME_SIZE = 16 * 1024

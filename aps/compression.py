@@ -25,6 +25,11 @@ from the network makes a side allocate more than its limit per frame); a zstd fr
 declares another size than the header; and data that does not decompress to exactly the
 declared size.
 
+Frame delta (:mod:`aps.frame_delta`) is negotiated along with the codec, as one more name in
+the Hello's list (:data:`FRAME_DELTA`) and after the codec in the Welcome
+(:func:`accepted`, :func:`parse_accepted`); the learner takes it where its setting
+compresses (:func:`choose_frame_delta`).
+
 The libraries are `zstandard <https://pypi.org/project/zstandard/>`_ and `lz4
 <https://pypi.org/project/lz4/>`_, the ``compression`` extra. A side that lacks one cannot
 offer or choose it: it falls back to no compression, says so once in the log, and works.
@@ -47,26 +52,32 @@ from aps._wire import (
     LONGEST_HEADER,
     SWAPPED,
     WIRE_NAME,
+    Allowance,
     dtype_error,
     parse_payload,
     unpadded_header,
 )
-from aps.errors import ConfigError, WireError
+from aps.errors import ConfigError, ProtocolError, WireError
+from aps.frame_delta import NAME as FRAME_DELTA
 
 __all__ = [
     "CODECS",
     "CODEC_IDS",
     "EXT_COMPRESSED",
+    "FRAME_DELTA",
     "LEVELS",
     "MAX_RATIO",
     "SETTINGS",
     "THRESHOLD",
     "Compressor",
+    "accepted",
     "available",
     "check_setting",
     "choose",
+    "choose_frame_delta",
     "compressor",
     "offer",
+    "parse_accepted",
 ]
 
 log = logging.getLogger("aps.compression")
@@ -167,22 +178,25 @@ def _missing(codec: str, who: str) -> None:
     )
 
 
-def offer(setting: str) -> tuple[str, ...]:
+def offer(setting: str, *, frame_delta: bool = False) -> tuple[str, ...]:
     """The codecs a worker started with ``setting`` lists in its Hello.
 
     ``"auto"``: every codec it can import; a codec name: that one, if it can import it (if
-    not, one log line says so and the worker offers none); ``"none"``: none.
+    not, one log line says so and the worker offers none); ``"none"``: none. With
+    ``frame_delta`` and any setting but ``"none"``, :data:`aps.frame_delta.NAME` follows
+    them (it needs no library).
     """
     check_setting(setting)
     if setting == "none":
         return ()
+    delta = (FRAME_DELTA,) if frame_delta else ()
     have = available()
     if setting == "auto":
-        return have
+        return have + delta
     if setting not in have:
         _missing(setting, "worker")
-        return ()
-    return (setting,)
+        return delta
+    return (setting, *delta)
 
 
 def choose(setting: str, offered: Sequence[str], *, local: bool, peer: str) -> str:
@@ -231,6 +245,51 @@ def choose(setting: str, offered: Sequence[str], *, local: bool, peer: str) -> s
             list(offered) or "none",
         )
     return "none"
+
+
+def choose_frame_delta(
+    setting: str, offered: Sequence[str], *, local: bool, enabled: bool = True
+) -> bool:
+    """Whether a learner started with ``setting`` takes frame delta from one worker.
+
+    Frame delta (:mod:`aps.frame_delta`): the worker's chunks send frame stacks as their
+    newest frames. Yes when the learner's ``frame_delta`` is ``enabled``, the worker offered
+    it, and the learner's setting compresses for this worker: not ``"none"``, and for
+    ``"auto"`` a worker that is not on this host. Whether a codec library is at hand does
+    not matter: frame delta needs none.
+    """
+    check_setting(setting)
+    if not enabled or FRAME_DELTA not in offered:
+        return False
+    return setting != "none" and not (setting == "auto" and local)
+
+
+def accepted(codec: str, frame_delta: bool) -> str:
+    """What a Welcome's ``compression`` says: the codec, then ``,frame-delta`` if chosen."""
+    return f"{codec},{FRAME_DELTA}" if frame_delta else codec
+
+
+def parse_accepted(value: str, offered: Sequence[str], *, peer: str) -> tuple[str, bool]:
+    """The codec and frame delta a learner's Welcome chose, checked against ``offered``.
+
+    Raises:
+        ProtocolError: the learner chose something this worker did not offer, or wrote
+            something that is not a choice.
+    """
+    codec, *rest = value.split(",")
+    frame_delta = rest == [FRAME_DELTA]
+    if (
+        (rest and not frame_delta)
+        or (codec != "none" and codec not in offered)
+        or codec == FRAME_DELTA
+        or (frame_delta and FRAME_DELTA not in offered)
+    ):
+        raise ProtocolError(
+            f"the learner at {peer} chose compression {value!r}, which this worker did not "
+            f"offer (it offered {list(offered) or 'none'}); the learner is not a compatible "
+            "aps learner"
+        )
+    return codec, frame_delta
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,21 +439,22 @@ _INFLATE: dict[str, Callable[[memoryview, int], bytes]] = {
 }
 
 
-def inflater(name: str, budget: int) -> Callable[[bytes], np.ndarray[Any, Any]]:
+def inflater(name: str, budget: int | Allowance) -> Callable[[bytes], np.ndarray[Any, Any]]:
     """A function that turns :data:`EXT_COMPRESSED` payloads of one frame into arrays.
 
     Args:
         name: the codec the connection negotiated (``"none"``: every compressed array is
             refused).
         budget: the most bytes the arrays of one frame may inflate to, together: the
-            receiving side's frame limit.
+            receiving side's frame limit, or the :class:`~aps._wire.Allowance` the frame's
+            other arrays (:mod:`aps.frame_delta`) are charged to as well.
 
     The function refuses, with :class:`~aps.errors.WireError`, a payload that is malformed,
     names a codec other than ``name``, declares more bytes than are left of ``budget``
     (before anything is allocated), or does not inflate to exactly the declared size. The
     arrays it returns are read-only.
     """
-    left = [budget]
+    allowance = budget if isinstance(budget, Allowance) else Allowance(budget)
     inflate = _INFLATE.get(name)
 
     def unpack(payload: bytes) -> np.ndarray[Any, Any]:
@@ -409,13 +469,7 @@ def inflater(name: str, budget: int) -> Callable[[bytes], np.ndarray[Any, Any]]:
             )
         # The header is parsed from a bounded copy: a few hundred bytes at most.
         dtype, shape, end, nbytes = parse_payload(payload[1 : 1 + LONGEST_HEADER])
-        if nbytes > left[0]:
-            raise WireError(
-                f"compressed array declares {nbytes} bytes ({dtype}, shape {shape}), over "
-                f"the {left[0]} bytes left of this side's limit of {budget} bytes per frame; "
-                "raise max_frame_size on both sides if such arrays are intended"
-            )
-        left[0] -= nbytes
+        allowance.take(nbytes, f"compressed array ({dtype}, shape {shape})")
         with memoryview(payload) as view:
             raw = inflate(view[1 + end :], nbytes)
         if len(raw) != nbytes:

@@ -163,7 +163,8 @@ class Hello(Message):
     probe takes no worker's place."""
     compression: str = ""
     """The codecs this worker can compress arrays with, comma-separated in its order of
-    preference (``"zstd,lz4"``; empty: none); see :mod:`aps.compression`."""
+    preference (``"zstd,lz4"``; empty: none), then ``frame-delta`` if it can send its chunks'
+    frame stacks as newest frames; see :mod:`aps.compression` and :mod:`aps.frame_delta`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,7 +193,9 @@ class Welcome(Message):
     a worker whose connection drops dials again for no longer than this."""
     compression: str = "none"
     """The codec both directions compress large arrays with from the next frame on: one the
-    worker's Hello offered, or ``"none"``; see :mod:`aps.compression`."""
+    worker's Hello offered, or ``"none"``; see :mod:`aps.compression`. ``",frame-delta"``
+    after it (only if the Hello offered it): chunks' frame stacks travel as newest frames
+    (:mod:`aps.frame_delta`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,7 +13,9 @@ transport's own limit is lowered meanwhile when it exposes a settable ``max_fram
 
 Once the handshake chose a codec (:meth:`Session.compress`), the session encodes with it and
 accepts arrays compressed with it, and no other; the arrays of one frame may inflate to the
-session's frame limit, no more (see :mod:`aps.compression`).
+session's frame limit, no more (see :mod:`aps.compression`). Frame delta
+(:mod:`aps.frame_delta`) is chosen with it: a session that negotiated it sends its rollout
+chunks' frame stacks as newest frames and accepts them so; one that did not refuses them.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class Session:
         self._limit_transport(min(self._max_frame_size, codec.HANDSHAKE_FRAME_SIZE))
         self._compression = "none"
         self._compressor: compression.Compressor | None = None
+        self._frame_delta = False
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -153,8 +156,24 @@ class Session:
         """The codec this connection compresses large arrays with (``"none"``: none)."""
         return self._compression
 
-    def compress(self, name: str) -> None:
+    @property
+    def frame_delta(self) -> bool:
+        """Whether rollout chunks' frame stacks travel as newest frames (:mod:`aps.frame_delta`)."""
+        return self._frame_delta
+
+    @property
+    def encoding(self) -> str:
+        """How this connection encodes, as the Welcome said it (``"zstd,frame-delta"``).
+
+        Two sessions with the same encoding make the same frame of a message: a frame kept
+        for a resend may be sent again as is where the encoding is unchanged.
+        """
+        return compression.accepted(self._compression, self._frame_delta)
+
+    def compress(self, name: str, *, frame_delta: bool = False) -> None:
         """Compress with ``name`` from the next frame on, both ways (the handshake's choice).
+
+        ``frame_delta``: the handshake chose frame delta as well, both ways.
 
         Raises:
             ConfigError: ``name`` is neither a codec of :data:`aps.compression.CODECS` nor
@@ -162,6 +181,7 @@ class Session:
         """
         self._compressor = compression.compressor(name)
         self._compression = name
+        self._frame_delta = frame_delta
 
     def encode(self, message: Message) -> bytes:
         """``message`` as this session sends it: compressed as negotiated.
@@ -169,7 +189,7 @@ class Session:
         Raises:
             WireError: the message holds a value the codec cannot carry.
         """
-        return codec.encode(message, compressor=self._compressor)
+        return codec.encode(message, compressor=self._compressor, frame_delta=self._frame_delta)
 
     @property
     def state(self) -> State:
@@ -202,7 +222,9 @@ class Session:
             raise TransportClosed(f"cannot send to {self.peer}: the session is closed")
         # _send's body, written out: this runs for every message, one coroutine fewer.
         if frame is None:
-            frame = codec.encode(message, compressor=self._compressor)
+            frame = codec.encode(
+                message, compressor=self._compressor, frame_delta=self._frame_delta
+            )
         self._connection.send(message)
         self._last_send = time.monotonic()
         await self._transport.send(frame)
@@ -210,7 +232,9 @@ class Session:
     async def _send(self, message: Message, frame: bytes | None = None) -> None:
         """:meth:`send` without the closed check (the goodbye of :meth:`aclose`)."""
         if frame is None:
-            frame = codec.encode(message, compressor=self._compressor)
+            frame = codec.encode(
+                message, compressor=self._compressor, frame_delta=self._frame_delta
+            )
         self._connection.send(message)
         self._last_send = time.monotonic()
         await self._transport.send(frame)
@@ -252,7 +276,10 @@ class Session:
             try:
                 if self._authenticated:
                     message = codec.decode(
-                        frame, max_frame_size=self._max_frame_size, compression=self._compression
+                        frame,
+                        max_frame_size=self._max_frame_size,
+                        compression=self._compression,
+                        frame_delta=self._frame_delta,
                     )
                 else:
                     message = codec.decode_handshake(frame)

@@ -26,6 +26,20 @@ Two parts, both printed as tables (``--out FILE`` also writes them as JSON):
     decoding them (what inflating costs the learner). The issue's goals: zstd at <= 0.3x
     raw bytes, compression at <= 10% of the worker's CPU.
 
+``delta``
+    Frame delta on Pong DETACH chunks (:mod:`aps.frame_delta`). A real learner and a real
+    worker (in this process, ``vector="envpool"``, Pong-v5 x 8 envs, a tiny linear policy
+    that acts in well under a millisecond, so the chunks are Pong's) over TCP on 127.0.0.1,
+    ``--chunk-steps`` steps a chunk, zstd with frame delta; the learner counts the bytes it
+    receives. The chunks it received (equal to the worker's byte for byte) are then encoded
+    again here as a session would send them, for each codec (``none``, ``zstd``, ``lz4``)
+    with and without frame delta: bytes per env-step, and encode and decode CPU per
+    env-step. Reported besides: the CPU per env-step of the check (:func:`~aps.frame_delta.split`,
+    on the worker) and of the rebuild (:func:`~aps.frame_delta.rebuild`, on the learner),
+    against EnvPool's own CPU per env-step of Pong (measured in this process, its threads
+    included). ``none`` with frame delta is what a connection carries when ``compression``
+    asks for a codec that one side cannot import.
+
 Nothing asserts on timings. The host's load moves the MB/s and CPU figures; ratios and
 bytes do not move.
 
@@ -34,12 +48,15 @@ Usage::
     python benchmarks/compression.py                  # both parts, a minute or two
     python benchmarks/compression.py --part codecs --quick
     python benchmarks/compression.py --part pong --steps 300 --out results/compression.json
+    python benchmarks/compression.py --part delta --chunk-steps 128
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -59,8 +76,8 @@ if str(ROOT) not in sys.path:
 from throughput import cpu_seconds  # noqa: E402
 
 import aps  # noqa: E402
-from aps import codec, compression, transports  # noqa: E402
-from aps.messages import StepResult  # noqa: E402
+from aps import codec, compression, frame_delta, transports  # noqa: E402
+from aps.messages import RolloutChunk, StepResult  # noqa: E402
 
 SIZES = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 LEVELS = {"zstd": (1, 3, 6), "lz4": (0, 9)}  # lz4 0: its default (fast) block mode; 9: HC
@@ -363,12 +380,223 @@ def print_pong(rows: Sequence[dict[str, Any]]) -> None:
         )
 
 
+# --------------------------------------------------------------------------------------------
+# Part 3: frame delta on Pong DETACH chunks
+
+
+@functools.cache
+def _tiny_agent_class() -> Any:
+    import torch
+    from torch import nn
+
+    class TinyAgentModule(nn.Module):
+        """A CleanRL-shaped agent that costs next to nothing: frames are what is measured.
+
+        Its heads read a 2 x 2 average of the newest frame's pixels, so acting costs well
+        under a millisecond for 8 envs and the worker's CPU is EnvPool's.
+        """
+
+        def __init__(self, envs: Any) -> None:
+            super().__init__()
+            actions = int(envs.single_action_space.n)
+            self.actor = nn.Sequential(_Newest(), nn.Linear(42 * 42, actions))
+            self.critic = nn.Sequential(_Newest(), nn.Linear(42 * 42, 1))
+
+    class _Newest(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            frame = x[:, -1].float() / 255.0
+            return nn.functional.avg_pool2d(frame[:, None], 2).flatten(1)
+
+    return TinyAgentModule
+
+
+def __getattr__(name: str) -> Any:
+    # The worker imports the policy by path: build the torch class on first use only, so
+    # the other parts run without torch.
+    if name == "TinyAgentModule":
+        return _tiny_agent_class()
+    raise AttributeError(name)
+
+
+POLICY = f"{Path(__file__).resolve()}:TinyAgentModule"
+
+
+def as_message(chunk: Any) -> RolloutChunk:
+    """The :class:`RolloutChunk` a learner's :class:`~aps.learner.Chunk` was sent as."""
+    names = [f.name for f in dataclasses.fields(RolloutChunk) if f.name != "seq"]
+    fields = {name: getattr(chunk, name) for name in names}
+    return RolloutChunk(**fields)
+
+
+async def delta_run(chunk_steps: int, num_envs: int, chunks: int) -> dict[str, Any]:
+    """Real DETACH chunks of Pong over TCP, zstd with frame delta; what the learner got."""
+    inner = await transports.get_factory("tcp").listen("tcp://127.0.0.1:0")
+    listener = CountingListener(inner)
+    timeouts = aps.Timeouts(connect=DEADLINE, step=DEADLINE)
+    token = secrets.token_hex(16)
+    async with aps.Learner(
+        listener,
+        num_workers=1,
+        token=token,
+        timeouts=timeouts,
+        policy=POLICY,
+        compression="zstd",
+    ) as learner:
+        worker = aps.Worker(
+            learner.url,
+            "Pong-v5",
+            vector="envpool",
+            num_envs=num_envs,
+            seed=0,
+            token=token,
+            timeouts=timeouts,
+            allow_policy=(POLICY,),
+        )
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers()
+            encoding = learner._pool.remotes[0].session.encoding
+            await learner.reset(seed=0)
+            await learner.publish(_tiny_agent_class()(learner))
+            link = listener.accepted[-1]
+            received = link.received
+            got = []
+            stream = learner.chunks(chunk_steps, max_in_flight=1)
+            async for chunk in stream:
+                got.append(as_message(chunk))
+                if len(got) == chunks:
+                    break
+            wire = link.received - received  # before the chunk still in flight arrives
+            await stream.aclose()
+        finally:
+            task.cancel()
+            await asyncio.wait([task], timeout=10)
+    return {"encoding": encoding, "chunks": got, "wire_bytes": wire}
+
+
+def best_cpu(action: Callable[[], object], runs: int = 3) -> float:
+    """The least CPU seconds (this thread) of ``runs`` calls of ``action``."""
+    best = float("inf")
+    for _ in range(runs):
+        start = time.thread_time()
+        action()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def envpool_cpu_per_env_step(num_envs: int, steps: int = 200) -> float:
+    """EnvPool Pong's CPU seconds per env-step in this process, its threads included."""
+    import envpool
+
+    env = envpool.make("Pong-v5", env_type="gymnasium", num_envs=num_envs, seed=1)
+    env.reset()
+    rng = np.random.default_rng(1)
+    actions = [rng.integers(0, 6, num_envs) for _ in range(steps)]
+    start = time.process_time()
+    for action in actions:
+        env.step(action)
+    spent = time.process_time() - start
+    env.close()
+    return spent / (steps * num_envs)
+
+
+def delta_part(chunk_steps: int, num_envs: int, chunks: int) -> dict[str, Any]:
+    run = asyncio.run(delta_run(chunk_steps, num_envs, chunks))
+    messages: list[RolloutChunk] = run["chunks"]
+    env_steps = sum(m.obs.shape[0] * m.obs.shape[1] for m in messages)
+    rows = []
+    for name in ("none", "zstd", "lz4"):
+        packer = compression.compressor(name)
+        for delta in (False, True):
+            frames = [codec.encode(m, compressor=packer, frame_delta=delta) for m in messages]
+            for frame, message in zip(frames, messages, strict=True):
+                back = codec.decode(frame, compression=name, frame_delta=delta)
+                assert isinstance(back, RolloutChunk)
+                assert back.obs.tobytes() == message.obs.tobytes()  # exact, every time
+            rows.append(
+                {
+                    "codec": name,
+                    "frame_delta": delta,
+                    "bytes_per_env_step": sum(len(f) for f in frames) / env_steps,
+                    "encode_us_per_env_step": best_cpu(
+                        lambda p=packer, d=delta: [
+                            codec.encode(m, compressor=p, frame_delta=d) for m in messages
+                        ]
+                    )
+                    / env_steps
+                    * 1e6,
+                    "decode_us_per_env_step": best_cpu(
+                        lambda fs=frames, n=name, d=delta: [
+                            codec.decode(f, compression=n, frame_delta=d) for f in fs
+                        ]
+                    )
+                    / env_steps
+                    * 1e6,
+                }
+            )
+    raw = np.mean([m.obs[0, 0].nbytes for m in messages])
+    plain = rows[0]["bytes_per_env_step"]
+    for row in rows:
+        row["vs_plain"] = row["bytes_per_env_step"] / plain
+    deltas = [frame_delta.split(m.obs) for m in messages]
+    coded = sum(int(d.mask.sum()) for d in deltas if d is not None)
+    split_s = best_cpu(lambda: [frame_delta.split(m.obs) for m in messages])
+    rebuild_s = best_cpu(lambda: [frame_delta.rebuild(d) for d in deltas if d is not None])
+    env_s = envpool_cpu_per_env_step(num_envs)
+    return {
+        "chunk_steps": chunk_steps,
+        "num_envs": num_envs,
+        "chunks": len(messages),
+        "env_steps": env_steps,
+        "raw_obs_bytes_per_env_step": float(raw),
+        "delta_coded_share": coded / env_steps,
+        "wire": {
+            "encoding": run["encoding"],
+            "bytes_per_env_step": run["wire_bytes"] / env_steps,
+        },
+        "split_us_per_env_step": split_s / env_steps * 1e6,
+        "rebuild_us_per_env_step": rebuild_s / env_steps * 1e6,
+        "env_step_cpu_us_per_env_step": env_s * 1e6,
+        "rows": rows,
+    }
+
+
+def print_delta(report: dict[str, Any]) -> None:
+    print(
+        f"Pong-v5 DETACH chunks: {report['chunks']} x {report['chunk_steps']} steps x "
+        f"{report['num_envs']} envs, raw obs {report['raw_obs_bytes_per_env_step']:.0f} B per "
+        f"env-step, {report['delta_coded_share']:.1%} of (t, e) sent as their newest frame"
+    )
+    wire = report["wire"]
+    print(
+        f"on the wire ({wire['encoding']}, learner's count, heartbeats included): "
+        f"{wire['bytes_per_env_step']:.0f} B per env-step"
+    )
+    print(
+        f"{'codec':<6} {'delta':<6} {'B/env-step':>11} {'vs plain':>9} {'enc us':>8} {'dec us':>8}"
+    )
+    for row in report["rows"]:
+        print(
+            f"{row['codec']:<6} {'yes' if row['frame_delta'] else 'no':<6} "
+            f"{row['bytes_per_env_step']:>11.0f} {row['vs_plain']:>9.3f} "
+            f"{row['encode_us_per_env_step']:>8.1f} {row['decode_us_per_env_step']:>8.1f}"
+        )
+    env = report["env_step_cpu_us_per_env_step"]
+    for name in ("split", "rebuild"):
+        cost = report[f"{name}_us_per_env_step"]
+        print(
+            f"{name:<8} {cost:6.1f} us CPU per env-step, {cost / env:.1%} of EnvPool's {env:.0f} us"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--part", choices=("codecs", "pong", "both"), default="both")
+    parser.add_argument("--part", choices=("codecs", "pong", "delta", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="fewer sizes, levels and runs")
     parser.add_argument("--steps", type=int, default=200, help="Pong lockstep steps per setting")
     parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--chunk-steps", type=int, default=128, help="steps per DETACH chunk")
+    parser.add_argument("--chunks", type=int, default=4, help="DETACH chunks to measure")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     missing = [c for c in compression.CODECS if c not in compression.available()]
@@ -382,6 +610,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part in ("pong", "both"):
         report["pong"] = pong_part(args.steps, args.num_envs)
         print_pong(report["pong"])
+    if args.part == "delta":
+        report["delta"] = delta_part(args.chunk_steps, args.num_envs, args.chunks)
+        print_delta(report["delta"])
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -695,7 +695,7 @@ async def test_a_worker_refuses_a_codec_it_did_not_offer() -> None:
             codec.encode(Challenge(protocol_version=PROTOCOL_VERSION, nonce=b"n" * 32))
         )
         hello = codec.decode_handshake(await transport.receive())
-        assert isinstance(hello, Hello) and hello.compression == "zstd"
+        assert isinstance(hello, Hello) and hello.compression == "zstd,frame-delta"
         welcome = Welcome(worker_id=0, autoreset_mode="NextStep", policy=None, compression="lz4")
         await transport.send(codec.encode(welcome))
         with pytest.raises(aps.ProtocolError, match="chose compression 'lz4'"):

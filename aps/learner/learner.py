@@ -89,6 +89,10 @@ class Learner:
             for every worker that offers it; ``"none"`` never. A worker that lacks the
             library (the ``compression`` extra) or was started with ``--compression none``
             gets no compression, said once in the log.
+        frame_delta: accept rollout chunks whose frame stacks travel as their newest frames
+            (:mod:`aps.frame_delta`) from workers that offer it, wherever ``compression``
+            compresses (by default; ``False``: chunks travel whole). The rebuilt
+            observations equal the worker's byte for byte.
 
     Entering the context binds the address (see :attr:`url`); the first :meth:`reset` waits
     for the workers (or call :meth:`wait_for_workers`).
@@ -120,6 +124,7 @@ class Learner:
         policy_kwargs: dict[str, Any] | None = None,
         overlap_weights: bool = False,
         compression: str = "auto",
+        frame_delta: bool = True,
     ) -> None:
         if isinstance(listen, str) and factory is None:
             # The scheme first: a URL aps cannot listen on says so, before anything is
@@ -180,6 +185,9 @@ class Learner:
         )
         self._pool.policy_kwargs = policy_kwargs
         self._pool.compression = check_compression(compression)
+        if not isinstance(frame_delta, bool):
+            raise ConfigError(f"frame_delta must be True or False, got {frame_delta!r}")
+        self._pool.frame_delta = frame_delta
         self.policy_kwargs = policy_kwargs
         self._lockstep = Lockstep(self._pool)
         if weight_precision not in ("exact", "float16"):

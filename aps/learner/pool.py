@@ -36,7 +36,11 @@ from gymnasium.vector import AutoresetMode
 
 from aps import transports
 from aps._version import __version__
-from aps.compression import choose as choose_compression
+from aps.compression import (
+    accepted as accepted_compression,
+    choose as choose_compression,
+    choose_frame_delta,
+)
 from aps.delivery import Accepted, Outbox
 from aps.errors import (
     ApsError,
@@ -247,6 +251,8 @@ class WorkerPool:
         """The policy factory's keyword arguments, sent in every welcome (set by the learner)."""
         self.compression = "auto"
         """The learner's compression setting, applied in every welcome (set by the learner)."""
+        self.frame_delta = True
+        """Whether workers that offer frame delta may use it (set by the learner)."""
         self.launcher = launcher
         self.on_worker_lost: OnWorkerLost = on_worker_lost
         self.reconnect_timeout = reconnect_timeout
@@ -453,6 +459,9 @@ class WorkerPool:
         chosen = choose_compression(
             self.compression, offered, local=session.is_local, peer=session.peer
         )
+        frame_delta = choose_frame_delta(
+            self.compression, offered, local=session.is_local, enabled=self.frame_delta
+        )
         await session.send(
             Welcome(
                 worker_id=worker_id,
@@ -463,10 +472,10 @@ class WorkerPool:
                 policy_kwargs=self.policy_kwargs,
                 proof=proof,
                 resume_window=self.reconnect_timeout if self.on_worker_lost == "wait" else 0.0,
-                compression=chosen,
+                compression=accepted_compression(chosen, frame_delta),
             )
         )
-        session.compress(chosen)  # from the worker's Ready on, both ways
+        session.compress(chosen, frame_delta=frame_delta)  # from the worker's Ready on
         # Building envs runs user code and may take long: the step deadline bounds it.
         ready = await session.receive(
             timeout=self.timeouts.step, operation="the worker to build its envs"

@@ -113,8 +113,9 @@ class StepServer:
                     f"but it was a {type(kept[0]).__name__}; the learner is not a compatible "
                     "aps learner"
                 )
-            # Encoded again if the connection that resumed compresses otherwise.
-            same = kept[2] == session.compression
+            # Encoded again if the connection that resumed encodes otherwise (another codec,
+            # or frame delta where it was off, or the reverse).
+            same = kept[2] == session.encoding
             await session.send(kept[0], frame=kept[1] if same else None)
             return True
         answer: Answer
@@ -144,7 +145,7 @@ class StepServer:
                 seq,
             )
             frame = session.encode(answer)
-        self._answers.keep((answer, frame, session.compression))
+        self._answers.keep((answer, frame, session.encoding))
         await session.send(answer, frame=frame)
         return False
 

@@ -36,7 +36,11 @@ from gymnasium.vector import AutoresetMode
 
 from aps import transports
 from aps._imports import PolicyPin
-from aps.compression import check_setting as check_compression, offer as offer_compression
+from aps.compression import (
+    check_setting as check_compression,
+    offer as offer_compression,
+    parse_accepted,
+)
 from aps.errors import (
     ApsError,
     AuthError,
@@ -143,6 +147,10 @@ class Worker:
         compression: the codecs this worker offers the learner, which chooses
             (:mod:`aps.compression`): ``"auto"`` (default) every one it can import, ``"zstd"``
             or ``"lz4"`` that one, ``"none"`` none.
+        frame_delta: offer to send rollout chunks' frame stacks (observations of shape
+            ``(K, ...)`` that shift by one frame a step) as their newest frames
+            (:mod:`aps.frame_delta`); the learner accepts where it compresses. ``False``, or
+            ``compression="none"``, sends them whole.
         allow_private_env_calls: let the learner's env calls (``call``, ``get_attr``,
             ``set_attr``) reach private and dunder names (``_max_episode_steps``,
             ``__class__``); by default only public names, and the learner's caller gets a
@@ -178,6 +186,7 @@ class Worker:
         allow_policy: Sequence[str] = (),
         compression: str = "auto",
         allow_private_env_calls: bool = False,
+        frame_delta: bool = True,
     ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -214,6 +223,9 @@ class Worker:
         self.policy = policy
         self.allow_policy = tuple(allow_policy)
         self.compression = check_compression(compression)
+        if not isinstance(frame_delta, bool):
+            raise ConfigError(f"frame_delta must be True or False, got {frame_delta!r}")
+        self.frame_delta = frame_delta
         self._pin = PolicyPin(policy, self.allow_policy)  # refuses a malformed pattern now
         self._policy_path: str | None = None  # what the pin let this session import
         self._allow_private_env_calls = bool(allow_private_env_calls)
@@ -437,7 +449,7 @@ class Worker:
         token = self._token
         # The proof covers our own nonce: a peer that relays it gains nothing it can replay.
         proof = b"" if token is None else worker_proof(token, challenge.nonce, nonce)
-        offered = offer_compression(self.compression)
+        offered = offer_compression(self.compression, frame_delta=self.frame_delta)
         await session.send(
             Hello(
                 protocol_version=PROTOCOL_VERSION,
@@ -474,13 +486,8 @@ class Worker:
         if isinstance(answer, Reject):
             raise self._refused(answer, verified=True)
         session.authenticated()
-        if answer.compression != "none" and answer.compression not in offered:
-            raise ProtocolError(
-                f"the learner at {session.peer} chose compression {answer.compression!r}, "
-                f"which this worker did not offer (it offered {list(offered) or 'none'}); the "
-                "learner is not a compatible aps learner"
-            )
-        session.compress(answer.compression)  # from our Ready on, both ways
+        codec, frame_delta = parse_accepted(answer.compression, offered, peer=session.peer)
+        session.compress(codec, frame_delta=frame_delta)  # from our Ready on, both ways
         return answer
 
     def _unverified(self, error: ApsError) -> ApsError | _Retry:

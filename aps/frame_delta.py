@@ -1,0 +1,286 @@
+"""Frame stacks in DETACH chunks: each step's stack travels as its newest frame.
+
+An observation that stacks the last ``K`` frames (Atari's ``(4, 84, 84)``) repeats ``K - 1``
+of them from the step before: in a chunk's ``obs`` of shape ``(T, E, K, ...)``, for most
+steps ``t > 0`` and envs ``e``, ``obs[t, e, :-1]`` holds the bytes of ``obs[t - 1, e, 1:]``.
+A worker whose connection negotiated frame delta sends such a chunk's observations as
+:data:`EXT_FRAME_DELTA` (:func:`split`, :func:`pack`): for each ``(t, e)`` where that holds
+byte for byte, only the newest frame ``obs[t, e, -1]``; every other stack (``t = 0``, an
+episode's first observation, a stack that did not shift) whole. The learner rebuilds the
+array (:func:`unpacker`), equal byte for byte to the worker's. A Pong chunk shrinks to about
+a quarter of its raw bytes before the connection's codec compresses what is left.
+
+The extension's payload is:
+
+- the array header ``[dtype.str, shape]`` of :data:`~aps.codec.EXT_NDARRAY`, unpadded,
+  which declares the rebuilt array (``shape`` is ``(T, E, K, ...)``, ``K >= 2``);
+- a msgpack bin, the mask: which ``(t, e)`` travel as their newest frame, ``T * E`` bits
+  in C order, packed most significant bit first (:func:`numpy.packbits`), the padding bits 0;
+- the whole stacks, one array (plain or compressed) of shape ``(W, K, ...)``, in C order of
+  ``(t, e)``, where ``W`` is the number of 0 bits;
+- the newest frames, one array of shape ``(N, ...)``, likewise, ``N`` the number of 1 bits.
+
+The receiver refuses, as a :class:`~aps.errors.WireError` that its session turns into a
+:class:`~aps.errors.ProtocolError` naming the peer: the extension on a connection that did
+not negotiate frame delta, or anywhere but a :class:`~aps.messages.RolloutChunk`'s ``obs``
+(see :func:`aps.codec.decode`); a rebuilt size over what is left of its frame limit (checked
+before anything is allocated); a mask of the wrong length, with padding bits set or with a
+bit set at ``t = 0``; parts whose count, shape or dtype disagree with the mask and the header;
+and anything after the parts.
+
+Only rollout chunks carry it: a lockstep step's answer holds one step, and rebuilding it from
+the step before would need state kept across messages (and across a resume).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+import numpy as np
+
+from aps._wire import (
+    EXT_FRAME_DELTA,
+    LONGEST_HEADER,
+    WIRE_NAME,
+    Allowance,
+    parse_payload,
+    unpadded_header,
+)
+from aps.errors import WireError
+
+__all__ = [
+    "EXT_FRAME_DELTA",
+    "NAME",
+    "THRESHOLD",
+    "Delta",
+    "check",
+    "pack",
+    "rebuild",
+    "split",
+    "unpacker",
+]
+
+NAME: Final = "frame-delta"
+"""How a Hello offers frame delta and a Welcome accepts it, among the codec names."""
+
+THRESHOLD: Final = 4096
+"""Chunks whose ``obs`` is smaller than this many bytes travel plain: what frame delta could
+save there is less than a compressor's threshold (:data:`aps.compression.THRESHOLD`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A chunk's observations with the repeated frames left out.
+
+    Attributes:
+        shape: the observations' shape ``(T, E, K, ...)``.
+        dtype: their dtype.
+        mask: ``(T, E)`` bools, ``True`` where only the newest frame travels; never at ``t = 0``.
+        whole: the stacks where ``mask`` is ``False``, ``(W, K, ...)``, in C order of ``(t, e)``.
+        newest: the newest frames where ``mask`` is ``True``, ``(N, ...)``, likewise.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    mask: np.ndarray[Any, np.dtype[np.bool_]]
+    whole: np.ndarray[Any, Any]
+    newest: np.ndarray[Any, Any]
+
+
+# The widest unsigned type whose size divides a frame's byte count: comparing frames as such
+# words is bytewise equality at a fraction of the element count.
+_WORDS = (np.dtype(np.uint64), np.dtype(np.uint32), np.dtype(np.uint16), np.dtype(np.uint8))
+
+
+def split(obs: Any) -> Delta | None:
+    """``obs`` (``(T, E, K, ...)``) as a :class:`Delta`, or ``None`` to send it whole.
+
+    A ``(t, e)`` with ``t > 0`` is delta-coded when ``obs[t, e, :-1]`` and
+    ``obs[t - 1, e, 1:]`` hold the same bytes (not merely equal values: ``-0.0`` and NaNs
+    compare by their bits). ``None`` for anything that is not such a stack: fewer than 4
+    dimensions (each frame at least 1-D), ``T < 2`` or ``K < 2``, a dtype that does not
+    travel as a plain array, fewer than :data:`THRESHOLD` bytes, or no stack that shifted.
+    """
+    if type(obs) is not np.ndarray or obs.ndim < 4 or obs.dtype not in WIRE_NAME:
+        return None
+    steps, envs, depth = obs.shape[:3]
+    if steps < 2 or depth < 2 or obs.nbytes < THRESHOLD:
+        return None
+    frame_bytes = obs[0, 0, 0].nbytes
+    word = next(w for w in _WORDS if frame_bytes % w.itemsize == 0)
+    words = np.ascontiguousarray(obs).view(np.uint8).reshape(steps, envs, depth, frame_bytes)
+    words = words.view(word)
+    mask = np.zeros((steps, envs), np.bool_)
+    for t in range(1, steps):
+        # One step at a time: the comparison's temporary is one step's stacks, not the chunk's.
+        same = words[t, :, :-1] == words[t - 1, :, 1:]
+        mask[t] = same.reshape(envs, -1).all(axis=1)
+    if not mask.any():
+        return None
+    return Delta(
+        shape=obs.shape,
+        dtype=obs.dtype,
+        mask=mask,
+        whole=obs[~mask],
+        newest=obs[:, :, -1][mask],
+    )
+
+
+def rebuild(delta: Delta) -> np.ndarray[Any, Any]:
+    """The observations ``delta`` stands for (a new, writable array).
+
+    Raises:
+        WireError: the parts disagree with the mask or the shape (see :func:`check`).
+    """
+    check(delta)
+    out = np.empty(delta.shape, delta.dtype)
+    mask = delta.mask
+    whole_at = newest_at = 0
+    for t in range(delta.shape[0]):
+        coded = mask[t]
+        count = int(coded.sum())
+        rest = len(coded) - count
+        if rest:
+            out[t, ~coded] = delta.whole[whole_at : whole_at + rest]
+            whole_at += rest
+        if count:
+            out[t, coded, :-1] = out[t - 1, coded, 1:]
+            out[t, coded, -1] = delta.newest[newest_at : newest_at + count]
+            newest_at += count
+    return out
+
+
+def check(delta: Delta) -> None:
+    """Refuse a :class:`Delta` whose parts do not rebuild its shape.
+
+    Raises:
+        WireError: the shape is not ``(T, E, K >= 2, ...)``, the mask is not ``(T, E)`` or has
+            a bit set at ``t = 0``, or ``whole`` or ``newest`` has another dtype than the
+            shape's or another shape than the mask's counts ask for.
+    """
+    shape = delta.shape
+    if len(shape) < 3 or shape[2] < 2:
+        raise WireError(
+            f"frame-delta array of shape {shape} is not a chunk of frame stacks "
+            "(T, E, K, ...) with K >= 2"
+        )
+    steps, envs = shape[:2]
+    mask = delta.mask
+    if mask.shape != (steps, envs) or mask.dtype != np.bool_:
+        raise WireError(
+            f"frame-delta mask has shape {mask.shape} ({mask.dtype}), not ({steps}, {envs}) "
+            f"bools for the array of shape {shape}"
+        )
+    if steps and mask[0].any():
+        raise WireError(
+            f"frame-delta mask codes {int(mask[0].sum())} stacks at t=0 as their newest frame, "
+            "but there is no step before them to shift from"
+        )
+    count = int(mask.sum())
+    for part, name, want in (
+        (delta.whole, "whole stacks", (steps * envs - count, *shape[2:])),
+        (delta.newest, "newest frames", (count, *shape[3:])),
+    ):
+        if part.dtype != delta.dtype or part.shape != want:
+            raise WireError(
+                f"frame-delta {name} are {part.dtype} of shape {part.shape}, but its mask "
+                f"({count} of {steps * envs} newest frames) and header ({delta.dtype}, shape "
+                f"{shape}) ask for {delta.dtype} of shape {want}"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# On the wire
+
+
+def pack(delta: Delta, pack_array: Callable[[np.ndarray[Any, Any]], bytes]) -> msgpack.ExtType:
+    """``delta`` as an :data:`EXT_FRAME_DELTA` extension.
+
+    ``pack_array`` writes one array as the codec does on this connection (compressed when it
+    is worth it), so the parts are compressed like any other array.
+    """
+    head = unpadded_header(WIRE_NAME[delta.dtype], delta.shape)
+    mask = msgpack.packb(np.packbits(delta.mask).tobytes(), use_bin_type=True)
+    payload = b"".join((head, mask, pack_array(delta.whole), pack_array(delta.newest)))
+    ext: msgpack.ExtType = tuple.__new__(msgpack.ExtType, (EXT_FRAME_DELTA, payload))
+    return ext
+
+
+def unpacker(
+    allowance: Allowance, array_hook: Callable[[int, bytes], Any]
+) -> Callable[[bytes], np.ndarray[Any, Any]]:
+    """A function that turns :data:`EXT_FRAME_DELTA` payloads of one frame into arrays.
+
+    Args:
+        allowance: what the arrays of the frame may still inflate and rebuild to; the rebuilt
+            array is charged before anything is allocated.
+        array_hook: the ext hook for the parts (plain and compressed arrays, the latter
+            charged to the same allowance); anything else it returns is refused.
+
+    The arrays it returns are read-only. It refuses, with :class:`~aps.errors.WireError`,
+    everything the module's docstring lists.
+    """
+
+    def part_hook(code: int, data: bytes) -> Any:
+        if code == EXT_FRAME_DELTA:
+            raise WireError("frame-delta array nested in another; its parts are plain arrays")
+        return array_hook(code, data)
+
+    def unpack(payload: bytes) -> np.ndarray[Any, Any]:
+        # The header is parsed from a bounded copy: a few hundred bytes at most.
+        dtype, shape, end, nbytes = parse_payload(payload[:LONGEST_HEADER])
+        if len(shape) < 3 or shape[2] < 2:
+            raise WireError(
+                f"frame-delta array of shape {shape} is not a chunk of frame stacks "
+                "(T, E, K, ...) with K >= 2"
+            )
+        allowance.take(nbytes, f"frame-delta array ({dtype}, shape {shape})")
+        steps, envs = shape[:2]
+        cells = steps * envs
+        parts = msgpack.Unpacker(
+            None,
+            ext_hook=part_hook,
+            use_list=False,
+            raw=False,
+            max_buffer_size=max(len(payload), 1),
+            max_str_len=0,
+            max_array_len=0,
+            max_map_len=0,
+        )
+        parts.feed(memoryview(payload)[end:])
+        try:
+            bits, whole, newest = parts.unpack(), parts.unpack(), parts.unpack()
+        except WireError:
+            raise
+        except Exception as exc:
+            raise WireError(
+                f"frame-delta array of shape {shape} must hold a mask and two arrays: {exc}"
+            ) from exc
+        if parts.tell() != len(payload) - end:
+            raise WireError(
+                f"frame-delta array of shape {shape} has {len(payload) - end - parts.tell()} "
+                "bytes after its parts"
+            )
+        if type(bits) is not bytes or len(bits) != -(-cells // 8):
+            got = f"{len(bits)} bytes" if type(bits) is bytes else type(bits).__qualname__
+            raise WireError(
+                f"frame-delta mask must be {-(-cells // 8)} bytes ({cells} bits for shape "
+                f"{shape}), got {got}"
+            )
+        flat = np.unpackbits(np.frombuffer(bits, np.uint8))
+        if flat[cells:].any():
+            raise WireError("frame-delta mask has bits set past its last (t, e)")
+        for name, part in (("whole stacks", whole), ("newest frames", newest)):
+            if type(part) is not np.ndarray:
+                raise WireError(
+                    f"frame-delta {name} must be a numeric array, got {type(part).__qualname__}"
+                )
+        mask = flat[:cells].reshape(steps, envs).astype(np.bool_)
+        out = rebuild(Delta(shape=shape, dtype=dtype, mask=mask, whole=whole, newest=newest))
+        out.flags.writeable = False  # like every decoded array
+        return out
+
+    return unpack
