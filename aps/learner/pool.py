@@ -90,6 +90,21 @@ class Mode(enum.Enum):
     """A chunk stream."""
     ROUNDS = "gradient rounds"
     """Gradient mode, until it is stopped."""
+    BROKEN = "broken"
+    """The workers are out of step for good; every later operation refuses (see
+    :attr:`WorkerPool.broken`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """The pool's mode, and what the broken mode carries."""
+
+    mode: Mode
+    error: ApsError | None = None
+    """Why the workers are out of step (``Mode.BROKEN`` only)."""
+    interrupted: Mode | None = None
+    """The lease a break ended before its holder left it (``Mode.BROKEN`` only): a chunk
+    stream left open is still ended when the next operation begins."""
 
 
 SESSION_ID_SIZE = 16
@@ -277,9 +292,8 @@ class WorkerPool:
         """Global index of each worker's first env."""
         self.was_reset = False
         """Whether the envs were reset at least once (a replacement's are then reset too)."""
-        self._mode = Mode.IDLE
+        self._state = _State(Mode.IDLE)
         self._enders: dict[Mode, Callable[[], Awaitable[None]]] = {}
-        self._broken: ApsError | None = None
         self.closed = False
 
     # Lifecycle.
@@ -711,17 +725,17 @@ class WorkerPool:
     @property
     def mode(self) -> Mode:
         """What the workers are used for now."""
-        return self._mode
+        return self._state.mode
 
     @property
     def busy(self) -> bool:
         """An operation (a step, a stream, gradient mode) is using the workers."""
-        return self._mode is not Mode.IDLE
+        return self._state.mode not in (Mode.IDLE, Mode.BROKEN)
 
     @property
     def broken(self) -> ApsError | None:
         """Why the workers can no longer be used together, once that happened (for good)."""
-        return self._broken
+        return self._state.error
 
     def enter(
         self,
@@ -742,7 +756,7 @@ class WorkerPool:
             InvalidState: see :meth:`check`.
         """
         self.check(operation, running=running, every_worker=every_worker, verb=verb)
-        self._mode = mode
+        self._state = _State(mode)
 
     def on_abandon(self, mode: Mode, end: Callable[[], Awaitable[None]]) -> None:
         """Register how a mode the caller left open ends when another operation begins.
@@ -754,23 +768,43 @@ class WorkerPool:
         self._enders[mode] = end
 
     async def end_abandoned(self) -> None:
-        """End the mode holding the workers if it registered how (see :meth:`on_abandon`)."""
-        end = self._enders.get(self._mode)
+        """End the mode holding the workers if it registered how (see :meth:`on_abandon`).
+
+        A mode a break interrupted is ended too: its holder still has it open.
+        """
+        state = self._state
+        held = state.interrupted if state.mode is Mode.BROKEN else state.mode
+        end = None if held is None else self._enders.get(held)
         if end is not None:
             await end()
 
     def leave(self, mode: Mode) -> None:
-        """End the lease of ``mode`` (nothing if another mode holds the workers)."""
-        if self._mode is mode:
-            self._mode = Mode.IDLE
+        """End the lease of ``mode`` (nothing if another mode holds the workers).
+
+        Broken workers stay broken; the lease the break interrupted is over.
+        """
+        state = self._state
+        if state.mode is mode:
+            self._state = _State(Mode.IDLE)
+        elif state.mode is Mode.BROKEN and state.interrupted is mode:
+            self._state = dataclasses.replace(state, interrupted=None)
 
     def mark_reset(self) -> None:
         """Note that every worker's envs were reset (a replacement's are then reset first)."""
         self.was_reset = True
 
     def break_for_good(self, exc: ApsError) -> None:
-        """The workers are out of step for good: every later operation refuses, with ``exc``."""
-        self._broken = exc
+        """Enter :attr:`Mode.BROKEN`: every later operation refuses, with ``exc``.
+
+        A later break says why in its place. The lease a break interrupted ends when its
+        holder leaves it (see :meth:`leave`).
+        """
+        state = self._state
+        if state.mode is Mode.BROKEN:
+            self._state = dataclasses.replace(state, error=exc)
+        else:
+            held = None if state.mode is Mode.IDLE else state.mode
+            self._state = _State(Mode.BROKEN, exc, held)
 
     def check(
         self,
@@ -788,16 +822,17 @@ class WorkerPool:
             InvalidState: the workers are out of step for good, some were dropped, or another
                 operation is running.
         """
-        if self._broken is not None:
+        broken = self._state.error
+        if broken is not None:
             raise InvalidState(
-                f"this learner can no longer {verb or operation}: {self._broken}; start a new one"
+                f"this learner can no longer {verb or operation}: {broken}; start a new one"
             )
         if self.dropped and every_worker:
             raise InvalidState(
                 f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
                 "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
             )
-        if self._mode is not Mode.IDLE:
+        if self._state.mode is not Mode.IDLE:
             raise InvalidState(f"{operation}() called while {running}")
 
     def forget_answers(self, remote: Remote) -> None:
@@ -841,8 +876,7 @@ class WorkerPool:
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        if self._mode in self._enders:
-            await self._enders[self._mode]()
+        await self.end_abandoned()
         self.enter(Mode.EXCHANGE, operation, running=running)
         try:
             return await self._exchange(requests, operation, redo, before, after, check)
