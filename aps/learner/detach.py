@@ -48,7 +48,6 @@ from aps.messages import (
     ErrorReport,
     Message,
     Request,
-    ResetRequest,
     RolloutChunk,
     RolloutRequest,
     Weights,
@@ -425,13 +424,13 @@ class Detach:
 
     async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
         """A rollout asked of a worker that was replaced: reset the new one's envs, ask again."""
-        reset = ResetRequest(seed=None, options=None)
-        answer = await self._pool.call_until_answered(remote, reset, operation)
+        pool = self._pool
+        answer = await pool.reset_replacement(remote, operation)
         if isinstance(answer, ErrorReport):
             return answer
-        remote.envs_reset()
+        pool.envs_reset(remote)
         await self._maybe_sync(remote)
-        chunk = await self._pool.call(remote, request, operation, self._check)
+        chunk = await pool.call(remote, request, operation, self._check)
         return chunk if chunk is not None else await self._redo(remote, request, operation)
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
@@ -513,17 +512,17 @@ class Detach:
 
     async def _prepare(self, remote: Remote, operation: str) -> None:
         """Reset a replacement's envs before it acts on its own."""
-        if remote.needs_reset:
+        pool = self._pool
+        if pool.needs_reset(remote):
             slot = self._slot(remote)
             slot.preparing = True
             try:
-                reset = ResetRequest(seed=None, options=None)
-                answer = await self._pool.call_until_answered(remote, reset, operation)
+                answer = await pool.reset_replacement(remote, operation)
             finally:
                 slot.preparing = False
             if isinstance(answer, ErrorReport):
-                raise self._pool.worker_error(remote, answer)
-            remote.envs_reset()
+                raise pool.worker_error(remote, answer)
+            pool.envs_reset(remote)
 
     async def _request_chunk(self, remote: Remote, num_steps: int) -> None:
         slot = self._slot(remote)

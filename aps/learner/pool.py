@@ -59,6 +59,7 @@ from aps.messages import (
     ProbeSpaces,
     Ready,
     Request,
+    ResetRequest,
     Welcome,
 )
 from aps.session import Session, Timeouts
@@ -106,6 +107,9 @@ class _State:
     """The lease a break ended before its holder left it (``Mode.BROKEN`` only): a chunk
     stream left open is still ended when the next operation begins."""
 
+
+FRESH_RESET = ResetRequest(seed=None, options=None)
+"""What a replacement's envs get before they act (each worker seeds them its own way)."""
 
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
@@ -178,15 +182,6 @@ class Remote:
     generation: int = 0
     delivered: int = 0
     attached: asyncio.Event = field(default_factory=asyncio.Event)
-    # A replacement took over: the requests of the lost worker are void, and its envs have
-    # not been reset yet (NextStep: the step after that reset is the envs' reset step).
-    restarted: bool = False
-    needs_reset: bool = False
-    reset_next: bool = False
-
-    def envs_reset(self) -> None:
-        """Note that this slot's envs were just reset by whoever serves it."""
-        self.needs_reset = self.reset_next = False
 
 
 class SlotHooks(Protocol):
@@ -292,6 +287,9 @@ class WorkerPool:
         """Global index of each worker's first env."""
         self.was_reset = False
         """Whether the envs were reset at least once (a replacement's are then reset too)."""
+        self._unreset: set[Remote] = set()  # slots whose replacement's envs await their reset
+        self._replaced: set[Remote] = set()  # slots replaced since their last receive noticed
+        self._reset_listeners: list[Callable[[Remote], None]] = []
         self._state = _State(Mode.IDLE)
         self._enders: dict[Mode, Callable[[], Awaitable[None]]] = {}
         self.closed = False
@@ -561,8 +559,9 @@ class WorkerPool:
         remote.session_id = spare.session_id
         self._by_session[spare.session_id] = remote
         void = remote.outbox.void()
-        remote.restarted = True
-        remote.needs_reset = self.was_reset
+        self._replaced.add(remote)
+        if self.was_reset:
+            self._unreset.add(remote)
         for hooks in self.hooks:
             hooks.replaced(remote, void)
         self.restarts += 1
@@ -789,9 +788,52 @@ class WorkerPool:
         elif state.mode is Mode.BROKEN and state.interrupted is mode:
             self._state = dataclasses.replace(state, interrupted=None)
 
+    # What a replacement means to the envs: one path for every mode.
+
+    def needs_reset(self, remote: Remote) -> bool:
+        """Whether ``remote``'s envs are a replacement's that no mode has reset yet.
+
+        A replacement's envs have not been reset by the learner once the envs were (see
+        :attr:`was_reset`): a mode resets them with :meth:`reset_replacement` (or a
+        :data:`FRESH_RESET` request of its own) before they act.
+        """
+        return remote in self._unreset
+
+    def on_envs_reset(self, listener: Callable[[Remote], None]) -> None:
+        """Call ``listener(remote)`` whenever a slot's envs are noted as reset.
+
+        For a mode whose own per-slot state follows the envs (lockstep's pending
+        ``NextStep`` reset step): a reset by any mode ends it.
+        """
+        self._reset_listeners.append(listener)
+
+    def envs_reset(self, remote: Remote) -> None:
+        """Note that ``remote``'s envs were just reset, by whichever mode did it."""
+        self._unreset.discard(remote)
+        for listener in self._reset_listeners:
+            listener(remote)
+
     def mark_reset(self) -> None:
-        """Note that every worker's envs were reset (a replacement's are then reset first)."""
+        """Note that every slot's envs were reset (a replacement's are then reset first)."""
+        for remote in self.remotes:
+            self.envs_reset(remote)
         self.was_reset = True
+
+    async def reset_replacement(
+        self, remote: Remote, operation: str, check: Check | None = None
+    ) -> Message:
+        """Reset the envs of the worker that took ``remote`` over, before they act.
+
+        :data:`FRESH_RESET` goes to each later replacement in turn until one answers. The
+        answer is returned, a :class:`~aps.messages.ResetResult` or an
+        :class:`~aps.messages.ErrorReport`; the caller notes the reset with
+        :meth:`envs_reset` once it used the answer (lockstep stitches it into a step first,
+        and reads :meth:`needs_reset` to flag the lost worker's episodes as ended).
+
+        Raises:
+            WorkerLost | ProtocolError: as :meth:`answer_from`.
+        """
+        return await self.call_until_answered(remote, FRESH_RESET, operation, check)
 
     def break_for_good(self, exc: ApsError) -> None:
         """Enter :attr:`Mode.BROKEN`: every later operation refuses, with ``exc``.
@@ -1011,7 +1053,8 @@ class WorkerPool:
             if self.on_worker_lost == "raise":
                 raise exc
         await self.recover(remote, generation, operation, exc)
-        replaced, remote.restarted = remote.restarted, False
+        replaced = remote in self._replaced
+        self._replaced.discard(remote)
         return replaced
 
     async def _disown(self, remote: Remote, exc: ProtocolError) -> ProtocolError:

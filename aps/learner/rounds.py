@@ -150,9 +150,9 @@ class GradientRounds:
             pool.enter(Mode.ROUNDS, "start_round", every_worker=False, verb="train")
             self.active = True
             self._remotes = pool.active()
+            # Gradient mode samples from fresh resets; a replacement needs no reset now.
             for remote in self._remotes:
-                # Gradient mode samples from fresh resets; a replacement needs no reset now.
-                remote.envs_reset()
+                pool.envs_reset(remote)
             self._pumps = [
                 asyncio.create_task(self._pump(r), name=f"aps reports {r.info.worker_id}")
                 for r in self._remotes
