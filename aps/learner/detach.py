@@ -36,6 +36,7 @@ import numpy as np
 
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
 from aps.learner.pool import Mode, Remote, WorkerPool, expect
+from aps.learner.pump import Item, Pumps
 from aps.learner.rollouts import (
     STALL_LAG,
     Chunk,
@@ -58,9 +59,6 @@ from aps.sync import SyncContext, SyncStrategy
 __all__ = ["Detach"]
 
 log = logging.getLogger(__name__)
-
-_Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
-"""Chunks from several workers, and their failures, in arrival order."""
 
 
 @dataclass(slots=True)
@@ -467,8 +465,11 @@ class Detach:
             verb="stream",
         )
         this = self._stream
-        inbox: _Inbox = asyncio.Queue()
-        pumps: list[asyncio.Task[None]] = []
+
+        async def receive(remote: Remote) -> Message | None:
+            return await self._receive_chunk(remote, num_steps)
+
+        pumps = Pumps(pool, receive, name="aps chunks")
         active = pool.active()
         try:
             for remote in active:
@@ -476,24 +477,15 @@ class Detach:
                 await self._prepare(remote, "chunks")
                 for _ in range(max_in_flight):
                     await self._request_chunk(remote, num_steps)
-            pumps = [
-                asyncio.create_task(
-                    self._chunk_pump(remote, inbox, num_steps),
-                    name=f"aps chunks {remote.info.worker_id}",
-                )
-                for remote in active
-            ]
+            pumps.start(active)
             while True:
-                remote, message = await inbox.get()
-                if isinstance(message, WorkerLost) and pool.on_worker_lost == "drop":
-                    await self._drop(remote, message)
+                remote, item = await pumps.get()
+                if isinstance(item, WorkerLost) and pool.on_worker_lost == "drop":
+                    await pumps.drop(remote, item)
                     active.remove(remote)
                     if active:
                         continue
-                if isinstance(message, BaseException):
-                    raise message
-                if isinstance(message, ErrorReport):
-                    raise pool.worker_error(remote, message)
+                message = pumps.unwrap(remote, item)
                 chunk = self._accept_chunk(remote, expect(message, RolloutChunk))
                 yield chunk
                 await self._request_chunk(remote, num_steps)
@@ -501,11 +493,7 @@ class Detach:
             pool.break_for_good(exc)
             raise
         finally:
-            for pump in pumps:
-                pump.cancel()
-            if pumps:
-                await asyncio.wait(pumps)
-            await self._drain(inbox, active)
+            await self._drain(await pumps.stop(), active)
             pool.leave(Mode.STREAM)
             if self._stream is this:
                 self._stream = None
@@ -536,39 +524,29 @@ class Detach:
             await self._send_weights(remote)
             self._prune()
 
-    async def _chunk_pump(self, remote: Remote, inbox: _Inbox, num_steps: int) -> None:
-        """Move one worker's chunks into a shared inbox until cancelled.
+    async def _receive_chunk(self, remote: Remote, num_steps: int) -> Message | None:
+        """A stream's next answer from ``remote`` (its pump's receive; see :mod:`.pump`).
 
-        A replacement worker is reset and asked for as many chunks as its predecessor owed.
-        A failure ends the pump and goes into the inbox too, for the consumer to raise.
+        A replacement worker is reset and asked for as many chunks as its predecessor owed
+        (``None``: nothing to deliver yet).
         """
         operation = "chunks"
-        slot = self._slot(remote)
-        while True:
-            try:
-                answer = await self._pool.answer_from(remote, operation, self._check)
-                if answer is None:
-                    await self._prepare(remote, operation)
-                    owed, slot.lost = slot.lost, 0
-                    for _ in range(owed):
-                        await self._request_chunk(remote, num_steps)
-                    continue
-            except ApsError as exc:
-                inbox.put_nowait((remote, exc))
-                return
-            inbox.put_nowait((remote, answer))
+        answer = await self._pool.answer_from(remote, operation, self._check)
+        if answer is None:
+            await self._prepare(remote, operation)
+            slot = self._slot(remote)
+            owed, slot.lost = slot.lost, 0
+            for _ in range(owed):
+                await self._request_chunk(remote, num_steps)
+        return answer
 
-    async def _drop(self, remote: Remote, lost: WorkerLost) -> None:
-        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
-        self._pool.drop(remote)
-        log.warning("%s; dropped it, going on with the other workers", lost)
-        await remote.session.aclose("the learner dropped this worker")
+    async def _drain(self, left: Sequence[Item], remotes: Sequence[Remote]) -> None:
+        """Receive the answers still owed after a stream ends, so lockstep can resume.
 
-    async def _drain(self, inbox: _Inbox, remotes: Sequence[Remote]) -> None:
-        """Receive the answers still owed after a stream ends, so lockstep can resume."""
+        ``left``: what the pumps delivered and the stream did not take.
+        """
         pool = self._pool
-        while not inbox.empty():
-            remote, message = inbox.get_nowait()
+        for remote, message in left:
             if isinstance(message, RolloutChunk):
                 remote.metrics.dropped_chunks += 1
         if pool.broken is not None:
