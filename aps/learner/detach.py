@@ -347,8 +347,6 @@ class Detach:
         """Account for a chunk that passed :meth:`_check`; the learner's view of it."""
         info = remote.info
         steps = message.reward.shape[0]
-        cuts = message.truncated_index.shape[0]
-        episode_env = message.episode_env
         slot = self._slot(remote)
         slot.last_chunk_version = message.version
         versions = self.versions
@@ -362,30 +360,7 @@ class Detach:
         metrics.lag_max = max(metrics.lag_max, lag)
         slot.steps_since_sync += transitions
         slot.acted_on = message.obs  # sampled only if a divergence is measured on it
-        offset = info.env_offset
-        return Chunk(
-            worker_id=info.worker_id,
-            env_offset=info.env_offset,
-            version=message.version,
-            lag=lag,
-            obs=message.obs,
-            actions=message.actions,
-            logprob=message.logprob,
-            value=message.value,
-            reward=message.reward,
-            terminated=message.terminated,
-            truncated=message.truncated,
-            next_obs=message.next_obs,
-            episode_return=message.episode_return,
-            episode_length=message.episode_length,
-            episode_env=episode_env + offset if offset and len(episode_env) else episode_env,
-            truncated_obs=message.truncated_obs,
-            truncated_index=(
-                message.truncated_index + np.array([0, offset])
-                if offset and cuts
-                else message.truncated_index
-            ),
-        )
+        return Chunk.of(message, worker_id=info.worker_id, env_offset=info.env_offset, lag=lag)
 
     async def rollout(self, num_steps: int) -> Rollout:
         """:meth:`Learner.rollout`, once the workers are admitted."""
