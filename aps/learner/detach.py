@@ -246,7 +246,7 @@ class Detach:
         )
         # Encoded once, when published, however many workers it goes to.
         frame = versions.frame(version, remote.session.compression)
-        await self._pool.send(remote, message, frame)
+        await self._pool.requests.send(remote, message, frame)
         metrics = remote.metrics
         metrics.version = version
         metrics.syncs += 1
@@ -398,12 +398,12 @@ class Detach:
     async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
         """A rollout asked of a worker that was replaced: reset the new one's envs, ask again."""
         pool = self._pool
-        answer = await pool.reset_replacement(remote, operation)
+        answer = await pool.requests.reset_replacement(remote, operation)
         if isinstance(answer, ErrorReport):
             return answer
         pool.envs_reset(remote)
         await self._maybe_sync(remote)
-        chunk = await pool.call(remote, request, operation, self._check)
+        chunk = await pool.requests.call(remote, request, operation, self._check)
         return chunk if chunk is not None else await self._redo(remote, request, operation)
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
@@ -480,7 +480,7 @@ class Detach:
             slot = self._slot(remote)
             slot.preparing = True
             try:
-                answer = await pool.reset_replacement(remote, operation)
+                answer = await pool.requests.reset_replacement(remote, operation)
             finally:
                 slot.preparing = False
             if isinstance(answer, ErrorReport):
@@ -494,7 +494,7 @@ class Detach:
             slot.lost += 1
             return
         late = await self._maybe_sync(remote, overlap=self.overlap)
-        await self._pool.send_request(remote, RolloutRequest(num_steps=num_steps))
+        await self._pool.requests.send_request(remote, RolloutRequest(num_steps=num_steps))
         if late:
             await self._send_weights(remote)
             self._prune()
@@ -506,7 +506,7 @@ class Detach:
         (``None``: nothing to deliver yet).
         """
         operation = "chunks"
-        answer = await self._pool.answer_from(remote, operation, self._check)
+        answer = await self._pool.requests.answer_from(remote, operation, self._check)
         if answer is None:
             await self._prepare(remote, operation)
             slot = self._slot(remote)
@@ -534,7 +534,9 @@ class Detach:
                         pool.forget_answers(remote)
                         continue
                     while remote.outbox.pending:
-                        late = await pool.answer_from(remote, "the end of the chunk stream")
+                        late = await pool.requests.answer_from(
+                            remote, "the end of the chunk stream"
+                        )
                         if late is None:
                             break  # a replacement owes nothing; it is reset before its use
                         if isinstance(late, RolloutChunk):

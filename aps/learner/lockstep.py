@@ -60,7 +60,7 @@ class Lockstep:
         # Slots whose next step is the NextStep reset step after a replacement's first reset
         # (see _restarted_step); whichever mode resets their envs next ends that.
         self._reset_next: set[Remote] = set()
-        pool.on_envs_reset(self._reset_next.discard)
+        pool.recovery.on_envs_reset(self._reset_next.discard)
 
     async def reset(
         self, *, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
@@ -167,7 +167,7 @@ class Lockstep:
 
     async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
-        return await self._pool.call_until_answered(remote, request, operation)
+        return await self._pool.requests.call_until_answered(remote, request, operation)
 
     def _running(self) -> str:
         """What keeps the pool busy, for :meth:`WorkerPool.check`'s error."""
@@ -183,8 +183,8 @@ class Lockstep:
         """
         pool = self._pool
         if isinstance(request, ResetRequest):
-            return await pool.call_until_answered(remote, request, operation, self._check)
-        return await pool.reset_replacement(remote, operation, self._check)
+            return await pool.requests.call_until_answered(remote, request, operation, self._check)
+        return await pool.requests.reset_replacement(remote, operation, self._check)
 
     def _check(self, remote: Remote, answer: Message) -> None:
         """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
@@ -328,7 +328,7 @@ class Lockstep:
             task.add_done_callback(self._wake_recv)
             self._partial[remote] = task
             try:
-                await pool.send_request(remote, request)
+                await pool.requests.send_request(remote, request)
             except WorkerLost as exc:
                 pool.break_for_good(exc)
                 await self.cancel()
@@ -357,7 +357,7 @@ class Lockstep:
             waiter.set_result(None)
 
     async def _partial_answer(self, remote: Remote, request: Request) -> Message:
-        answer = await self._pool.answer_from(remote, "step", self._check)
+        answer = await self._pool.requests.answer_from(remote, "step", self._check)
         if answer is None:
             answer = await self._redo(remote, request, "step")
         return answer

@@ -131,9 +131,9 @@ class GradientRounds:
         rule counts the workers it started with; it receives the next round.
         """
         if self._round is not None and remote.info.worker_id in self._members:
-            await self._pool.send(remote, self._round.message, self._round.frame(remote))
+            await self._pool.requests.send(remote, self._round.message, self._round.frame(remote))
             if self._collect is not None:
-                await self._pool.send(remote, *self._collect)
+                await self._pool.requests.send(remote, *self._collect)
 
     # Rounds.
 
@@ -161,7 +161,7 @@ class GradientRounds:
         sent = 0
         for remote in self._remotes:
             frame = frames.frame(remote)
-            await pool.send(remote, message, frame)
+            await pool.requests.send(remote, message, frame)
             sent += len(frame)
         return sent
 
@@ -179,7 +179,7 @@ class GradientRounds:
         self._collect = (message, frame)
         for remote in self._remotes:
             if remote.info.worker_id in self._members:
-                await self._pool.send(remote, message, frame)
+                await self._pool.requests.send(remote, message, frame)
         return len(frame) * len(self._remotes)
 
     async def reduce(
@@ -218,7 +218,7 @@ class GradientRounds:
                     timeout=seconds,
                 )
                 frame = codec.encode(message)
-                await pool.send(remote, message, frame)
+                await pool.requests.send(remote, message, frame)
                 sent += len(frame)
             zeros = np.zeros(size + world - 1, dtype=np.float32)
             try:
@@ -258,7 +258,7 @@ class GradientRounds:
         pool = self._pool
         if remote in self._behind:
             self._behind.discard(remote)
-            await pool.catch_up(remote)
+            await pool.requests.catch_up(remote)
         generation = remote.generation
         try:
             return await remote.session.receive(
@@ -267,7 +267,7 @@ class GradientRounds:
             )
         except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
             lost = remote.info.worker_id
-            replaced = await pool.fail(remote, generation, "gradients", exc)
+            replaced = await pool.recovery.fail(remote, generation, "gradients", exc)
             self._behind.add(remote)
             if not replaced:
                 return None
