@@ -23,11 +23,15 @@ The package, one room each:
 - :mod:`~aps.learner.admission`: the gate, everything before a peer has proved the token
   (handshake slots, the challenge, refusals that honest workers survive).
 - :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers as
-  connections (joining, resume, spares, replacement, ``on_worker_lost``) and the numbered
-  request/answer service every mode uses.
+  connections (joining, resume) and the one owner of what they are used for now; it composes
+  :mod:`~aps.learner.slots` (the slot table), :mod:`~aps.learner.replace` (recovery, spares,
+  replacement, ``on_worker_lost``) and :mod:`~aps.learner.requests` (the numbered
+  request/answer service every mode uses).
 - :mod:`~aps.learner.lockstep`: reset, step, and the partial batches of send/recv.
-- :mod:`~aps.learner.detach`: published versions, sync decisions, rollouts and chunk streams.
+- :mod:`~aps.learner.detach`: published versions, sync decisions, rollouts and chunk streams;
+  :mod:`~aps.learner.rollouts`, what it hands the learner.
 - :mod:`~aps.learner.rounds`: gradient rounds for :mod:`aps.pg`.
+- :mod:`~aps.learner.pump`: one inbox fed by every worker, for the streaming modes.
 
 Modes depend on the pool, never on each other; when a worker resumes or is replaced, the pool
 asks each mode (its :class:`~aps.learner.pool.SlotHooks`) what the worker needs first.

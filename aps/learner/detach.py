@@ -36,6 +36,7 @@ import numpy as np
 
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
 from aps.learner.pool import Mode, Remote, WorkerPool, expect
+from aps.learner.pump import Item, Pumps
 from aps.learner.rollouts import (
     STALL_LAG,
     Chunk,
@@ -48,7 +49,6 @@ from aps.messages import (
     ErrorReport,
     Message,
     Request,
-    ResetRequest,
     RolloutChunk,
     RolloutRequest,
     Weights,
@@ -59,9 +59,6 @@ from aps.sync import SyncContext, SyncStrategy
 __all__ = ["Detach"]
 
 log = logging.getLogger(__name__)
-
-_Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
-"""Chunks from several workers, and their failures, in arrival order."""
 
 
 @dataclass(slots=True)
@@ -249,7 +246,7 @@ class Detach:
         )
         # Encoded once, when published, however many workers it goes to.
         frame = versions.frame(version, remote.session.compression)
-        await self._pool.send(remote, message, frame)
+        await self._pool.requests.send(remote, message, frame)
         metrics = remote.metrics
         metrics.version = version
         metrics.syncs += 1
@@ -350,8 +347,6 @@ class Detach:
         """Account for a chunk that passed :meth:`_check`; the learner's view of it."""
         info = remote.info
         steps = message.reward.shape[0]
-        cuts = message.truncated_index.shape[0]
-        episode_env = message.episode_env
         slot = self._slot(remote)
         slot.last_chunk_version = message.version
         versions = self.versions
@@ -365,30 +360,7 @@ class Detach:
         metrics.lag_max = max(metrics.lag_max, lag)
         slot.steps_since_sync += transitions
         slot.acted_on = message.obs  # sampled only if a divergence is measured on it
-        offset = info.env_offset
-        return Chunk(
-            worker_id=info.worker_id,
-            env_offset=info.env_offset,
-            version=message.version,
-            lag=lag,
-            obs=message.obs,
-            actions=message.actions,
-            logprob=message.logprob,
-            value=message.value,
-            reward=message.reward,
-            terminated=message.terminated,
-            truncated=message.truncated,
-            next_obs=message.next_obs,
-            episode_return=message.episode_return,
-            episode_length=message.episode_length,
-            episode_env=episode_env + offset if offset and len(episode_env) else episode_env,
-            truncated_obs=message.truncated_obs,
-            truncated_index=(
-                message.truncated_index + np.array([0, offset])
-                if offset and cuts
-                else message.truncated_index
-            ),
-        )
+        return Chunk.of(message, worker_id=info.worker_id, env_offset=info.env_offset, lag=lag)
 
     async def rollout(self, num_steps: int) -> Rollout:
         """:meth:`Learner.rollout`, once the workers are admitted."""
@@ -425,13 +397,13 @@ class Detach:
 
     async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
         """A rollout asked of a worker that was replaced: reset the new one's envs, ask again."""
-        reset = ResetRequest(seed=None, options=None)
-        answer = await self._pool.call_until_answered(remote, reset, operation)
+        pool = self._pool
+        answer = await pool.requests.reset_replacement(remote, operation)
         if isinstance(answer, ErrorReport):
             return answer
-        remote.envs_reset()
+        pool.envs_reset(remote)
         await self._maybe_sync(remote)
-        chunk = await self._pool.call(remote, request, operation, self._check)
+        chunk = await pool.requests.call(remote, request, operation, self._check)
         return chunk if chunk is not None else await self._redo(remote, request, operation)
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
@@ -468,8 +440,11 @@ class Detach:
             verb="stream",
         )
         this = self._stream
-        inbox: _Inbox = asyncio.Queue()
-        pumps: list[asyncio.Task[None]] = []
+
+        async def receive(remote: Remote) -> Message | None:
+            return await self._receive_chunk(remote, num_steps)
+
+        pumps = Pumps(pool, receive, name="aps chunks")
         active = pool.active()
         try:
             for remote in active:
@@ -477,24 +452,15 @@ class Detach:
                 await self._prepare(remote, "chunks")
                 for _ in range(max_in_flight):
                     await self._request_chunk(remote, num_steps)
-            pumps = [
-                asyncio.create_task(
-                    self._chunk_pump(remote, inbox, num_steps),
-                    name=f"aps chunks {remote.info.worker_id}",
-                )
-                for remote in active
-            ]
+            pumps.start(active)
             while True:
-                remote, message = await inbox.get()
-                if isinstance(message, WorkerLost) and pool.on_worker_lost == "drop":
-                    await self._drop(remote, message)
+                remote, item = await pumps.get()
+                if isinstance(item, WorkerLost) and pool.on_worker_lost == "drop":
+                    await pumps.drop(remote, item)
                     active.remove(remote)
                     if active:
                         continue
-                if isinstance(message, BaseException):
-                    raise message
-                if isinstance(message, ErrorReport):
-                    raise pool.worker_error(remote, message)
+                message = pumps.unwrap(remote, item)
                 chunk = self._accept_chunk(remote, expect(message, RolloutChunk))
                 yield chunk
                 await self._request_chunk(remote, num_steps)
@@ -502,28 +468,24 @@ class Detach:
             pool.break_for_good(exc)
             raise
         finally:
-            for pump in pumps:
-                pump.cancel()
-            if pumps:
-                await asyncio.wait(pumps)
-            await self._drain(inbox, active)
+            await self._drain(await pumps.stop(), active)
             pool.leave(Mode.STREAM)
             if self._stream is this:
                 self._stream = None
 
     async def _prepare(self, remote: Remote, operation: str) -> None:
         """Reset a replacement's envs before it acts on its own."""
-        if remote.needs_reset:
+        pool = self._pool
+        if pool.needs_reset(remote):
             slot = self._slot(remote)
             slot.preparing = True
             try:
-                reset = ResetRequest(seed=None, options=None)
-                answer = await self._pool.call_until_answered(remote, reset, operation)
+                answer = await pool.requests.reset_replacement(remote, operation)
             finally:
                 slot.preparing = False
             if isinstance(answer, ErrorReport):
-                raise self._pool.worker_error(remote, answer)
-            remote.envs_reset()
+                raise pool.worker_error(remote, answer)
+            pool.envs_reset(remote)
 
     async def _request_chunk(self, remote: Remote, num_steps: int) -> None:
         slot = self._slot(remote)
@@ -532,44 +494,34 @@ class Detach:
             slot.lost += 1
             return
         late = await self._maybe_sync(remote, overlap=self.overlap)
-        await self._pool.send_request(remote, RolloutRequest(num_steps=num_steps))
+        await self._pool.requests.send_request(remote, RolloutRequest(num_steps=num_steps))
         if late:
             await self._send_weights(remote)
             self._prune()
 
-    async def _chunk_pump(self, remote: Remote, inbox: _Inbox, num_steps: int) -> None:
-        """Move one worker's chunks into a shared inbox until cancelled.
+    async def _receive_chunk(self, remote: Remote, num_steps: int) -> Message | None:
+        """A stream's next answer from ``remote`` (its pump's receive; see :mod:`.pump`).
 
-        A replacement worker is reset and asked for as many chunks as its predecessor owed.
-        A failure ends the pump and goes into the inbox too, for the consumer to raise.
+        A replacement worker is reset and asked for as many chunks as its predecessor owed
+        (``None``: nothing to deliver yet).
         """
         operation = "chunks"
-        slot = self._slot(remote)
-        while True:
-            try:
-                answer = await self._pool.answer_from(remote, operation, self._check)
-                if answer is None:
-                    await self._prepare(remote, operation)
-                    owed, slot.lost = slot.lost, 0
-                    for _ in range(owed):
-                        await self._request_chunk(remote, num_steps)
-                    continue
-            except ApsError as exc:
-                inbox.put_nowait((remote, exc))
-                return
-            inbox.put_nowait((remote, answer))
+        answer = await self._pool.requests.answer_from(remote, operation, self._check)
+        if answer is None:
+            await self._prepare(remote, operation)
+            slot = self._slot(remote)
+            owed, slot.lost = slot.lost, 0
+            for _ in range(owed):
+                await self._request_chunk(remote, num_steps)
+        return answer
 
-    async def _drop(self, remote: Remote, lost: WorkerLost) -> None:
-        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
-        self._pool.drop(remote)
-        log.warning("%s; dropped it, going on with the other workers", lost)
-        await remote.session.aclose("the learner dropped this worker")
+    async def _drain(self, left: Sequence[Item], remotes: Sequence[Remote]) -> None:
+        """Receive the answers still owed after a stream ends, so lockstep can resume.
 
-    async def _drain(self, inbox: _Inbox, remotes: Sequence[Remote]) -> None:
-        """Receive the answers still owed after a stream ends, so lockstep can resume."""
+        ``left``: what the pumps delivered and the stream did not take.
+        """
         pool = self._pool
-        while not inbox.empty():
-            remote, message = inbox.get_nowait()
+        for remote, message in left:
             if isinstance(message, RolloutChunk):
                 remote.metrics.dropped_chunks += 1
         if pool.broken is not None:
@@ -582,7 +534,9 @@ class Detach:
                         pool.forget_answers(remote)
                         continue
                     while remote.outbox.pending:
-                        late = await pool.answer_from(remote, "the end of the chunk stream")
+                        late = await pool.requests.answer_from(
+                            remote, "the end of the chunk stream"
+                        )
                         if late is None:
                             break  # a replacement owes nothing; it is reset before its use
                         if isinstance(late, RolloutChunk):

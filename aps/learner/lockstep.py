@@ -23,7 +23,7 @@ from aps import codec
 from aps._typing import Array, Info
 from aps.batching import check_batch, check_part, concat, merge_infos, split
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
-from aps.learner.pool import Mode, Remote, WorkerPool, expect
+from aps.learner.pool import FRESH_RESET, Mode, Remote, WorkerPool, expect
 from aps.messages import (
     EnvCall,
     EnvCallResult,
@@ -39,9 +39,6 @@ __all__ = ["Lockstep", "StepReturn"]
 
 StepReturn = tuple[Any, Array, Array, Array, Info]
 """``(observations, rewards, terminations, truncations, infos)``, batched over all envs."""
-
-_FRESH_RESET = ResetRequest(seed=None, options=None)
-"""What a replacement's envs get before they step (each worker seeds them its own way)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -60,6 +57,10 @@ class Lockstep:
         self._pool = pool
         self._partial: dict[Remote, asyncio.Task[Message]] = {}  # send() -> recv()
         self._answered: asyncio.Future[None] | None = None  # recv() waits; an answer wakes it
+        # Slots whose next step is the NextStep reset step after a replacement's first reset
+        # (see _restarted_step); whichever mode resets their envs next ends that.
+        self._reset_next: set[Remote] = set()
+        pool.recovery.on_envs_reset(self._reset_next.discard)
 
     async def reset(
         self, *, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
@@ -89,8 +90,6 @@ class Lockstep:
             requests, "reset", redo=self._redo, check=self._check, running=self._running()
         )
         results = [expect(a, ResetResult) for a in answers]
-        for remote in pool.remotes:
-            remote.envs_reset()
         observation_space, _ = pool.require_workers()
         obs = concat(observation_space, [r.obs for r in results], pool.counts)
         info = merge_infos(
@@ -168,7 +167,7 @@ class Lockstep:
 
     async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
-        return await self._pool.call_until_answered(remote, request, operation)
+        return await self._pool.requests.call_until_answered(remote, request, operation)
 
     def _running(self) -> str:
         """What keeps the pool busy, for :meth:`WorkerPool.check`'s error."""
@@ -182,9 +181,10 @@ class Lockstep:
         A reset is sent again as it was; for a step, the replacement's envs are reset and
         that reset is the answer (see :meth:`_restarted_step`).
         """
-        if not isinstance(request, ResetRequest):
-            request = _FRESH_RESET
-        return await self._pool.call_until_answered(remote, request, operation, self._check)
+        pool = self._pool
+        if isinstance(request, ResetRequest):
+            return await pool.requests.call_until_answered(remote, request, operation, self._check)
+        return await pool.requests.reset_replacement(remote, operation, self._check)
 
     def _check(self, remote: Remote, answer: Message) -> None:
         """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
@@ -223,12 +223,16 @@ class Lockstep:
     def _step_requests(
         self, remotes: Sequence[Remote], actions: Any, counts: Sequence[int]
     ) -> list[Request]:
-        _, space = self._pool.require_workers()
+        pool = self._pool
+        _, space = pool.require_workers()
         batch = check_batch(space, actions, sum(counts))
         # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
         # request is numbered by the outbox as it is built, so it is built only once.
+        reset_next = self._reset_next
         return [
-            _FRESH_RESET if remote.needs_reset or remote.reset_next else remote.outbox.step(part)
+            FRESH_RESET
+            if remote in reset_next or pool.needs_reset(remote)
+            else remote.outbox.step(part)
             for remote, part in zip(remotes, split(space, batch, counts), strict=True)
         ]
 
@@ -285,9 +289,11 @@ class Lockstep:
         a second reset on the next step plays the part of the autoreset step.
         """
         n = remote.info.num_envs
-        restarted = remote.needs_reset
-        remote.needs_reset = False
-        remote.reset_next = restarted and self._pool.autoreset_mode is AutoresetMode.NEXT_STEP
+        pool = self._pool
+        restarted = pool.needs_reset(remote)
+        pool.envs_reset(remote)  # ends a pending reset step too
+        if restarted and pool.autoreset_mode is AutoresetMode.NEXT_STEP:
+            self._reset_next.add(remote)
         info = dict(reset.info)
         if restarted:
             info["worker_restarted"] = np.ones(n, dtype=np.bool_)
@@ -322,7 +328,7 @@ class Lockstep:
             task.add_done_callback(self._wake_recv)
             self._partial[remote] = task
             try:
-                await pool.send_request(remote, request)
+                await pool.requests.send_request(remote, request)
             except WorkerLost as exc:
                 pool.break_for_good(exc)
                 await self.cancel()
@@ -351,7 +357,7 @@ class Lockstep:
             waiter.set_result(None)
 
     async def _partial_answer(self, remote: Remote, request: Request) -> Message:
-        answer = await self._pool.answer_from(remote, "step", self._check)
+        answer = await self._pool.requests.answer_from(remote, "step", self._check)
         if answer is None:
             answer = await self._redo(remote, request, "step")
         return answer

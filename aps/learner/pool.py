@@ -1,23 +1,27 @@
-"""The worker pool: sessions, recovery, and one request/answer service for the modes.
+"""The worker pool: the workers as connections, and the one service the modes use.
 
-:class:`WorkerPool` owns everything about the workers as connections: it listens (its
-:class:`~aps.learner.admission.Gate` runs every handshake until the peer has proved the
-token), takes in the workers that did (spaces that agree, spares), lets a worker whose
-connection dropped resume its session and a spare take over a lost worker's env slots, and
-applies ``on_worker_lost``. Each admitted worker's env slots are a :class:`Remote`.
+:class:`WorkerPool` composes the pool's rooms and owns what the workers are used for now:
 
-The modes (:mod:`~aps.learner.lockstep`, :mod:`~aps.learner.detach`,
-:mod:`~aps.learner.rounds`) talk to workers only through the pool's numbered request/answer
-service (:meth:`WorkerPool.send_request`, :meth:`WorkerPool.answer_from`,
-:meth:`WorkerPool.exchange`): requests carry sequence numbers, a resumed worker gets again
-what it did not answer, and answers arrive exactly once (the books are kept by each slot's
-:class:`~aps.delivery.Outbox`, which does no I/O). A malformed answer is its worker's failure,
-handled as its loss (see :meth:`WorkerPool.fail`). When a connection takes over a slot, the
-pool asks each mode's :class:`SlotHooks` what that worker needs first (its weights, the
-current gradient round); the pool itself knows nothing of any mode. What the workers are
-used for now is the pool's :class:`Mode`, which only the pool writes: a mode enters with
-:meth:`WorkerPool.enter` and leaves with :meth:`WorkerPool.leave`, and a mode that can be
-left open (a chunk stream) registers how it ends (:meth:`WorkerPool.on_abandon`).
+- it listens (its :class:`~aps.learner.admission.Gate` runs every handshake until the peer
+  has proved the token), and takes in the workers that did: spaces that agree, a resumed
+  session, spares;
+- :mod:`~aps.learner.slots`: the slot table, each admitted worker's env slots (a
+  :class:`~aps.learner.slots.Remote`) in env order;
+- :mod:`~aps.learner.replace`: recovery and spares, ``on_worker_lost`` applied, a spare
+  taking a lost worker's slots over, and what a replacement means to the envs;
+- :mod:`~aps.learner.requests`: the numbered request/answer service the modes talk to the
+  workers through (``pool.requests``; :meth:`WorkerPool.exchange` sends one request per
+  worker while it holds them all): requests carry sequence numbers, a resumed worker gets again
+  what it did not answer, and answers arrive exactly once (the books are kept by each slot's
+  :class:`~aps.delivery.Outbox`, which does no I/O). A malformed answer is its worker's
+  failure, handled as its loss.
+
+When a connection takes over a slot, the pool asks each mode's :class:`SlotHooks` what that
+worker needs first (its weights, the current gradient round); the pool itself knows nothing of
+any mode. What the workers are used for now is the pool's :class:`Mode`, which only the pool
+writes: a mode enters with :meth:`WorkerPool.enter` and leaves with :meth:`WorkerPool.leave`,
+a mode that can be left open (a chunk stream) registers how it ends
+(:meth:`WorkerPool.on_abandon`), and workers out of step for good are :attr:`Mode.BROKEN`.
 """
 
 from __future__ import annotations
@@ -25,11 +29,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -41,20 +44,20 @@ from aps.compression import (
     choose as choose_compression,
     choose_frame_delta,
 )
-from aps.delivery import Accepted, Outbox
 from aps.errors import (
     ApsError,
     ConfigError,
-    EndOfStream,
     InvalidState,
     ProtocolError,
     Timeout,
-    TransportError,
     WorkerError,
     WorkerLost,
 )
 from aps.learner.admission import Gate, reject
+from aps.learner.replace import OnWorkerLost, Recovery, Spare
+from aps.learner.requests import FRESH_RESET, Redo, Requests, worker_error
 from aps.learner.rollouts import WorkerMetrics
+from aps.learner.slots import Check, Remote, SlotHooks, Slots, WorkerInfo, expect, log
 from aps.messages import (
     ErrorReport,
     Hello,
@@ -69,8 +72,11 @@ from aps.session import Session, Timeouts
 from aps.transports.base import Listener, TransportFactory
 
 __all__ = [
+    "FRESH_RESET",
+    "Check",
     "Mode",
     "OnWorkerLost",
+    "Redo",
     "Remote",
     "SlotHooks",
     "WorkerInfo",
@@ -94,39 +100,25 @@ class Mode(enum.Enum):
     """A chunk stream."""
     ROUNDS = "gradient rounds"
     """Gradient mode, until it is stopped."""
+    BROKEN = "broken"
+    """The workers are out of step for good; every later operation refuses (see
+    :attr:`WorkerPool.broken`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """The pool's mode, and what the broken mode carries."""
+
+    mode: Mode
+    error: ApsError | None = None
+    """Why the workers are out of step (``Mode.BROKEN`` only)."""
+    interrupted: Mode | None = None
+    """The lease a break ended before its holder left it (``Mode.BROKEN`` only): a chunk
+    stream left open is still ended when the next operation begins."""
 
 
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
-
-OnWorkerLost = Literal["raise", "wait", "drop"]
-
-log = logging.getLogger(__name__)
-
-_M = TypeVar("_M", bound=Message)
-
-
-def expect(message: Message, kind: type[_M]) -> _M:
-    """``message``, which the protocol table allows to be nothing but a ``kind``."""
-    assert isinstance(message, kind), message
-    return message
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerInfo:
-    """What the learner knows about one admitted worker."""
-
-    worker_id: int
-    """Unique within this learner, in order of arrival."""
-    env_offset: int
-    """Global index of the worker's first env."""
-    num_envs: int
-    env_id: str
-    host: str
-    pid: int
-    peer: str
-    label: str = ""
-    """What the worker was started as (a launcher sets its index: ``"0"``, ``"1"``, ...)."""
 
 
 class Launcher(Protocol):
@@ -146,71 +138,6 @@ class Launcher(Protocol):
     async def watch(self) -> None: ...
 
     async def stop(self, grace: float = ...) -> None: ...
-
-
-@dataclass(slots=True, eq=False)
-class Remote:
-    """One worker's env slots, and the connection serving them now.
-
-    The connection changes when the worker resumes its session and the worker itself when a
-    replacement takes the slots over; ``generation`` counts both. Modes keep their own
-    per-slot state, keyed by the remote (identity).
-    """
-
-    info: WorkerInfo
-    session: Session
-    metrics: WorkerMetrics
-    session_id: bytes
-    # Numbered requests (see aps.delivery), and the generation of the connection serving
-    # the slot: ``delivered`` is the generation that got every unanswered request.
-    outbox: Outbox = field(default_factory=Outbox)
-    generation: int = 0
-    delivered: int = 0
-    attached: asyncio.Event = field(default_factory=asyncio.Event)
-    # A replacement took over: the requests of the lost worker are void, and its envs have
-    # not been reset yet (NextStep: the step after that reset is the envs' reset step).
-    restarted: bool = False
-    needs_reset: bool = False
-    reset_next: bool = False
-
-    def envs_reset(self) -> None:
-        """Note that this slot's envs were just reset by whoever serves it."""
-        self.needs_reset = self.reset_next = False
-
-
-class SlotHooks(Protocol):
-    """What a mode does when the worker serving a slot changes."""
-
-    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
-        """A new worker took over ``remote``; ``void`` are the lost worker's unanswered requests.
-
-        The mode forgets what it knew of the lost worker (it is called before anything is sent
-        to the new one).
-        """
-
-    async def rejoined(self, remote: Remote) -> None:
-        """A connection took over ``remote`` (resumed or replaced): send what it needs first.
-
-        Called before the unanswered requests are sent again; send with
-        :meth:`WorkerPool.send`.
-        """
-
-
-Check = Callable[["Remote", Message], None]
-"""A mode's test of a fresh answer: raises :class:`ProtocolError` when it does not fit."""
-
-Redo = Callable[[Remote, Request, str], Awaitable[Message]]
-"""How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Spare:
-    """A worker admitted while every slot was taken: it waits to replace a lost one."""
-
-    session: Session
-    hello: Hello
-    worker_id: int
-    session_id: bytes
 
 
 class WorkerPool:
@@ -254,38 +181,28 @@ class WorkerPool:
         self.frame_delta = True
         """Whether workers that offer frame delta may use it (set by the learner)."""
         self.launcher = launcher
-        self.on_worker_lost: OnWorkerLost = on_worker_lost
-        self.reconnect_timeout = reconnect_timeout
         self.hooks: list[SlotHooks] = []
         """The modes to tell when the worker serving a slot changes."""
+        self.slots = Slots(num_workers)
+        """The slot table."""
+        self.recovery = Recovery(
+            self.slots,
+            self.hooks,
+            on_worker_lost=on_worker_lost,
+            reconnect_timeout=reconnect_timeout,
+        )
+        """Losses, resumes, spares and replacements."""
+        self.requests = Requests(self.slots, self.recovery, self.hooks, timeouts)
+        """Numbered requests and their answers."""
+        self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
 
         self._launched = False
         self._listener: Listener | None = None
         self._gate: Gate | None = None
-        self._closing = asyncio.Event()
         self._admitting = 0
         self._next_id = 0
-        self.remotes: list[Remote] = []
-        """The admitted workers' slots, in env order."""
-        self._by_session: dict[bytes, Remote] = {}
-        self._spares: list[_Spare] = []
-        self.dropped: set[int] = set()
-        """Worker ids left out of chunk streams and gradient rounds."""
-        self.former: list[WorkerMetrics] = []
-        """Metrics of workers that were replaced."""
-        self.restarts = 0
-        """Workers that replaced lost ones."""
-        self._all_ready = asyncio.Event()
-        self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
-        self.counts: list[int] = []
-        """Envs per worker, in env order."""
-        self.offsets: list[int] = []
-        """Global index of each worker's first env."""
-        self.was_reset = False
-        """Whether the envs were reset at least once (a replacement's are then reset too)."""
-        self._mode = Mode.IDLE
+        self._state = _State(Mode.IDLE)
         self._enders: dict[Mode, Callable[[], Awaitable[None]]] = {}
-        self._broken: ApsError | None = None
         self.closed = False
 
     # Lifecycle.
@@ -362,7 +279,7 @@ class WorkerPool:
 
     def begin_close(self) -> None:
         """Stop waiting for lost workers: a close must not wait ``reconnect_timeout``."""
-        self._closing.set()
+        self.recovery.closing.set()
 
     async def aclose(self) -> None:
         """Stop admitting, say goodbye to every worker, stop the launcher; idempotent."""
@@ -374,7 +291,7 @@ class WorkerPool:
             await self._gate.aclose()
         if self._listener is not None:
             await self._listener.aclose()
-        sessions = [r.session for r in self.remotes] + [s.session for s in self._spares]
+        sessions = [r.session for r in self.remotes] + [s.session for s in self.recovery.spares]
         await asyncio.gather(
             *(session.aclose("the learner is closing") for session in sessions),
             return_exceptions=True,
@@ -392,7 +309,7 @@ class WorkerPool:
             aps_version=__version__,
             num_workers=self.num_workers,
             workers=sum(remote.attached.is_set() for remote in self.remotes),
-            spares=len(self._spares),
+            spares=len(self.recovery.spares),
             num_envs=sum(self.counts),
             autoreset_mode=self.autoreset_mode.value,
             policy=self._policy,
@@ -411,17 +328,18 @@ class WorkerPool:
             await reject(
                 session, ConfigError(f"num_envs must be >= 1, got {hello.num_envs}"), proof
             )
-        resumed = self._by_session.get(hello.resume) if hello.resume else None
+        resumed = self.slots.by_session(hello.resume)
         if resumed is not None:
             await self._resume(session, hello, resumed, proof)
             return
         # A new worker (or one whose session this learner does not know: it restarted).
         spare = len(self.remotes) + self._admitting >= self.num_workers
-        if spare and (self.on_worker_lost != "wait" or len(self._spares) >= self.num_workers):
+        spares = len(self.recovery.spares)
+        if spare and (self.on_worker_lost != "wait" or spares >= self.num_workers):
             why = (
                 "start the learner with a larger num_workers"
                 if self.on_worker_lost != "wait"
-                else f"{len(self._spares)} spares already wait to replace lost workers"
+                else f"{spares} spares already wait to replace lost workers"
             )
             await reject(
                 session,
@@ -437,12 +355,10 @@ class WorkerPool:
         finally:
             self._admitting -= 0 if spare else 1
         if spare:
-            session.start_heartbeats()
-            self._spares.append(_Spare(session, hello, worker_id, session_id))
-            log.info("worker %d from %s waits as a spare", worker_id, session.peer)
-            await self._fill_vacancies()
+            self.recovery.keep_spare(Spare(session, hello, worker_id, session_id))
+            await self.recovery.fill_vacancies()
         else:
-            self._register(session, hello, worker_id, session_id)
+            self.slots.register(session, hello, worker_id, session_id)
 
     async def _welcome(
         self,
@@ -517,56 +433,7 @@ class WorkerPool:
         remote.metrics.version = hello.version
         remote.metrics.resumes += 1
         log.warning("worker %d resumed its session from %s", info.worker_id, session.peer)
-        await self._attach(remote, session)
-
-    async def _attach(self, remote: Remote, session: Session) -> None:
-        """Make ``session`` the one serving ``remote`` and close the one it replaces."""
-        old, remote.session = remote.session, session
-        remote.generation += 1
-        session.start_heartbeats()
-        remote.attached.set()
-        # A call still waiting on the old connection fails at once and carries on here.
-        await old.aclose("another connection took over this worker's session")
-
-    async def _fill_vacancies(self) -> None:
-        """Give each lost worker's slots to a spare with as many envs, if there is one."""
-        for remote in self.remotes:
-            if remote.attached.is_set():
-                continue
-            for spare in self._spares:
-                if spare.hello.num_envs == remote.info.num_envs:
-                    self._spares.remove(spare)
-                    await self._replace(remote, spare)
-                    break
-
-    async def _replace(self, remote: Remote, spare: _Spare) -> None:
-        lost, hello = remote.info, spare.hello
-        remote.info = dataclasses.replace(
-            lost,
-            worker_id=spare.worker_id,
-            env_id=hello.env_id,
-            host=hello.host,
-            pid=hello.pid,
-            label=hello.label,
-            peer=spare.session.peer,
-        )
-        self.former.append(remote.metrics)
-        remote.metrics = WorkerMetrics(worker_id=spare.worker_id)
-        self._by_session.pop(remote.session_id, None)  # gone already if it was disowned
-        remote.session_id = spare.session_id
-        self._by_session[spare.session_id] = remote
-        void = remote.outbox.void()
-        remote.restarted = True
-        remote.needs_reset = self.was_reset
-        for hooks in self.hooks:
-            hooks.replaced(remote, void)
-        self.restarts += 1
-        log.warning(
-            "worker %d from %s took over the envs %d..%d of lost worker %d",
-            *(spare.worker_id, spare.session.peer, lost.env_offset),
-            *(lost.env_offset + lost.num_envs - 1, lost.worker_id),
-        )
-        await self._attach(remote, spare.session)
+        await self.slots.attach(remote, session)
 
     async def _check_spaces(self, session: Session, ready: Ready, hello: Hello) -> None:
         if ready.num_envs != hello.num_envs:
@@ -591,67 +458,16 @@ class WorkerPool:
                     ),
                 )
 
-    def _register(self, session: Session, hello: Hello, worker_id: int, session_id: bytes) -> None:
-        offset = sum(self.counts)
-        info = WorkerInfo(
-            worker_id=worker_id,
-            env_offset=offset,
-            num_envs=hello.num_envs,
-            env_id=hello.env_id,
-            host=hello.host,
-            pid=hello.pid,
-            label=hello.label,
-            peer=session.peer,
-        )
-        remote = Remote(
-            info=info,
-            session=session,
-            metrics=WorkerMetrics(worker_id=worker_id),
-            session_id=session_id,
-        )
-        remote.attached.set()
-        self.remotes.append(remote)
-        self._by_session[session_id] = remote
-        self.counts.append(hello.num_envs)
-        self.offsets.append(offset)
-        session.start_heartbeats()
-        last = offset + hello.num_envs - 1
-        log.info(
-            "worker %d admitted from %s: %d x %s (envs %d..%d)",
-            *(worker_id, session.peer, hello.num_envs, hello.env_id, offset, last),
-        )
-        if len(self.remotes) == self.num_workers:
-            self._order_by_label()
-            self._all_ready.set()
-
-    def _order_by_label(self) -> None:
-        """Put the workers in launch order once all are in, when a launcher numbered them.
-
-        Workers arrive in any order; a launcher labels them ``"0"``, ``"1"``, ... and gives
-        worker ``i`` its share of the envs (env functions, per-worker seeds and kwargs) in
-        that order, so the env order follows the labels. Nothing has used the offsets yet.
-        """
-        labels = [r.info.label for r in self.remotes]
-        if sorted(labels) != [str(i) for i in range(len(labels))]:
-            return  # not a launcher's numbering (workers started by hand): arrival order
-        self.remotes.sort(key=lambda r: int(r.info.label))
-        offset = 0
-        for index, remote in enumerate(self.remotes):
-            remote.info = dataclasses.replace(remote.info, env_offset=offset)
-            self.counts[index] = remote.info.num_envs
-            self.offsets[index] = offset
-            offset += remote.info.num_envs
-
     async def wait_for_workers(self, timeout: float | None = None) -> None:
         """Wait until all workers are admitted; see :meth:`Learner.wait_for_workers`."""
         await self.start()
-        if self._all_ready.is_set():
+        if self.slots.all_ready.is_set():
             return
         seconds = self.timeouts.connect if timeout is None else timeout
         try:
             if self.launcher is None:
                 async with asyncio.timeout(seconds):
-                    await self._all_ready.wait()
+                    await self.slots.all_ready.wait()
             else:
                 await self._wait_watching(self.launcher, seconds)
         except TimeoutError:
@@ -673,7 +489,7 @@ class WorkerPool:
 
     async def _wait_watching(self, launcher: Launcher, seconds: float) -> None:
         """Wait for the workers while the launcher watches them; TimeoutError when late."""
-        waiting = asyncio.create_task(self._all_ready.wait())
+        waiting = asyncio.create_task(self.slots.all_ready.wait())
         watching = asyncio.create_task(launcher.watch())
         try:
             done, _ = await asyncio.wait(
@@ -705,32 +521,28 @@ class WorkerPool:
 
     def require_workers(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The single observation and action spaces, once every worker is admitted."""
-        if self.spaces is None or not self._all_ready.is_set():
+        if self.spaces is None or not self.slots.all_ready.is_set():
             raise InvalidState(
                 "the workers have not all arrived yet; await wait_for_workers() or reset() first"
             )
         return self.spaces
-
-    def active(self) -> list[Remote]:
-        """The slots not dropped, in env order."""
-        return [r for r in self.remotes if r.info.worker_id not in self.dropped]
 
     # The pool's mode: written here only.
 
     @property
     def mode(self) -> Mode:
         """What the workers are used for now."""
-        return self._mode
+        return self._state.mode
 
     @property
     def busy(self) -> bool:
         """An operation (a step, a stream, gradient mode) is using the workers."""
-        return self._mode is not Mode.IDLE
+        return self._state.mode not in (Mode.IDLE, Mode.BROKEN)
 
     @property
     def broken(self) -> ApsError | None:
         """Why the workers can no longer be used together, once that happened (for good)."""
-        return self._broken
+        return self._state.error
 
     def enter(
         self,
@@ -751,7 +563,7 @@ class WorkerPool:
             InvalidState: see :meth:`check`.
         """
         self.check(operation, running=running, every_worker=every_worker, verb=verb)
-        self._mode = mode
+        self._state = _State(mode)
 
     def on_abandon(self, mode: Mode, end: Callable[[], Awaitable[None]]) -> None:
         """Register how a mode the caller left open ends when another operation begins.
@@ -763,23 +575,39 @@ class WorkerPool:
         self._enders[mode] = end
 
     async def end_abandoned(self) -> None:
-        """End the mode holding the workers if it registered how (see :meth:`on_abandon`)."""
-        end = self._enders.get(self._mode)
+        """End the mode holding the workers if it registered how (see :meth:`on_abandon`).
+
+        A mode a break interrupted is ended too: its holder still has it open.
+        """
+        state = self._state
+        held = state.interrupted if state.mode is Mode.BROKEN else state.mode
+        end = None if held is None else self._enders.get(held)
         if end is not None:
             await end()
 
     def leave(self, mode: Mode) -> None:
-        """End the lease of ``mode`` (nothing if another mode holds the workers)."""
-        if self._mode is mode:
-            self._mode = Mode.IDLE
+        """End the lease of ``mode`` (nothing if another mode holds the workers).
 
-    def mark_reset(self) -> None:
-        """Note that every worker's envs were reset (a replacement's are then reset first)."""
-        self.was_reset = True
+        Broken workers stay broken; the lease the break interrupted is over.
+        """
+        state = self._state
+        if state.mode is mode:
+            self._state = _State(Mode.IDLE)
+        elif state.mode is Mode.BROKEN and state.interrupted is mode:
+            self._state = dataclasses.replace(state, interrupted=None)
 
     def break_for_good(self, exc: ApsError) -> None:
-        """The workers are out of step for good: every later operation refuses, with ``exc``."""
-        self._broken = exc
+        """Enter :attr:`Mode.BROKEN`: every later operation refuses, with ``exc``.
+
+        A later break says why in its place. The lease a break interrupted ends when its
+        holder leaves it (see :meth:`leave`).
+        """
+        state = self._state
+        if state.mode is Mode.BROKEN:
+            self._state = dataclasses.replace(state, error=exc)
+        else:
+            held = None if state.mode is Mode.IDLE else state.mode
+            self._state = _State(Mode.BROKEN, exc, held)
 
     def check(
         self,
@@ -797,30 +625,18 @@ class WorkerPool:
             InvalidState: the workers are out of step for good, some were dropped, or another
                 operation is running.
         """
-        if self._broken is not None:
+        broken = self._state.error
+        if broken is not None:
             raise InvalidState(
-                f"this learner can no longer {verb or operation}: {self._broken}; start a new one"
+                f"this learner can no longer {verb or operation}: {broken}; start a new one"
             )
         if self.dropped and every_worker:
             raise InvalidState(
                 f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
                 "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
             )
-        if self._mode is not Mode.IDLE:
+        if self._state.mode is not Mode.IDLE:
             raise InvalidState(f"{operation}() called while {running}")
-
-    def forget_answers(self, remote: Remote) -> None:
-        """Stop waiting for the answers ``remote`` owes: they are dropped when they come.
-
-        For a caller that no longer needs them (a chunk stream that ends) while the worker is
-        lost and may resume much later.
-        """
-        remote.outbox.forget()
-
-    def drop(self, remote: Remote) -> None:
-        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
-        self.dropped.add(remote.info.worker_id)
-        remote.outbox.drop()
 
     # One request per worker, all at once.
 
@@ -840,7 +656,7 @@ class WorkerPool:
         ``before`` runs for each worker before any request is sent, ``after`` right after
         its request was sent (weights that follow it); ``redo`` gives the answer when a
         replacement took a worker over before answering (its envs start afresh); ``check``
-        tests each answer (see :meth:`answer_from`). A mode left open ends first (see
+        tests each answer (see :meth:`Requests.answer_from`). A mode left open ends first (see
         :meth:`end_abandoned`), then the pool is checked (:meth:`check`, with ``running``):
         callers do not check it again. While it runs the pool is busy; a failure that leaves
         the workers out of step marks the pool broken.
@@ -850,11 +666,10 @@ class WorkerPool:
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        if self._mode in self._enders:
-            await self._enders[self._mode]()
+        await self.end_abandoned()
         self.enter(Mode.EXCHANGE, operation, running=running)
         try:
-            return await self._exchange(requests, operation, redo, before, after, check)
+            return await self.requests.exchange(requests, operation, redo, before, after, check)
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self.break_for_good(exc)
             raise
@@ -867,246 +682,81 @@ class WorkerPool:
         finally:
             self.leave(Mode.EXCHANGE)
 
-    async def _exchange(
-        self,
-        requests: Sequence[Request],
-        operation: str,
-        redo: Redo,
-        before: Callable[[Remote], Awaitable[None]] | None,
-        after: Callable[[Remote], Awaitable[None]] | None,
-        check: Check | None,
-    ) -> list[Message]:
-        remotes = self.remotes
-        if before is not None:
-            # Every worker's preparation first (weights, say), then the requests: large
-            # frames handed to several connections travel at the same time.
-            for remote in remotes:
-                await before(remote)
-        for remote, request in zip(remotes, requests, strict=True):
-            await self.send_request(remote, request)
-            if after is not None:
-                await after(remote)
-        answers: list[Message] = []
-        failure: WorkerError | None = None
-        for remote, request in zip(remotes, requests, strict=True):
-            answer = await self.answer_from(remote, operation, check)
-            if answer is None:  # a replacement took over: its envs start afresh
-                answer = await redo(remote, request, operation)
-            if isinstance(answer, ErrorReport):
-                failure = failure or self.worker_error(remote, answer)
-                continue
-            answers.append(answer)
-        if failure is not None:
-            raise failure
-        return answers
+    # The slot table, recovery and the request service, as the modes reach them.
 
-    # Numbered requests, and what happens when a worker is lost.
+    @property
+    def remotes(self) -> list[Remote]:
+        """The admitted workers' slots, in env order."""
+        return self.slots.remotes
 
-    async def send_request(self, remote: Remote, request: Request) -> None:
-        """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
-        request = remote.outbox.number(request)
-        if remote.delivered == remote.generation and remote.attached.is_set():
-            await self.send(remote, request)
+    @property
+    def counts(self) -> list[int]:
+        """Envs per worker, in env order."""
+        return self.slots.counts
 
-    async def send(self, remote: Remote, message: Message, frame: bytes | None = None) -> None:
-        """Send an unnumbered message to ``remote``; a broken connection is noticed later.
+    @property
+    def offsets(self) -> list[int]:
+        """Global index of each worker's first env."""
+        return self.slots.offsets
 
-        Raises:
-            WorkerLost: sending failed under ``on_worker_lost="raise"``. Otherwise the
-                connection is closed, and the next receive recovers it.
+    @property
+    def dropped(self) -> set[int]:
+        """Worker ids left out of chunk streams and gradient rounds."""
+        return self.slots.dropped
+
+    @property
+    def former(self) -> list[WorkerMetrics]:
+        """Metrics of workers that were replaced."""
+        return self.slots.former
+
+    @property
+    def restarts(self) -> int:
+        """Workers that replaced lost ones."""
+        return self.recovery.restarts
+
+    @property
+    def on_worker_lost(self) -> OnWorkerLost:
+        """What a lost worker does (see :class:`~aps.learner.Learner`)."""
+        return self.recovery.on_worker_lost
+
+    @property
+    def reconnect_timeout(self) -> float:
+        """Seconds ``"wait"`` waits for a resume or a replacement."""
+        return self.recovery.reconnect_timeout
+
+    @property
+    def was_reset(self) -> bool:
+        """Whether the envs were reset at least once (a replacement's are then reset too)."""
+        return self.recovery.was_reset
+
+    def active(self) -> list[Remote]:
+        """The slots not dropped, in env order."""
+        return self.slots.active()
+
+    def drop(self, remote: Remote) -> None:
+        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
+        self.slots.drop(remote)
+
+    def forget_answers(self, remote: Remote) -> None:
+        """Stop waiting for the answers ``remote`` owes: they are dropped when they come.
+
+        For a caller that no longer needs them (a chunk stream that ends) while the worker is
+        lost and may resume much later.
         """
-        try:
-            await remote.session.send(message, frame=frame)
-        except TransportError as exc:
-            if self.on_worker_lost == "raise":
-                raise self.lost(remote, type(message).__name__, exc) from exc
-            # Whatever was unanswered goes again on the connection that takes over.
-            remote.delivered = -1
-            await remote.session.aclose("sending failed")
+        remote.outbox.forget()
 
-    async def answer_from(
-        self, remote: Remote, operation: str, check: Check | None = None
-    ) -> Message | None:
-        """Receive ``remote``'s next answer, exactly once.
+    def needs_reset(self, remote: Remote) -> bool:
+        """See :meth:`Recovery.needs_reset <aps.learner.replace.Recovery.needs_reset>`."""
+        return self.recovery.needs_reset(remote)
 
-        ``check`` looks at each fresh answer before it is returned and raises
-        :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
-        answer, like an unexpected message or a wrong sequence number, is its worker's
-        failure, handled as its loss under ``on_worker_lost`` (see :meth:`fail`).
+    def envs_reset(self, remote: Remote) -> None:
+        """Note that ``remote``'s envs were just reset, by whichever mode did it."""
+        self.recovery.envs_reset(remote)
 
-        Returns ``None`` when a replacement worker took over: the requests of the lost one
-        are void.
-
-        Raises:
-            WorkerLost: the worker was lost (and, under ``"wait"``, did not come back); a
-                worker silent for ``timeouts.step`` is lost, with the Timeout as the cause.
-            ProtocolError: the worker broke the protocol (under ``on_worker_lost="raise"``;
-                it was disconnected).
-        """
-        while True:
-            generation = remote.generation
-            try:
-                if remote.delivered != generation:
-                    await self.catch_up(remote)
-                message = await remote.session.receive(
-                    timeout=self.timeouts.step,
-                    operation=f"worker {remote.info.worker_id}'s {operation}",
-                )
-                accepted = remote.outbox.accept(message)
-                if accepted is not Accepted.FRESH:
-                    continue
-                if check is not None and type(message) is not ErrorReport:
-                    check(remote, message)
-                return message
-            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
-                # A silent worker is a lost one, under every on_worker_lost (the Timeout is
-                # the WorkerLost's cause); under "wait" it may resume when it wakes up.
-                if await self.fail(remote, generation, operation, exc):
-                    return None
-
-    async def fail(self, remote: Remote, generation: int, operation: str, exc: ApsError) -> bool:
-        """Handle a failure of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
-
-        A lost connection (``EndOfStream``, a transport error, silence) may be resumed; a
-        :class:`ProtocolError` (the worker sent something malformed) disconnects the worker
-        for good, with a goodbye, and its session can no longer be resumed: under ``"raise"``
-        the error is raised, naming the worker; under ``"wait"`` a replacement takes the
-        slot over; under ``"drop"`` it is lost like any other.
-
-        Returns once another connection serves ``remote``: ``True`` when a replacement
-        worker took it over (once per replacement: the requests of the lost one are void),
-        ``False`` when the worker resumed its session.
-
-        Raises:
-            ProtocolError: the worker broke the protocol, under ``"raise"``.
-            WorkerLost: see :meth:`recover`.
-        """
-        if isinstance(exc, ProtocolError) and remote.generation == generation:
-            exc = await self._disown(remote, exc)
-            if self.on_worker_lost == "raise":
-                raise exc
-        await self.recover(remote, generation, operation, exc)
-        replaced, remote.restarted = remote.restarted, False
-        return replaced
-
-    async def _disown(self, remote: Remote, exc: ProtocolError) -> ProtocolError:
-        """Disconnect the worker serving ``remote`` for breaking the protocol.
-
-        Returns:
-            The error, its message naming the worker.
-        """
-        worker = f"worker {remote.info.worker_id}"
-        named = exc if str(exc).startswith(worker) else ProtocolError(f"{worker}: {exc}")
-        log.warning("%s; disconnecting it", named)
-        # No resume: what it would send again is what it sent.
-        self._by_session.pop(remote.session_id, None)
-        await remote.session.aclose(f"the learner disconnected this worker: {named}")
-        return named
-
-    async def call(
-        self, remote: Remote, request: Request, operation: str, check: Check | None = None
-    ) -> Message | None:
-        """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile)."""
-        await self.send_request(remote, request)
-        return await self.answer_from(remote, operation, check)
-
-    async def call_until_answered(
-        self, remote: Remote, request: Request, operation: str, check: Check | None = None
-    ) -> Message:
-        """:meth:`call`, sent again to each replacement until one of them answers."""
-        while (answer := await self.call(remote, request, operation, check)) is None:
-            pass
-        return answer
-
-    async def catch_up(self, remote: Remote) -> None:
-        """Bring a connection that took over up to date: what the modes say, then requests."""
-        generation = remote.generation
-        for hooks in self.hooks:
-            await hooks.rejoined(remote)
-        # Requests sent meanwhile were only queued; the loop sends those too, in order.
-        # Requests numbered meanwhile were only queued: the live queue is read, so they go too.
-        unanswered = remote.outbox.resend()
-        index = 0
-        while index < len(unanswered):
-            await self.send(remote, unanswered[index])
-            if remote.delivered == -1 or remote.generation != generation:
-                return  # failed again: the next receive notices
-            index += 1
-        remote.delivered = generation
-
-    async def recover(
-        self, remote: Remote, generation: int, operation: str, exc: BaseException
-    ) -> None:
-        """Handle the loss of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
-
-        Returns once another connection serves ``remote`` (resumed or replaced).
-
-        Raises:
-            WorkerLost: under ``"raise"`` and ``"drop"``; under ``"wait"`` when nothing took
-                over within ``reconnect_timeout``.
-        """
-        if remote.generation != generation:
-            return  # a resume already took over
-        if self.on_worker_lost != "wait":
-            raise self.lost(remote, operation, exc) from exc
-        if remote.attached.is_set():
-            remote.attached.clear()
-            log.warning(
-                "%s; waiting up to %s s for it to resume or for a replacement",
-                *(self.lost(remote, operation, exc), self.reconnect_timeout),
-            )
-            # No goodbye: a worker that was only stalled (stopped, swapping, a slow env) sees
-            # a dropped connection when it wakes up, and dials again to resume.
-            await remote.session.aclose(goodbye=False)
-            await self._fill_vacancies()
-        try:
-            async with asyncio.timeout(self.reconnect_timeout):
-                await self._attached_or_closing(remote)
-        except TimeoutError:
-            raise WorkerLost(
-                f"{self.lost(remote, operation, exc)}, and no worker resumed its session or "
-                f"took its envs over within {self.reconnect_timeout} s; start a replacement "
-                "worker sooner or raise reconnect_timeout",
-                worker_id=remote.info.worker_id,
-            ) from exc
-
-    async def _attached_or_closing(self, remote: Remote) -> None:
-        """Wait until a connection serves ``remote`` again.
-
-        Raises:
-            WorkerLost: the learner began closing first.
-        """
-        if remote.attached.is_set():
-            return
-        waits = [
-            asyncio.ensure_future(remote.attached.wait()),
-            asyncio.ensure_future(self._closing.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        if not remote.attached.is_set():
-            raise WorkerLost(
-                f"worker {remote.info.worker_id} was lost and the learner closed before it resumed",
-                worker_id=remote.info.worker_id,
-            )
+    def mark_reset(self) -> None:
+        """Note that every slot's envs were reset (a replacement's are then reset first)."""
+        self.recovery.mark_reset()
 
     def worker_error(self, remote: Remote, report: ErrorReport) -> WorkerError:
         """The :class:`WorkerError` for an error ``remote`` reported."""
-        return WorkerError(
-            report.message,
-            worker_id=remote.info.worker_id,
-            remote_type=report.remote_type,
-            remote_traceback=report.traceback,
-        )
-
-    def lost(self, remote: Remote, operation: str, exc: BaseException) -> WorkerLost:
-        """The :class:`WorkerLost` for ``remote``, lost during ``operation`` because of ``exc``."""
-        info = remote.info
-        return WorkerLost(
-            f"worker {info.worker_id} ({info.env_id} x {info.num_envs} at {info.peer}, pid "
-            f"{info.pid}) was lost during {operation}: {exc}",
-            worker_id=info.worker_id,
-        )
+        return worker_error(remote, report)

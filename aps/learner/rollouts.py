@@ -16,7 +16,7 @@ from aps import codec
 from aps._typing import Array
 from aps.compression import CODECS, compressor
 from aps.errors import ConfigError
-from aps.messages import Weights
+from aps.messages import RolloutChunk, Weights
 
 __all__ = [
     "STALL_LAG",
@@ -46,48 +46,116 @@ policy by (PPO clipped against it) is reported long before the run ends."""
 class Chunk:
     """``T`` steps of one worker's ``E`` envs, acted with one policy version.
 
+    The worker's :class:`~aps.messages.RolloutChunk` as it arrived (``wire``; its arrays are
+    views of the frame, never copied), with what the learner adds: the worker, its envs' global
+    offset and the policy lag. Build one with :meth:`of`.
+
     Arrays lead with ``[T, E]`` (``next_obs`` with ``[E]``). Under the ``NextStep`` autoreset
     mode, a step right after an episode ended only reset that env: its action was ignored and
     its reward is 0. Use ``SameStep`` for algorithms that treat every step as a transition.
 
+    The arrays (``obs``, ``actions``, ``logprob``, ``value``, ``reward``, ``terminated``,
+    ``truncated``, ``next_obs``, ``episode_return``, ``episode_length``, ``truncated_obs``)
+    and ``version`` are the message's, read through properties.
+
     Attributes:
         worker_id: the worker that produced it.
         env_offset: global index of the worker's first env.
-        version: the policy version every action in the chunk was chosen with.
         lag: learner version when the chunk was delivered, minus ``version``.
-        obs: the observation each action was chosen on.
-        actions: the actions taken.
-        logprob: behaviour log-probabilities of those actions (float32).
-        value: the worker's critic values (float32), or ``None`` without a critic.
-        reward: rewards (float64).
-        terminated: termination flags.
-        truncated: truncation flags.
-        next_obs: observations after the last step, to bootstrap from.
-        episode_return: returns of the episodes that ended in this chunk.
-        episode_length: their lengths.
-        episode_env: their global env indices.
-        truncated_obs: the last observation of every truncated step ``[K, ...]`` (the
-            observation that ``obs`` does not show because the env reset), to bootstrap from.
-        truncated_index: where those are, ``[K, 2]``: (step, global env index).
+        wire: the worker's message (its env indices are the worker's own).
+        episode_env: the global env indices of the episodes that ended in this chunk.
+        truncated_index: where the truncated observations are, ``[K, 2]``: (step, global env
+            index).
     """
 
     worker_id: int
     env_offset: int
-    version: int
     lag: int
-    obs: Array
-    actions: Array
-    logprob: Array
-    value: Array | None
-    reward: Array
-    terminated: Array
-    truncated: Array
-    next_obs: Array
-    episode_return: Array
-    episode_length: Array
+    wire: RolloutChunk
     episode_env: Array
-    truncated_obs: Array
     truncated_index: Array
+
+    @classmethod
+    def of(cls, wire: RolloutChunk, *, worker_id: int, env_offset: int, lag: int) -> Chunk:
+        """The learner's view of ``wire``, from the worker whose first env is ``env_offset``.
+
+        Only the env indices change (the worker's own become global ones); every other
+        array is the message's.
+        """
+        ended, index = wire.episode_env, wire.truncated_index
+        return cls(
+            worker_id=worker_id,
+            env_offset=env_offset,
+            lag=lag,
+            wire=wire,
+            episode_env=ended + env_offset if env_offset and len(ended) else ended,
+            truncated_index=(
+                index + np.array([0, env_offset]) if env_offset and len(index) else index
+            ),
+        )
+
+    @property
+    def version(self) -> int:
+        """The policy version every action in the chunk was chosen with."""
+        return self.wire.version
+
+    @property
+    def obs(self) -> Array:
+        """The observation each action was chosen on."""
+        return self.wire.obs
+
+    @property
+    def actions(self) -> Array:
+        """The actions taken."""
+        return self.wire.actions
+
+    @property
+    def logprob(self) -> Array:
+        """Behaviour log-probabilities of those actions (float32)."""
+        return self.wire.logprob
+
+    @property
+    def value(self) -> Array | None:
+        """The worker's critic values (float32), or ``None`` without a critic."""
+        return self.wire.value
+
+    @property
+    def reward(self) -> Array:
+        """Rewards (float64)."""
+        return self.wire.reward
+
+    @property
+    def terminated(self) -> Array:
+        """Termination flags."""
+        return self.wire.terminated
+
+    @property
+    def truncated(self) -> Array:
+        """Truncation flags."""
+        return self.wire.truncated
+
+    @property
+    def next_obs(self) -> Array:
+        """Observations after the last step, to bootstrap from."""
+        return self.wire.next_obs
+
+    @property
+    def episode_return(self) -> Array:
+        """Returns of the episodes that ended in this chunk."""
+        return self.wire.episode_return
+
+    @property
+    def episode_length(self) -> Array:
+        """Their lengths."""
+        return self.wire.episode_length
+
+    @property
+    def truncated_obs(self) -> Array:
+        """The last observation of every truncated step, ``[K, ...]``.
+
+        The observation that ``obs`` does not show because the env reset, to bootstrap from.
+        """
+        return self.wire.truncated_obs
 
     @property
     def num_steps(self) -> int:

@@ -6,7 +6,7 @@
 and sums its gradients locally; during a round only its counts arrive
 (:class:`~aps.messages.GradientProgress`), and each worker sends its sum once when the
 learner collects the round. One pump per worker moves what arrives into a small shared inbox
-(backpressure when the caller falls behind). As the pool's
+(:mod:`~aps.learner.pump`; backpressure when the caller falls behind). As the pool's
 :class:`~aps.learner.pool.SlotHooks` it sends the current round (and its collection, if one
 was asked for) to a worker that resumed its session; a replacement joins at the next round.
 
@@ -40,9 +40,9 @@ from aps.errors import (
 )
 from aps.gradients import RoundStore, allreduce_sum
 from aps.learner.pool import Mode, Remote, WorkerInfo, WorkerPool, expect
+from aps.learner.pump import Pumps
 from aps.messages import (
     CollectGradients,
-    ErrorReport,
     GradientProgress,
     GradientReport,
     GradientRound,
@@ -79,9 +79,6 @@ def _store_host(url: str, local: bool) -> tuple[str, str]:
     return host, host
 
 
-_Inbox = asyncio.Queue[tuple[Remote, Message | BaseException]]
-
-
 class _RoundFrames:
     """A round and its frame per codec, each encoded once however many workers it goes to.
 
@@ -110,8 +107,8 @@ class GradientRounds:
         self._pool = pool
         self.active = False
         self._remotes: list[Remote] = []
-        self._pumps: list[asyncio.Task[None]] = []
-        self._inbox: _Inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
+        self._pumps: Pumps | None = None
+        self._behind: set[Remote] = set()  # took over by a resume or replacement: catch up
         self._round: _RoundFrames | None = None
         # The workers the current round was sent to: a replacement joins at the next round.
         self._members: frozenset[int] = frozenset()
@@ -134,9 +131,9 @@ class GradientRounds:
         rule counts the workers it started with; it receives the next round.
         """
         if self._round is not None and remote.info.worker_id in self._members:
-            await self._pool.send(remote, self._round.message, self._round.frame(remote))
+            await self._pool.requests.send(remote, self._round.message, self._round.frame(remote))
             if self._collect is not None:
-                await self._pool.send(remote, *self._collect)
+                await self._pool.requests.send(remote, *self._collect)
 
     # Rounds.
 
@@ -150,13 +147,13 @@ class GradientRounds:
             pool.enter(Mode.ROUNDS, "start_round", every_worker=False, verb="train")
             self.active = True
             self._remotes = pool.active()
+            # Gradient mode samples from fresh resets; a replacement needs no reset now.
             for remote in self._remotes:
-                # Gradient mode samples from fresh resets; a replacement needs no reset now.
-                remote.envs_reset()
-            self._pumps = [
-                asyncio.create_task(self._pump(r), name=f"aps reports {r.info.worker_id}")
-                for r in self._remotes
-            ]
+                pool.envs_reset(remote)
+            self._pumps = Pumps(
+                pool, self._receive, name="aps reports", backlog=REPORT_BACKLOG * pool.num_workers
+            )
+            self._pumps.start(self._remotes)
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
         self._round = frames = _RoundFrames(message)
         self._members = frozenset(r.info.worker_id for r in self._remotes)
@@ -164,7 +161,7 @@ class GradientRounds:
         sent = 0
         for remote in self._remotes:
             frame = frames.frame(remote)
-            await pool.send(remote, message, frame)
+            await pool.requests.send(remote, message, frame)
             sent += len(frame)
         return sent
 
@@ -182,7 +179,7 @@ class GradientRounds:
         self._collect = (message, frame)
         for remote in self._remotes:
             if remote.info.worker_id in self._members:
-                await self._pool.send(remote, message, frame)
+                await self._pool.requests.send(remote, message, frame)
         return len(frame) * len(self._remotes)
 
     async def reduce(
@@ -221,7 +218,7 @@ class GradientRounds:
                     timeout=seconds,
                 )
                 frame = codec.encode(message)
-                await pool.send(remote, message, frame)
+                await pool.requests.send(remote, message, frame)
                 sent += len(frame)
             zeros = np.zeros(size + world - 1, dtype=np.float32)
             try:
@@ -251,53 +248,44 @@ class GradientRounds:
             store.close()
         return reduced, sent
 
-    async def _pump(self, remote: Remote) -> None:
-        """Move one worker's gradient reports into the shared inbox until cancelled.
+    async def _receive(self, remote: Remote) -> Message | ApsError | None:
+        """One worker's next gradient message (its pump's receive; see :mod:`.pump`).
 
-        The inbox holds a few reports per worker; when the caller falls behind, pumps wait,
-        the sockets fill and the workers block on sending (backpressure). A worker that
-        resumes or is replaced gets the current round again; a replacement is announced as
-        the loss of the worker it replaced.
+        The inbox holds a few reports per worker (backpressure beyond them). A worker that
+        resumes or is replaced gets the current round again (on the next receive, once the
+        replacement was announced as the loss of the worker it replaced).
         """
         pool = self._pool
-        inbox = self._inbox
-        while True:
-            generation = remote.generation
-            try:
-                message = await remote.session.receive(
-                    timeout=pool.timeouts.heartbeat_timeout,
-                    operation=f"worker {remote.info.worker_id}'s gradients",
-                )
-            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
-                lost = remote.info.worker_id
-                try:
-                    replaced_now = await pool.fail(remote, generation, "gradients", exc)
-                except (WorkerLost, ProtocolError) as error:
-                    await inbox.put((remote, error))
-                    return
-                if replaced_now:
-                    replaced = (
-                        f"worker {lost} was lost and worker {remote.info.worker_id} took over"
-                    )
-                    await inbox.put((remote, WorkerLost(replaced, worker_id=lost)))
-                await pool.catch_up(remote)
-                continue
-            except ApsError as exc:
-                await inbox.put((remote, exc))
-                return
-            await inbox.put((remote, message))
+        if remote in self._behind:
+            self._behind.discard(remote)
+            await pool.requests.catch_up(remote)
+        generation = remote.generation
+        try:
+            return await remote.session.receive(
+                timeout=pool.timeouts.heartbeat_timeout,
+                operation=f"worker {remote.info.worker_id}'s gradients",
+            )
+        except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
+            lost = remote.info.worker_id
+            replaced = await pool.recovery.fail(remote, generation, "gradients", exc)
+            self._behind.add(remote)
+            if not replaced:
+                return None
+            took_over = f"worker {lost} was lost and worker {remote.info.worker_id} took over"
+            return WorkerLost(took_over, worker_id=lost)
 
     async def next_report(
         self,
     ) -> tuple[int, GradientProgress | GradientReport | GradientsReduced]:
         """:meth:`Learner.next_report`."""
         pool = self._pool
-        if not self.active:
+        pumps = self._pumps
+        if not self.active or pumps is None:
             raise InvalidState("call start_round() before next_report()")
         seconds = pool.timeouts.step
         try:
             async with asyncio.timeout(seconds):
-                remote, message = await self._inbox.get()
+                remote, item = await pumps.get()
         except TimeoutError:
             raise Timeout(
                 f"no gradient report from any worker for {seconds} s; raise "
@@ -305,13 +293,11 @@ class GradientRounds:
                 operation="next_report",
                 seconds=seconds,
             ) from None
-        if isinstance(message, WorkerLost) and pool.on_worker_lost == "drop":
-            self.drop_worker(remote.info.worker_id)
-            await remote.session.aclose("the learner dropped this worker")
-        if isinstance(message, BaseException):
-            raise message
-        if isinstance(message, ErrorReport):
-            raise pool.worker_error(remote, message)
+        if isinstance(item, WorkerLost) and pool.on_worker_lost == "drop":
+            if remote in self._remotes:
+                self._remotes.remove(remote)
+            await pumps.drop(remote, item)
+        message = pumps.unwrap(remote, item)
         if isinstance(message, GradientProgress | GradientsReduced):
             return remote.info.worker_id, message
         return remote.info.worker_id, expect(message, GradientReport)
@@ -333,9 +319,9 @@ class GradientRounds:
         if not self.active:
             return
         pool = self._pool
-        for pump in self._pumps:
-            pump.cancel()
-        await asyncio.wait(self._pumps)
+        if self._pumps is not None:
+            await self._pumps.stop()  # late reports are dropped
+        self._behind.clear()
         try:
             async with asyncio.timeout(pool.timeouts.step):
                 for remote in self._remotes:
@@ -347,5 +333,5 @@ class GradientRounds:
         finally:
             self.active = False
             pool.leave(Mode.ROUNDS)
-            self._inbox = asyncio.Queue(REPORT_BACKLOG * pool.num_workers)
+            self._pumps = None
             self._round = self._collect = None

@@ -1,0 +1,207 @@
+"""Numbered requests and their answers over each slot's :class:`~aps.delivery.Outbox`.
+
+:class:`Requests` is the service every mode talks to the workers through: a request is
+numbered and sent (or kept for after a resume), an answer is received exactly once, a
+connection that took a slot over is brought up to date (what the modes say first, then the
+unanswered requests), and a failure is handed to :class:`~aps.learner.replace.Recovery`.
+The books (numbering, acknowledgement, resending, voiding) are the outbox's, which does no
+I/O; this room does the sending and receiving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from aps.delivery import Accepted
+from aps.errors import EndOfStream, ProtocolError, Timeout, TransportError, WorkerError
+from aps.learner.replace import Recovery, lost
+from aps.learner.slots import Check, Remote, SlotHooks, Slots
+from aps.messages import ErrorReport, Message, Request, ResetRequest
+from aps.session import Timeouts
+
+__all__ = ["FRESH_RESET", "Redo", "Requests", "worker_error"]
+
+FRESH_RESET = ResetRequest(seed=None, options=None)
+"""What a replacement's envs get before they act (each worker seeds them its own way)."""
+
+Redo = Callable[[Remote, Request, str], Awaitable[Message]]
+"""How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
+
+
+def worker_error(remote: Remote, report: ErrorReport) -> WorkerError:
+    """The :class:`WorkerError` for an error ``remote`` reported."""
+    return WorkerError(
+        report.message,
+        worker_id=remote.info.worker_id,
+        remote_type=report.remote_type,
+        remote_traceback=report.traceback,
+    )
+
+
+class Requests:
+    """Numbered requests to the workers serving ``slots``, and their answers.
+
+    Args:
+        slots: the slot table.
+        recovery: what a failure does.
+        hooks: the modes to ask what a connection that took a slot over needs first.
+        timeouts: ``timeouts.step`` bounds every wait for an answer.
+    """
+
+    def __init__(
+        self, slots: Slots, recovery: Recovery, hooks: list[SlotHooks], timeouts: Timeouts
+    ) -> None:
+        self._slots = slots
+        self._recovery = recovery
+        self._hooks = hooks
+        self._timeouts = timeouts
+
+    async def send_request(self, remote: Remote, request: Request) -> None:
+        """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
+        request = remote.outbox.number(request)
+        if remote.delivered == remote.generation and remote.attached.is_set():
+            await self.send(remote, request)
+
+    async def send(self, remote: Remote, message: Message, frame: bytes | None = None) -> None:
+        """Send an unnumbered message to ``remote``; a broken connection is noticed later.
+
+        Raises:
+            WorkerLost: sending failed under ``on_worker_lost="raise"``. Otherwise the
+                connection is closed, and the next receive recovers it.
+        """
+        try:
+            await remote.session.send(message, frame=frame)
+        except TransportError as exc:
+            if self._recovery.on_worker_lost == "raise":
+                raise lost(remote, type(message).__name__, exc) from exc
+            # Whatever was unanswered goes again on the connection that takes over.
+            remote.delivered = -1
+            await remote.session.aclose("sending failed")
+
+    async def answer_from(
+        self, remote: Remote, operation: str, check: Check | None = None
+    ) -> Message | None:
+        """Receive ``remote``'s next answer, exactly once.
+
+        ``check`` looks at each fresh answer before it is returned and raises
+        :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
+        answer, like an unexpected message or a wrong sequence number, is its worker's
+        failure, handled as its loss under ``on_worker_lost`` (see :meth:`Recovery.fail`).
+
+        Returns ``None`` when a replacement worker took over: the requests of the lost one
+        are void.
+
+        Raises:
+            WorkerLost: the worker was lost (and, under ``"wait"``, did not come back); a
+                worker silent for ``timeouts.step`` is lost, with the Timeout as the cause.
+            ProtocolError: the worker broke the protocol (under ``on_worker_lost="raise"``;
+                it was disconnected).
+        """
+        while True:
+            generation = remote.generation
+            try:
+                if remote.delivered != generation:
+                    await self.catch_up(remote)
+                message = await remote.session.receive(
+                    timeout=self._timeouts.step,
+                    operation=f"worker {remote.info.worker_id}'s {operation}",
+                )
+                accepted = remote.outbox.accept(message)
+                if accepted is not Accepted.FRESH:
+                    continue
+                if check is not None and type(message) is not ErrorReport:
+                    check(remote, message)
+                return message
+            except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
+                # A silent worker is a lost one, under every on_worker_lost (the Timeout is
+                # the WorkerLost's cause); under "wait" it may resume when it wakes up.
+                if await self._recovery.fail(remote, generation, operation, exc):
+                    return None
+
+    async def call(
+        self, remote: Remote, request: Request, operation: str, check: Check | None = None
+    ) -> Message | None:
+        """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile)."""
+        await self.send_request(remote, request)
+        return await self.answer_from(remote, operation, check)
+
+    async def call_until_answered(
+        self, remote: Remote, request: Request, operation: str, check: Check | None = None
+    ) -> Message:
+        """:meth:`call`, sent again to each replacement until one of them answers."""
+        while (answer := await self.call(remote, request, operation, check)) is None:
+            pass
+        return answer
+
+    async def reset_replacement(
+        self, remote: Remote, operation: str, check: Check | None = None
+    ) -> Message:
+        """Reset the envs of the worker that took ``remote`` over, before they act.
+
+        :data:`FRESH_RESET` goes to each later replacement in turn until one answers. The
+        answer is returned, a :class:`~aps.messages.ResetResult` or an
+        :class:`~aps.messages.ErrorReport`; the caller notes the reset
+        (:meth:`Recovery.envs_reset`) once it used the answer (lockstep stitches it into a
+        step first, and reads :meth:`Recovery.needs_reset` to flag the lost worker's
+        episodes as ended).
+
+        Raises:
+            WorkerLost | ProtocolError: as :meth:`answer_from`.
+        """
+        return await self.call_until_answered(remote, FRESH_RESET, operation, check)
+
+    async def catch_up(self, remote: Remote) -> None:
+        """Bring a connection that took over up to date: what the modes say, then requests."""
+        generation = remote.generation
+        for hooks in self._hooks:
+            await hooks.rejoined(remote)
+        # Requests numbered meanwhile were only queued: the live queue is read, so they go too.
+        unanswered = remote.outbox.resend()
+        index = 0
+        while index < len(unanswered):
+            await self.send(remote, unanswered[index])
+            if remote.delivered == -1 or remote.generation != generation:
+                return  # failed again: the next receive notices
+            index += 1
+        remote.delivered = generation
+
+    async def exchange(
+        self,
+        requests: Sequence[Request],
+        operation: str,
+        redo: Redo,
+        before: Callable[[Remote], Awaitable[None]] | None = None,
+        after: Callable[[Remote], Awaitable[None]] | None = None,
+        check: Check | None = None,
+    ) -> list[Message]:
+        """One request per slot, then one answer from each, in env order.
+
+        See :meth:`WorkerPool.exchange`, which holds the workers while this runs.
+
+        Raises:
+            WorkerError: an env raised on a worker (the others' answers are still received).
+            WorkerLost | Timeout | ProtocolError: a worker failed.
+        """
+        remotes = self._slots.remotes
+        if before is not None:
+            # Every worker's preparation first (weights, say), then the requests: large
+            # frames handed to several connections travel at the same time.
+            for remote in remotes:
+                await before(remote)
+        for remote, request in zip(remotes, requests, strict=True):
+            await self.send_request(remote, request)
+            if after is not None:
+                await after(remote)
+        answers: list[Message] = []
+        failure: WorkerError | None = None
+        for remote, request in zip(remotes, requests, strict=True):
+            answer = await self.answer_from(remote, operation, check)
+            if answer is None:  # a replacement took over: its envs start afresh
+                answer = await redo(remote, request, operation)
+            if isinstance(answer, ErrorReport):
+                failure = failure or worker_error(remote, answer)
+                continue
+            answers.append(answer)
+        if failure is not None:
+            raise failure
+        return answers
