@@ -521,11 +521,19 @@ class Detach:
         ``left``: what the pumps delivered and the stream did not take.
         """
         pool = self._pool
+        failure: WorkerLost | ProtocolError | None = None
         for remote, message in left:
             if isinstance(message, RolloutChunk):
                 remote.metrics.dropped_chunks += 1
+            elif isinstance(message, (WorkerLost, ProtocolError)) and failure is None:
+                failure = message
         if pool.broken is not None:
             return
+        if failure is not None and pool.on_worker_lost == "raise":
+            # A worker failed after the stream's last chunk and before its end: under "raise"
+            # that is the caller's error, as it would have been one chunk sooner.
+            pool.break_for_good(failure)
+            raise failure
         try:
             async with asyncio.timeout(pool.timeouts.step + pool.reconnect_timeout):
                 for remote in remotes:
@@ -541,6 +549,12 @@ class Detach:
                             break  # a replacement owes nothing; it is reset before its use
                         if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
+        except (WorkerLost, ProtocolError) as exc:
+            if pool.on_worker_lost != "raise":
+                pool.break_for_good(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
+                return
+            pool.break_for_good(exc)  # as a failure the pumps delivered, above
+            raise
         except (TimeoutError, ApsError) as exc:
             pool.break_for_good(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
 
