@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import os
 import subprocess
 import sys
@@ -30,9 +31,34 @@ def saved_rounds(out: Path) -> list[dict[str, str]]:
     """Every round of every saved run (``runs/``), in file name order."""
     rows: list[dict[str, str]] = []
     for path in sorted((out / "runs").iterdir()):
-        with path.open(newline="") as handle:
-            rows += list(csv.DictReader(handle))
+        assert path.name.endswith(".csv.gz"), path  # saved compressed
+        rows += _rows(path)
     return rows
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    from experiments.nigt.__main__ import read
+
+    return read(path)
+
+
+def test_saved_runs_round_trip_compressed_and_plain(tmp_path: Path) -> None:
+    from experiments.nigt.__main__ import read, saved_run, write
+
+    rows = [{"iteration": 0, "time": 1.5, "eval_avg": ""}, {"iteration": 1, "time": 2.25}]
+    text = [{"iteration": "0", "time": "1.5", "eval_avg": ""},
+            {"iteration": "1", "time": "2.25", "eval_avg": ""}]  # fmt: skip
+    packed = tmp_path / "run.csv.gz"
+    write(packed, rows)
+    first = packed.read_bytes()
+    write(packed, rows)  # the same rows, the same bytes: no mtime or name in the header
+    assert packed.read_bytes() == first and gzip.decompress(first).startswith(b"iteration,")
+    assert read(packed) == text
+    plain = tmp_path / "run.csv"  # runs saved before compression are still read
+    write(plain, rows)
+    assert read(plain) == text and saved_run(tmp_path, "run.csv") == plain
+    assert saved_run(tmp_path, "other.csv") == tmp_path / "other.csv.gz"
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 @pytest.mark.timeout(300)

@@ -70,6 +70,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import io
 import math
 import sys
 import warnings
@@ -399,21 +401,37 @@ def one_run(
 
 
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write rows as CSV, atomically."""
+    """Write rows as CSV, atomically; gzip-compressed when ``path`` ends in ``.gz``.
+
+    The gzip header carries no name and a zero mtime, so the same rows give the same bytes
+    (saved runs are kept in the repository, and rewriting one must not change it).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     fields = list(dict.fromkeys(key for row in rows for key in row))
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    data = text.getvalue().encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
     tmp.replace(path)  # a run is saved whole or not at all: resuming never sees half a run
 
 
 def read(path: Path) -> list[dict[str, Any]]:
-    """Read rows of a CSV."""
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
+    """Read rows of a CSV, plain or gzip-compressed (by the ``.gz`` suffix)."""
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    return list(csv.DictReader(io.StringIO(data.decode(), newline="")))
+
+
+def saved_run(runs: Path, name: str) -> Path:
+    """Where run ``name`` (``...csv``) is saved: ``name.gz``, or a plain ``name`` from before."""
+    plain = runs / name
+    return plain if plain.exists() else runs / (name + ".gz")
 
 
 def _number(value: Any) -> float:
@@ -936,7 +954,7 @@ def run_configuration(args: argparse.Namespace) -> Result:
                 f"{tag}_b{budget:g}_{scenario}_{method}_lr{st.lr:g}_M{st.batch}"
                 f"_a{st.alpha:g}_s{seed}.csv"
             )
-            path = Path(args.out) / "runs" / name
+            path = saved_run(Path(args.out) / "runs", name)
             if path.exists():
                 into[scenario, method, seed, st] = read(path)
             elif not args.replot:
