@@ -203,6 +203,32 @@ async def test_raise_names_the_bad_worker_and_disconnects_it(
         assert task.exception() is None
 
 
+@pytest.mark.timeout(60)
+async def test_raise_names_a_bad_worker_whose_chunk_came_after_the_last_one_taken(
+    workers: WorkerTasks,
+) -> None:
+    # The caller takes one chunk and ends the stream while the bad worker's chunk is in the
+    # learner's inbox or on its way: its end raises the ProtocolError, not a vaguer error
+    # later (which one of the two chunks comes first is up to the workers' timing).
+    async with aps.Learner(
+        TCP, num_workers=2, policy=POLICY, autoreset_mode="SameStep", timeouts=FAST,
+        on_worker_lost="raise",
+    ) as learner:  # fmt: skip
+        start_honest(workers, learner.url, "chunks")
+        await until(lambda: len(learner.workers) == 1)
+        bad, task = start_bad(workers, learner.url, "chunks", "obs_shape")
+        await prepare(learner, "chunks")
+        stream = learner.chunks(4)
+        with pytest.raises(aps.ProtocolError, match=f"^worker {bad.worker_id}"):
+            try:
+                await anext(stream)
+                await asyncio.sleep(0.5)  # the bad worker's chunk arrives meanwhile
+            finally:
+                await stream.aclose()
+        await asyncio.wait_for(task, 20)
+        assert task.exception() is None
+
+
 WAIT_CASES = [("step", "reward_length"), ("send", "obs_shape"), ("rollout", "obs_dtype")]
 WAIT_CASES += [("chunks", "seq"), ("rounds", "kind"), ("step", "kind")]
 
