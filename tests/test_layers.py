@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aps.transports",),
     ("aps.protocol", "aps.delivery", "aps.session", "aps._loop"),
     ("aps.sync", "aps.pg"),
-    ("aps.policy", "aps._numpy_heads", "aps._nature_cnn"),
+    ("aps.policy", "aps._agent_module", "aps._numpy_heads", "aps._nature_cnn"),
     (
         "aps.vector",
         "aps.worker",
