@@ -595,6 +595,14 @@ def replay(rollout: aps.Rollout, seed: int, envs: int) -> np.ndarray:
     return np.stack(seen)
 
 
+def stack_learner(num_workers: int = 1, **kwargs: Any) -> aps.Learner:
+    """A learner over TCP on loopback for the frame-stack workers of these tests."""
+    return aps.Learner(
+        TCP, num_workers=num_workers, timeouts=FAST, policy=POLICY, autoreset_mode="SameStep",
+        **kwargs,
+    )  # fmt: skip
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("setting", ["zstd", "none-codec"])
 async def test_detach_chunks_travel_as_newest_frames_and_equal_the_envs(
@@ -603,14 +611,7 @@ async def test_detach_chunks_travel_as_newest_frames_and_equal_the_envs(
     if setting == "none-codec":
         # The learner asks for zstd, but neither side can import it: frame delta alone.
         monkeypatch.setattr(compression, "available", lambda: ())
-    async with aps.Learner(
-        TCP,
-        num_workers=1,
-        timeouts=FAST,
-        policy=POLICY,
-        autoreset_mode="SameStep",
-        compression="zstd",
-    ) as learner:
+    async with stack_learner(compression="zstd") as learner:
         one = worker(learner.url)
         tasks = [asyncio.create_task(one.run())]
         try:
@@ -645,14 +646,7 @@ async def test_detach_chunks_travel_as_newest_frames_and_equal_the_envs(
 async def test_the_handshake_settles_frame_delta_for_both_ends(
     learner_kwargs: dict[str, Any], worker_kwargs: dict[str, Any], expected: str
 ) -> None:
-    async with aps.Learner(
-        TCP,
-        num_workers=1,
-        timeouts=FAST,
-        policy=POLICY,
-        autoreset_mode="SameStep",
-        **learner_kwargs,
-    ) as learner:
+    async with stack_learner(**learner_kwargs) as learner:
         one = worker(learner.url, **worker_kwargs)
         tasks = [asyncio.create_task(one.run())]
         try:
@@ -680,15 +674,7 @@ SOCKET_LIES = [
 async def test_a_lying_worker_is_its_own_protocol_error_and_the_honest_one_goes_on(
     tamper: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with aps.Learner(
-        TCP,
-        num_workers=2,
-        timeouts=FAST,
-        policy=POLICY,
-        autoreset_mode="SameStep",
-        compression="zstd",
-        on_worker_lost="drop",
-    ) as learner:
+    async with stack_learner(num_workers=2, compression="zstd", on_worker_lost="drop") as learner:
         honest = worker(learner.url)
         tasks = [asyncio.create_task(honest.run())]
         async with asyncio.timeout(20):
@@ -787,15 +773,7 @@ def test_the_benchmark_part_runs_and_reports_every_encoding(tmp_path: Path) -> N
 
 @pytest.mark.timeout(60)
 async def test_under_raise_the_lie_is_a_protocol_error_naming_the_peer_and_the_value() -> None:
-    async with aps.Learner(
-        TCP,
-        num_workers=1,
-        timeouts=FAST,
-        policy=POLICY,
-        autoreset_mode="SameStep",
-        compression="zstd",
-        on_worker_lost="raise",
-    ) as learner:
+    async with stack_learner(compression="zstd", on_worker_lost="raise") as learner:
         bad = worker(learner.url, LyingWorker, tamper="fewer_newest_than_the_mask")
         tasks = [asyncio.create_task(bad.run())]
         try:
