@@ -352,3 +352,22 @@ def test_a_suite_replot_without_runs_writes_a_pending_page_and_nothing_else(tmp_
     from experiments.nigt.protocol import CLAIMS
 
     assert len(verdicts) == len(CLAIMS) and all(line.endswith("| pending |") for line in verdicts)
+
+
+@pytest.mark.parametrize(
+    ("ratios", "expected"),
+    [
+        ([0.5, 0.6, 0.7], "0.60 (0.54, 0.66), 3 seeds"),
+        ([0.0, 0.0, 0.5], "0.00 (0.00, 0.30), 3 seeds; the baseline never reached the target on 2"),
+        (
+            [0.5, float("inf"), float("inf")],
+            "inf (0.50, inf), 3 seeds; the paper's method never reached it on 2",
+        ),
+    ],
+)
+def test_a_ratio_says_which_side_never_reached_the_target(
+    ratios: list[float], expected: str
+) -> None:
+    from experiments.nigt.protocol import show
+
+    assert show(ratios) == expected
