@@ -83,6 +83,9 @@ def test_the_wheel_holds_the_package_alone(wheel: Path) -> None:
     assert "aps/py.typed" in names  # mypy users see the annotations
     assert "aps/__init__.py" in names and "aps/cli.py" in names
     assert metadata["Name"] == DISTRIBUTION and metadata["Version"] == aps.__version__
+    # The license the metadata declares travels with the wheel, as MIT requires.
+    assert metadata["License-Expression"] == "MIT" and metadata["License-File"] == "LICENSE"
+    assert f"aps_rl-{aps.__version__}.dist-info/licenses/LICENSE" in names
     assert "aps = aps.cli:main" in entry_points
 
 
