@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--torch-threads", type=int, default=1, help="learner's torch threads")
+    p.add_argument(
+        "--cuda",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train on the learner's GPU if torch sees one (workers act on their CPUs)",
+    )
     p.add_argument("--env-id", default="Pong-v5", help="EnvPool id; ale uses ALE/<id>")
     p.add_argument("--backend", default="envpool", choices=("envpool", "ale"))
     p.add_argument("--mode", default="detach", choices=("lockstep", "detach"))
@@ -85,7 +91,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
     p.add_argument("--final-episodes", type=int, default=20, help="mean return over these")
-    p.add_argument("--json", default=None, help="write the final figures to this JSON file")
+    p.add_argument("--json", default=None, help="write the figures to this JSON file")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop after the iteration that passes this wall time (the learning rate still "
+        "anneals over --total-timesteps); the JSON says complete: false",
+    )
     args = p.parse_args(argv)
     args.num_envs = args.workers * args.envs_per_worker
     args.batch_size = args.num_envs * args.num_steps
@@ -173,7 +186,7 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns; ``dones[t]`` means step t ended its episode."""
     advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros(rewards.shape[1])
+    lastgaelam = torch.zeros(rewards.shape[1], device=rewards.device)
     for t in reversed(range(rewards.shape[0])):
         nextvalues = next_value if t == rewards.shape[0] - 1 else values[t + 1]
         nextnonterminal = 1.0 - dones[t]
@@ -235,26 +248,32 @@ def ppo_update(
 
 
 def lockstep_rollout(
-    args: argparse.Namespace, envs: Any, agent: NatureCNN, state: dict[str, Any]
+    args: argparse.Namespace,
+    envs: Any,
+    agent: NatureCNN,
+    state: dict[str, Any],
+    device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """CleanRL's rollout: the learner acts, the workers step."""
     shape = envs.single_observation_space.shape
-    obs = torch.zeros((args.num_steps, args.num_envs, *shape), dtype=torch.uint8)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.int64)
-    logprobs = torch.zeros((args.num_steps, args.num_envs))
-    rewards = torch.zeros((args.num_steps, args.num_envs))
-    dones = torch.zeros((args.num_steps, args.num_envs))
-    values = torch.zeros((args.num_steps, args.num_envs))
+    steps, n = args.num_steps, args.num_envs
+    obs = torch.zeros((steps, n, *shape), dtype=torch.uint8, device=device)
+    actions = torch.zeros((steps, n), dtype=torch.int64, device=device)
+    logprobs = torch.zeros((steps, n), device=device)
+    rewards = torch.zeros((steps, n), device=device)
+    dones = torch.zeros((steps, n), device=device)
+    values = torch.zeros((steps, n), device=device)
     next_obs = state["next_obs"]
     for step in range(args.num_steps):
         obs[step] = next_obs
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
         actions[step], logprobs[step], values[step] = action, logprob, value.flatten()
-        next_obs_np, reward, terminations, truncations, infos = envs.step(action.numpy())
-        rewards[step] = torch.as_tensor(np.sign(reward), dtype=torch.float32)
-        dones[step] = torch.as_tensor(np.logical_or(terminations, truncations), dtype=torch.float32)
-        next_obs = torch.as_tensor(next_obs_np)
+        next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+        rewards[step] = torch.as_tensor(np.sign(reward), dtype=torch.float32, device=device)
+        done = np.logical_or(terminations, truncations)
+        dones[step] = torch.as_tensor(done, dtype=torch.float32, device=device)
+        next_obs = torch.as_tensor(next_obs_np, device=device)
         if "episode" in infos:
             for i in np.flatnonzero(infos["_episode"]):
                 state["returns"].append(float(infos["episode"]["r"][i]))
@@ -274,7 +293,11 @@ def lockstep_rollout(
 
 
 def detach_rollout(
-    args: argparse.Namespace, envs: aps.ClusterEnv, agent: NatureCNN, state: dict[str, Any]
+    args: argparse.Namespace,
+    envs: aps.ClusterEnv,
+    agent: NatureCNN,
+    state: dict[str, Any],
+    device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """The workers act with their versions; the learner's critic values the states."""
     envs.publish(agent)  # aps: a new version; the sync strategy decides who gets it
@@ -282,20 +305,73 @@ def detach_rollout(
     state["returns"].extend(float(r) for r in b.episode_return)
     state["episodes"] += len(b.episode_return)
     state["lags"].append(float(b.lag.mean()))
-    obs = torch.as_tensor(b.obs)
+    obs = torch.as_tensor(b.obs, device=device)
     with torch.no_grad():
         flat = obs.reshape((-1, *obs.shape[2:]))
         values = agent.get_value(flat).reshape(obs.shape[:2])
-        next_value = agent.get_value(torch.as_tensor(b.next_obs)).reshape(-1)
+        next_value = agent.get_value(torch.as_tensor(b.next_obs, device=device)).reshape(-1)
+    done = b.terminated | b.truncated
     return {
         "obs": obs,
-        "actions": torch.as_tensor(b.actions, dtype=torch.int64),
-        "logprobs": torch.as_tensor(b.logprob),  # behaviour log-probs: the version that acted
-        "rewards": torch.as_tensor(np.sign(b.reward), dtype=torch.float32),
-        "dones": torch.as_tensor(b.terminated | b.truncated, dtype=torch.float32),
+        "actions": torch.as_tensor(b.actions, dtype=torch.int64, device=device),
+        # behaviour log-probs: the version that acted
+        "logprobs": torch.as_tensor(b.logprob, device=device),
+        "rewards": torch.as_tensor(np.sign(b.reward), dtype=torch.float32, device=device),
+        "dones": torch.as_tensor(done, dtype=torch.float32, device=device),
         "values": values,
         "next_value": next_value,
     }
+
+
+def report(
+    args: argparse.Namespace,
+    agent: NatureCNN,
+    metrics: Any,
+    state: dict[str, Any],
+    device: torch.device,
+    *,
+    complete: bool,
+) -> dict[str, Any]:
+    """The run's figures so far; written to ``--json`` after every iteration."""
+    global_step, elapsed = (state["curve"][-1][:2]) if state["curve"] else (0, 0.0)
+    return {
+        "example": "ppo_atari",
+        "env_id": args.env_id,
+        "backend": args.backend,
+        "mode": args.mode,
+        "sync": args.sync if args.mode == "detach" else None,
+        "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
+        "seed": args.seed,
+        "workers": args.workers,
+        "envs_per_worker": args.envs_per_worker,
+        "compression": args.compression,
+        "device": device.type,
+        "total_timesteps": args.total_timesteps,
+        "complete": complete,  # False: cut short by --max-seconds or not finished yet
+        "global_step": global_step,
+        "seconds": elapsed,
+        "sps": global_step / elapsed if elapsed else 0.0,
+        "episodes": state["episodes"],
+        "final_episodes": len(state["returns"]),
+        "final_return": float(np.mean(state["returns"])) if state["returns"] else None,
+        "bytes_per_version": sum(t.numel() * t.element_size() for t in agent.state_dict().values()),
+        "versions": metrics.version,
+        "syncs": metrics.syncs,
+        "weight_bytes": metrics.weight_bytes,
+        "lag_mean": float(np.mean(state["lags"])) if state["lags"] else 0.0,
+        # APS: each worker's last measured KL(its version || the newest), in nats
+        "last_divergences": [w.divergences[-1] for w in metrics.workers if w.divergences],
+        "curve": [
+            {"step": step, "seconds": sec, "return": ret, "weight_bytes": wb}
+            for step, sec, ret, wb in state["curve"]
+        ],
+    }
+
+
+def write_json(path: str | None, result: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -303,31 +379,33 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     cluster = make_envs(args)
     envs: Any = cluster
     if args.mode == "lockstep":
         envs = gym.wrappers.vector.RecordEpisodeStatistics(cluster)
     try:
-        agent = NatureCNN(envs)
+        agent = NatureCNN(envs).to(device)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         state: dict[str, Any] = {
             "returns": collections.deque(maxlen=args.final_episodes),
             "lags": [],
             "episodes": 0,
+            "curve": [],  # (env-steps, seconds, mean return, weight bytes) per iteration
         }
-        global_step = 0
+        global_step, done = 0, False
         start_time = time.perf_counter()
         next_obs, _ = envs.reset(seed=args.seed)
-        state["next_obs"] = torch.as_tensor(next_obs)
+        state["next_obs"] = torch.as_tensor(next_obs, device=device)
         for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
             if args.mode == "lockstep":
-                r = lockstep_rollout(args, envs, agent, state)
+                r = lockstep_rollout(args, envs, agent, state, device)
             else:
-                r = detach_rollout(args, cluster, agent, state)
+                r = detach_rollout(args, cluster, agent, state, device)
             global_step += args.batch_size
             advantages, returns = gae(args, r["rewards"], r["dones"], r["values"], r["next_value"])
             stats = ppo_update(
@@ -341,49 +419,28 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 returns.reshape(-1),
                 r["values"].reshape(-1),
             )
-            sps = global_step / (time.perf_counter() - start_time)
-            mean_return = np.mean(state["returns"]) if state["returns"] else float("nan")
+            elapsed = time.perf_counter() - start_time
+            mean_return = float(np.mean(state["returns"])) if state["returns"] else None
             metrics = cluster.metrics
+            state["curve"].append((global_step, elapsed, mean_return, metrics.weight_bytes))
             print(
                 f"iteration {iteration}/{args.num_iterations} step {global_step} "
-                f"return {mean_return:.1f} | {sps:,.0f} env-steps/s | "
+                f"return {'n/a' if mean_return is None else f'{mean_return:.1f}'} | "
+                f"{global_step / elapsed:,.0f} env-steps/s | "
                 f"weights {metrics.weight_bytes / 1e6:.1f} MB in {metrics.syncs} syncs | "
                 f"approx_kl {stats['approx_kl']:.4f}",
                 flush=True,
             )
-        elapsed = time.perf_counter() - start_time
+            done = iteration == args.num_iterations
+            out_of_time = args.max_seconds is not None and elapsed >= args.max_seconds
+            write_json(args.json, report(args, agent, metrics, state, device, complete=done))
+            if out_of_time and not done:
+                print(f"stopping: --max-seconds {args.max_seconds} passed", flush=True)
+                break
         metrics = cluster.metrics
     finally:
         envs.close()
-    bytes_per_version = sum(t.numel() * t.element_size() for t in agent.state_dict().values())
-    result = {
-        "example": "ppo_atari",
-        "env_id": args.env_id,
-        "backend": args.backend,
-        "mode": args.mode,
-        "sync": args.sync if args.mode == "detach" else None,
-        "seed": args.seed,
-        "workers": args.workers,
-        "envs_per_worker": args.envs_per_worker,
-        "compression": args.compression,
-        "global_step": global_step,
-        "seconds": elapsed,
-        "sps": global_step / elapsed,
-        "episodes": state["episodes"],
-        "final_episodes": len(state["returns"]),
-        "final_return": float(np.mean(state["returns"])) if state["returns"] else None,
-        "bytes_per_version": bytes_per_version,
-        "versions": metrics.version,
-        "syncs": metrics.syncs,
-        "weight_bytes": metrics.weight_bytes,
-        "lag_mean": float(np.mean(state["lags"])) if state["lags"] else 0.0,
-        # APS: each worker's last measured KL(its version || the newest), in nats
-        "last_divergences": [w.divergences[-1] for w in metrics.workers if w.divergences],
-    }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return report(args, agent, metrics, state, device, complete=done)
 
 
 def main(argv: list[str] | None = None) -> None:
