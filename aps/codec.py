@@ -427,6 +427,18 @@ _ATOMS: dict[object, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def _origin(hint: object) -> object:
+    """``typing.get_origin``, seeing through type aliases.
+
+    NumPy 2.3 and later define ``NDArray`` with a ``type`` statement, so the origin of
+    ``NDArray[Any]`` is the alias, whose ``__value__`` names ``np.ndarray``.
+    """
+    origin = typing.get_origin(hint)
+    while origin is not None and hasattr(origin, "__value__"):
+        origin = typing.get_origin(origin.__value__) or origin.__value__
+    return origin
+
+
 def _field_for(name: str, hint: object) -> _Field:
     if hint is Any:
         return _Field(name, _ANY, lambda v: True, "any plain data")
@@ -444,7 +456,7 @@ def _field_for(name: str, hint: object) -> _Field:
     checks: list[Callable[[Any], bool]] = []
     words: list[str] = []
     for option in options:
-        if option is np.ndarray or typing.get_origin(option) is np.ndarray:
+        if option is np.ndarray or _origin(option) is np.ndarray:
             checks.append(_is_array)
             words.append("a numpy array")
         elif option in _ATOMS:

@@ -811,3 +811,17 @@ def test_float_annotations_accept_ints_but_int_excludes_bool() -> None:
     assert int_field.check(1) and not int_field.check(True) and not int_field.check(1.0)
     with pytest.raises(TypeError, match="cannot carry a field annotated"):
         codec._field_for("x", list[int])
+
+
+def test_array_annotations_through_a_type_alias_are_arrays() -> None:
+    # NumPy 2.3 and later define NDArray with a `type` statement: NDArray[Any] is then an
+    # alias whose value names np.ndarray, and messages annotated with it must still load.
+    typing_extensions = pytest.importorskip("typing_extensions")
+    scalar = typing_extensions.TypeVar("scalar")
+    alias = typing_extensions.TypeAliasType(
+        "alias", np.ndarray[tuple[Any, ...], np.dtype[scalar]], type_params=(scalar,)
+    )
+    field = codec._field_for("reward", alias[Any])
+    assert field.check(np.zeros(2)) and not field.check([0.0, 0.0])
+    optional = codec._field_for("final_obs", alias[Any] | None)
+    assert optional.check(None) and optional.check(np.zeros(2)) and not optional.check(1)
