@@ -46,6 +46,11 @@ SEED_KEYS = (
     "seed", "final_return", "global_step", "complete", "seconds", "sps", "syncs", "versions",
     "weight_bytes", "lag_mean",
 )  # fmt: skip
+# What the runs themselves say they were; the rest of the setup is in the command.
+CONFIG_KEYS = (
+    "env_id", "backend", "workers", "envs_per_worker", "total_timesteps", "kl_threshold",
+    "device",
+)  # fmt: skip
 
 
 def random_returns(env_id: str, backend: str, episodes: int, seed: int) -> list[float]:
@@ -113,16 +118,33 @@ def run_one(args: argparse.Namespace, sync: str, seed: int, extra: Sequence[str]
     return out
 
 
+def return_at(curve: Sequence[dict[str, Any]], step: int) -> float | None:
+    """The mean return of the last iteration that ended by env-step ``step``, or None."""
+    value = None
+    for row in curve:
+        if row["step"] <= step and row["return"] is not None:
+            value = float(row["return"])
+    return value
+
+
 def summarize(runs: Sequence[dict[str, Any]], random: Sequence[float]) -> dict[str, Any]:
-    """Per strategy: the interval of final returns, the seeds, the bytes; and the verdicts."""
+    """Per strategy: the interval of final returns, the seeds, the bytes; and the verdicts.
+
+    Runs cut short by time end at different env-steps, so the return is also given at the
+    fewest env-steps any run reached (``common_step``), read off each run's curve.
+    """
     by_sync: dict[str, list[dict[str, Any]]] = {}
     for run in sorted(runs, key=lambda r: (r["sync"], r["seed"])):
         by_sync.setdefault(run["sync"], []).append(run)
     random_ci = mean_interval(list(random))
+    common_step = min((r["global_step"] for r in runs), default=0)
     strategies = {}
     for sync, group in by_sync.items():
         strategies[sync] = {
             "return": mean_interval([r["final_return"] for r in group]),
+            "return_at_common_step": mean_interval(
+                [return_at(r["curve"], common_step) for r in group]
+            ),
             "weight_bytes": mean_interval([float(r["weight_bytes"]) for r in group]),
             "seeds": [{key: r.get(key) for key in SEED_KEYS} for r in group],
         }
@@ -143,6 +165,7 @@ def summarize(runs: Sequence[dict[str, Any]], random: Sequence[float]) -> dict[s
         ratio = aps_s["weight_bytes"]["mean"] / always["weight_bytes"]["mean"]
     return {
         "random": {**random_ci, "episodes": len(random)},
+        "common_step": common_step,
         "strategies": strategies,
         "weight_bytes_ratio": ratio,
         "verdicts": verdicts,
@@ -163,9 +186,9 @@ def table(report: dict[str, Any]) -> str:
 
     lines = [
         "| policy | final return, mean (95% CI) | per seed: return @ env-steps "
-        "| weights sent, MB |",
-        "|---|---:|---|---:|",
-        f"| random | {ci(summary['random'])} over {summary['random']['episodes']} episodes | | |",
+        f"| return at {summary['common_step']:,} env-steps | weights sent, MB |",
+        "|---|---:|---|---:|---:|",
+        f"| random | {ci(summary['random'])} over {summary['random']['episodes']} episodes | | | |",
     ]
     for sync, s in summary["strategies"].items():
         seeds = ", ".join(
@@ -174,7 +197,8 @@ def table(report: dict[str, Any]) -> str:
             for x in s["seeds"]
         )
         lines.append(
-            f"| {sync} | {ci(s['return'])} | {seeds} | {ci(s['weight_bytes'], '.0f', 1e6)} |"
+            f"| {sync} | {ci(s['return'])} | {seeds} | {ci(s['return_at_common_step'])} "
+            f"| {ci(s['weight_bytes'], '.0f', 1e6)} |"
         )
     v, ratio = summary["verdicts"], summary["weight_bytes_ratio"]
     word = {True: "yes", False: "no", None: "not measured"}
@@ -186,6 +210,34 @@ def table(report: dict[str, Any]) -> str:
         f"- APS's mean return inside always-sync's interval: {word[v['return']]}",
     ]
     return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Each run's mean return against env-steps, one colour per strategy; the random band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours: dict[str, str] = {}
+    for name, curve in report["curves"].items():
+        sync = name.rsplit("-", 1)[0]
+        colour = colours.setdefault(sync, f"C{len(colours)}")
+        points = [(row["step"], row["return"]) for row in curve if row["return"] is not None]
+        if points:
+            steps, returns = zip(*points, strict=True)
+            ax.plot(steps, returns, color=colour, label=sync if name.endswith("-1") else None)
+    random = report["summary"]["random"]
+    if random["mean"] is not None:
+        ax.axhspan(random["low"], random["high"], color="grey", alpha=0.3, label="random")
+    ax.set_xlabel("env-steps")
+    ax.set_ylabel("mean return, last 20 episodes")
+    ax.set_title(f"{', '.join(report['config']['env_id'])}: DETACH PPO, one line per seed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -238,22 +290,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": run["command"],
         "date": run["date"],
         "machine": run["machine"],
-        "config": {
-            "env_id": args.env_id,
-            "backend": args.backend,
-            "workers": args.workers,
-            "envs_per_worker": args.envs_per_worker,
-            "total_timesteps": args.total_timesteps,
-            "max_seconds": args.max_seconds,
-            "extra": extra,
-            "devices": sorted({r.get("device", "cpu") for r in runs}),
-        },
+        "config": {key: sorted({str(r.get(key)) for r in runs}) for key in CONFIG_KEYS},
         "missing": missing,
         "summary": summarize(runs, run["random"]),
         "curves": {f"{r['sync']}-{r['seed']}": r["curve"] for r in runs},
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, args.json.with_suffix(".png"))
     print(table(report))
     if missing:
         print(f"missing runs: {', '.join(missing)}")

@@ -1,8 +1,9 @@
 """The workloads results page: markdown tables from the JSON the benchmarks save.
 
-Reads what ``benchmarks/cluster.py`` (the CartPole table over seeds, and ``--workload pong``)
-and ``benchmarks/ppo_end_to_end.py`` wrote, and writes one page of tables. Every figure on
-the page comes from those files; a file that is missing is named on the page, not guessed.
+Reads what ``benchmarks/cluster.py`` (the CartPole table over seeds, and ``--workload pong``),
+``benchmarks/ppo_end_to_end.py`` and ``benchmarks/atari_learning.py`` wrote, and writes one
+page of tables. Every figure on the page comes from those files; a file that is missing is
+named on the page, not guessed.
 
     python benchmarks/results_page.py        # the INPUTS below, into docs/results/workloads.md
     python benchmarks/results_page.py --inputs a.json b.json --out /tmp/workloads.md
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import atari_learning
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PAGE = RESULTS.parent.parent / "docs" / "results" / "workloads.md"
 # The runs the page quotes, each written by the command saved inside it.
@@ -25,6 +28,7 @@ INPUTS = (
     "cluster-seeds-100mbit.json",
     "cluster-pong.json",
     "ppo_end_to_end-mujoco.json",
+    "atari-learning-breakout.json",
 )
 
 
@@ -162,11 +166,18 @@ def page(paths: Sequence[Path]) -> str:
             continue
         report = json.loads(path.read_text())
         kind = report.get("benchmark", "ppo_end_to_end" if "samples" in report else "cluster")
-        title = {"cluster": "Emulated cluster", "ppo_end_to_end": "PPO end to end"}.get(kind, kind)
+        title = {
+            "cluster": "Emulated cluster",
+            "ppo_end_to_end": "PPO end to end",
+            "atari_learning": "Learning from pixels",
+        }.get(kind, kind)
         parts += [f"## {title} ({path.name})", ""]
         if report.get("command") or report.get("date"):
             parts += [f"`{report.get('command', '')}`, {report.get('date', 'undated')}", ""]
-        parts.append(cluster_tables(report) if kind == "cluster" else end_to_end_tables(report))
+        if kind == "atari_learning":
+            parts += [atari_learning.table(report), ""]
+        else:
+            parts.append(cluster_tables(report) if kind == "cluster" else end_to_end_tables(report))
     return "\n".join(parts).rstrip() + "\n"
 
 

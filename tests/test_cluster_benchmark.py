@@ -290,7 +290,8 @@ def test_compression_costs_against_the_plain_run() -> None:
     assert pixels["none"]["learner_cpu_per_mb"] == pytest.approx(0.0)
 
 
-def test_results_page_from_synthetic_json(tmp_path: Path) -> None:
+def test_results_page_from_synthetic_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the page imports its siblings
     cluster = load()
     spec = importlib.util.spec_from_file_location(
         "results_page", ROOT / "benchmarks" / "results_page.py"
