@@ -43,7 +43,9 @@ gives env-steps/s, the bytes per env-step each way (the learner's interface coun
 its namespace, headers included) and the CPU seconds of the learner and of the workers;
 against the ``none`` run at the same rate, the extra CPU per MB of frames is compression's
 cost on each side. Settings other than ``none`` need an aps with ``compression=``; without
-it they are skipped, saying so.
+it they are skipped, saying so. ``--pixel-modes`` picks the modes; ``--rounds N`` runs every
+mode and setting N times, rounds outermost so the settings interleave, and reports each
+setting's median env-steps/s with the (min, max) of its ratio to ``none`` in the same round.
 
 Needs Linux, root, ``ip`` and ``tc``; otherwise it says why and exits 0 (skipped).
 
@@ -52,6 +54,8 @@ Needs Linux, root, ``ip`` and ``tc``; otherwise it says why and exits 0 (skipped
     sudo .venv/bin/python benchmarks/cluster.py --overlap-weights  # transfers hidden
     sudo .venv/bin/python benchmarks/cluster.py --seeds 1,2,3,4,5 --rates 20mbit
     sudo .venv/bin/python benchmarks/cluster.py --workload pong --compressions none,zstd
+    sudo .venv/bin/python benchmarks/cluster.py --workload pong --rates 1gbit \
+        --pixel-modes lockstep --compressions none,auto,lz4 --rounds 5
     sudo .venv/bin/python benchmarks/cluster.py --quick  # tiny budgets, 1 seed, 1 rate
 
 ``benchmarks/results_page.py`` turns the JSON into the tables of the results page.
@@ -437,12 +441,17 @@ def compression_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     The MB are the frames' bytes as ``none`` carried them (bytes in per env-step there, times
     this run's env-steps); the CPU is this run's CPU seconds minus ``none``'s, scaled to this
-    run's env-steps. Without a ``none`` run of the same rate and mode the figures are None.
+    run's env-steps. Without a ``none`` run of the same rate, mode and round the figures are
+    None.
     """
-    plain = {(r["rate"], r["mode"]): r for r in rows if r["compression"] == "none"}
+
+    def key(r: dict[str, Any]) -> tuple[str, str, int]:
+        return r["rate"], r["mode"], r.get("round", 0)
+
+    plain = {key(r): r for r in rows if r["compression"] == "none"}
     costed = []
     for row in rows:
-        base = plain.get((row["rate"], row["mode"]))
+        base = plain.get(key(row))
         extra: dict[str, Any] = {"wire_ratio_in": None, "learner_cpu_per_mb": None}
         extra["workers_cpu_per_mb"] = None
         if base is not None and base["bytes_in_per_step"] > 0:
@@ -455,6 +464,39 @@ def compression_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     extra[f"{side}_cpu_per_mb"] = (own - ref * scale) / megabytes
         costed.append({**row, **extra})
     return costed
+
+
+def pixel_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rate, mode and setting: median env-steps/s over the rounds, and its ratio to
+    ``none``'s in the same round (the median, min and max of those per-round ratios)."""
+    plain = {
+        (r["rate"], r["mode"], r.get("round", 0)): r["sps"]
+        for r in rows
+        if r["compression"] == "none"
+    }
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["rate"], row["mode"], row["compression"]), []).append(row)
+    summary = []
+    for (rate, mode, compression), group in groups.items():
+        ratios = [
+            r["sps"] / plain[(rate, mode, r.get("round", 0))]
+            for r in group
+            if plain.get((rate, mode, r.get("round", 0)))
+        ]
+        summary.append(
+            {
+                "rate": rate,
+                "mode": mode,
+                "compression": compression,
+                "rounds": len(group),
+                "sps_median": statistics.median(r["sps"] for r in group),
+                "vs_none_median": statistics.median(ratios) if ratios else None,
+                "vs_none_min": min(ratios, default=None),
+                "vs_none_max": max(ratios, default=None),
+            }
+        )
+    return summary
 
 
 def time_to(curve: list[dict[str, Any]], target: float) -> float | None:
@@ -630,6 +672,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pixel-env", default="Pong-v5")
     parser.add_argument("--pixel-vector", default="envpool", help="the workers' --vector")
     parser.add_argument("--pixel-steps", type=int, default=None, help="lockstep, 300 (quick 20)")
+    parser.add_argument("--pixel-modes", default="lockstep,detach", help="pixel workload")
+    parser.add_argument("--rounds", type=int, default=1, help="pixel workload: interleaved")
     parser.add_argument(
         "--pixel-timesteps", type=int, default=None, help="DETACH, 65536 (quick 2048)"
     )
@@ -670,6 +714,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown compressions {unknown}; choose from {', '.join(COMPRESSIONS)}")
     args.compression_list = compressions
+    args.pixel_mode_list = args.pixel_modes.split(",")
+    unknown = [m for m in args.pixel_mode_list if m not in ("lockstep", "detach")]
+    if unknown:
+        parser.error(f"unknown --pixel-modes {unknown}; choose from lockstep, detach")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     args.rate_list = args.rates.split(",")
     for rate in args.rate_list:
         try:
@@ -706,13 +756,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         for rate in args.rate_list:
             with Cluster(rate, args.workers) as cluster:
                 if args.workload == "pong":
-                    modes = ["lockstep"] + (["detach"] if PIXEL_EXAMPLE.exists() else [])
-                    if not PIXEL_EXAMPLE.exists():
+                    modes = args.pixel_mode_list
+                    if "detach" in modes and not PIXEL_EXAMPLE.exists():
                         print(f"{rate}: no {PIXEL_EXAMPLE.name} here; lockstep pixel runs only")
-                    for mode in modes:
-                        for compression in args.compression_list:
-                            pixels.append(pixel_run(cluster, mode, compression, args, logs))
-                            print(f"{rate} pixels: {pixels[-1]}", flush=True)
+                        modes = [m for m in modes if m != "detach"]
+                    for round_ in range(args.rounds):  # rounds outermost: settings interleave
+                        for mode in modes:
+                            for compression in args.compression_list:
+                                row = pixel_run(cluster, mode, compression, args, logs)
+                                pixels.append({**row, "round": round_})
+                                print(f"{rate} pixels: {pixels[-1]}", flush=True)
                     continue
                 lockstep.append(lockstep_run(cluster, args, logs))
                 print(f"{rate} lockstep: {lockstep[-1]}", flush=True)
@@ -741,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "aggregate": aggregate(rows),
         "lockstep": lockstep,
         "pixels": compression_costs(pixels),
+        "pixel_rounds": pixel_rounds(pixels),
         "curves": {
             rate: {
                 strategy: {str(seed): f["curve"] for seed, f in by_seed.items()}

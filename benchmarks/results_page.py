@@ -115,6 +115,27 @@ def cluster_tables(report: dict[str, Any]) -> str:
                 f"{num(row['workers_cpu_per_mb'], '.3f')} |"
             )
         lines.append("")
+    rounds = report.get("pixel_rounds") or []
+    if any(row["rounds"] > 1 for row in rounds):
+        lines += [
+            "Over the rounds (settings interleaved in each): the median env-steps/s, and the "
+            "ratio to the uncompressed run of the same round, median (min, max).",
+            "",
+            "| rate | mode | compression | rounds | env-steps/s, median | vs none |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in rounds:
+            ratio = (
+                "n/a"
+                if row["vs_none_median"] is None
+                else f"{row['vs_none_median']:.2f} ({row['vs_none_min']:.2f}, "
+                f"{row['vs_none_max']:.2f})"
+            )
+            lines.append(
+                f"| {row['rate']} | {row['mode']} | {row['compression']} | {row['rounds']} | "
+                f"{row['sps_median']:,.0f} | {ratio} |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -290,6 +290,28 @@ def test_compression_costs_against_the_plain_run() -> None:
     assert pixels["none"]["learner_cpu_per_mb"] == pytest.approx(0.0)
 
 
+def test_pixel_rounds_compare_each_setting_with_none_in_the_same_round() -> None:
+    cluster = load()
+
+    def row(round_: int, compression: str, sps: float) -> dict[str, object]:
+        return {"rate": "1gbit", "mode": "lockstep", "compression": compression,
+                "sps": sps, "round": round_}  # fmt: skip
+
+    rows = [row(0, "none", 100.0), row(0, "zstd", 90.0), row(1, "none", 50.0)]
+    rows += [row(1, "zstd", 60.0), row(2, "none", 80.0), row(2, "zstd", 80.0)]
+    summary = {r["compression"]: r for r in cluster.pixel_rounds(rows)}
+    zstd = summary["zstd"]
+    assert zstd["rounds"] == 3 and zstd["sps_median"] == 80.0
+    # Per round 0.9, 1.2 and 1.0: the median ratio is not the ratio of the medians (80/80).
+    assert (zstd["vs_none_min"], zstd["vs_none_median"], zstd["vs_none_max"]) == (0.9, 1.0, 1.2)
+    assert summary["none"]["vs_none_median"] == 1.0
+    # Costs pair a run with the plain run of its own round.
+    with_cpu = [{**r, "env_steps": 100, "bytes_in_per_step": 10.0, "learner_cpu_s": 1.0,
+                 "workers_cpu_s": float(r["round"])} for r in rows]  # fmt: skip
+    costed = cluster.compression_costs(with_cpu)
+    assert all(c["workers_cpu_per_mb"] == 0.0 for c in costed)
+
+
 def test_results_page_from_synthetic_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the page imports its siblings
     cluster = load()
