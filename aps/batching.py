@@ -24,7 +24,16 @@ from gymnasium import spaces as gs
 from aps._typing import Array, Info
 from aps.errors import ConfigError, ProtocolError
 
-__all__ = ["check_batch", "check_part", "concat", "merge_infos", "split"]
+__all__ = [
+    "action_layout",
+    "batch_layout",
+    "check_batch",
+    "check_part",
+    "concat",
+    "merge_infos",
+    "misfit",
+    "split",
+]
 
 _ARRAY_SPACES = (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)
 _SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple"
@@ -126,6 +135,17 @@ def _concat(
     raise _unsupported(space)
 
 
+def batch_layout(space: gym.Space[Any], count: int) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    """The shape and dtype of a batch of ``count`` envs of an array space (``None``: not one).
+
+    What :func:`check_part` requires of such a batch, for a caller on a hot path to test
+    an ndarray against first (and call :func:`check_part` for anything else, or its error).
+    """
+    if not isinstance(space, _ARRAY_SPACES):
+        return None
+    return (count, *_shape(space)), _batch_dtype(space)
+
+
 def check_part(space: gym.Space[Any], part: Any, count: int, where: str) -> None:
     """Check that ``part`` is a batch of ``count`` envs of ``space`` (one worker's, say).
 
@@ -137,9 +157,9 @@ def check_part(space: gym.Space[Any], part: Any, count: int, where: str) -> None
             and what came.
         ConfigError: ``space`` is of an unsupported type.
     """
-    if isinstance(space, _ARRAY_SPACES):
-        shape = (count, *_shape(space))
-        dtype = _batch_dtype(space)
+    layout = batch_layout(space, count)
+    if layout is not None:
+        shape, dtype = layout
         if not (isinstance(part, np.ndarray) and part.shape == shape and part.dtype == dtype):
             raise ProtocolError(
                 f"{where} is {_describe(part)}, expected an array of shape {shape} and dtype "
@@ -214,6 +234,47 @@ def _split(space: gym.Space[Any], batch: Any, bounds: list[int], where: str) -> 
 # check_batch
 
 
+def action_layout(space: gym.Space[Any], num_envs: int) -> tuple[tuple[int, ...], str] | None:
+    """The one-array batches :func:`check_batch` accepts for ``num_envs`` envs of ``space``.
+
+    Returns:
+        ``(shape, kinds)``: a batch of an array space is an array of that shape whose
+        ``dtype.kind`` is one of ``kinds`` (numeric for ``Box``, integer or bool for the
+        others); :func:`check_batch` returns such an array as it is, so a caller on a hot
+        path may test an ndarray against this first and call :func:`check_batch` for
+        anything else. ``None`` for ``Dict``, ``Tuple`` and unsupported spaces.
+    """
+    if not isinstance(space, _ARRAY_SPACES):
+        return None
+    return (num_envs, *_shape(space)), "fiub" if isinstance(space, gs.Box) else "iub"
+
+
+def misfit(arrays: Sequence[tuple[str, Any, tuple[int, ...], str | None]]) -> str | None:
+    """Which of ``arrays`` is not what a peer must send; ``None`` when they all fit.
+
+    Each entry is ``(name, value, shape, kinds)``: ``value`` must be a numpy array of
+    ``shape`` whose ``dtype.kind`` is one of ``kinds`` (``None``: any dtype). The one rule for
+    the per-env arrays of an answer (a step's rewards, a chunk's ``(T, E)`` arrays), so that
+    every mode's error reads the same.
+
+    Returns:
+        For the first that does not fit: ``"NAME is an array of shape ... and dtype ...,
+        expected ..."``, for the caller to put after who sent it.
+    """
+    for name, value, shape, kinds in arrays:
+        if (
+            type(value) is not np.ndarray
+            or value.shape != shape
+            or (kinds is not None and value.dtype.kind not in kinds)
+        ):
+            wanted = "" if kinds is None else f" and {_KIND_NAMES.get(kinds, kinds)} dtype"
+            return f"{name} is {_describe(value)}, expected shape {shape}{wanted}"
+    return None
+
+
+_KIND_NAMES = {"b": "a bool", "fiu": "a numeric", "iub": "an integer or bool"}
+
+
 def check_batch(
     space: gym.Space[Any],
     value: Any,
@@ -256,13 +317,14 @@ def _check(space: gym.Space[Any], value: Any, num_envs: int, name: str, space_na
             raise ConfigError(
                 f"{name} cannot be turned into an array ({exc}); pass one action per env"
             ) from exc
-        expected = (num_envs, *_shape(space))
+        layout = action_layout(space, num_envs)
+        assert layout is not None  # an array space
+        expected, kinds = layout
         if array.shape != expected:
             raise ConfigError(
                 f"{name} has shape {array.shape}, expected {expected} = (num_envs,) + "
                 f"{space_name}.shape; pass one action per env"
             )
-        kinds = "fiub" if isinstance(space, gs.Box) else "iub"
         if array.dtype.kind not in kinds:
             wanted = "a numeric" if isinstance(space, gs.Box) else "an integer or bool"
             cast = space.dtype if isinstance(space, gs.Box) else "np.int64"

@@ -112,6 +112,7 @@ class Session:
         self._compression = "none"
         self._compressor: compression.Compressor | None = None
         self._frame_delta = False
+        self._encoding = compression.accepted("none", False)
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -168,7 +169,7 @@ class Session:
         Two sessions with the same encoding make the same frame of a message: a frame kept
         for a resend may be sent again as is where the encoding is unchanged.
         """
-        return compression.accepted(self._compression, self._frame_delta)
+        return self._encoding  # read per answer a worker keeps: made once, in compress()
 
     def compress(self, name: str, *, frame_delta: bool = False) -> None:
         """Compress with ``name`` from the next frame on, both ways (the handshake's choice).
@@ -182,6 +183,7 @@ class Session:
         self._compressor = compression.compressor(name)
         self._compression = name
         self._frame_delta = frame_delta
+        self._encoding = compression.accepted(name, frame_delta)
 
     def encode(self, message: Message) -> bytes:
         """``message`` as this session sends it: compressed as negotiated.

@@ -501,8 +501,8 @@ class Tampering(aps.Worker):
 @pytest.mark.parametrize(
     ("tamper", "named"),
     [
-        ("obs", "chunk whose obs has shape (29, 2, 4)"),
-        ("next_obs", "chunk whose next_obs has shape (4, 4)"),
+        ("obs", "chunk whose obs is an array of shape (29, 2, 4)"),
+        ("next_obs", "chunk whose next_obs is an array of shape (4, 4)"),
         ("episode_env", "episodes of envs outside its 2"),
         ("truncated_index", "not its truncated steps"),
     ],

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from aps.batching import misfit
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
 from aps.learner.pool import Mode, Remote, WorkerPool, expect
 from aps.learner.pump import Item, Pumps
@@ -186,20 +187,19 @@ class Detach:
             await self._send_weights(remote)
             return False
         slot = self._slot(remote)
-        measured: list[float] = []
 
         def divergence() -> float:
-            if not measured:
-                acted_on = slot.acted_on
-                # No chunk yet: nothing to measure on, so treat the worker as far away.
-                value = (
-                    math.inf
-                    if acted_on is None
-                    else versions.divergence(held, sample_states(acted_on, versions.max_states))
-                )
-                measured.append(value)
-                remote.metrics.divergences.append(value)
-            return measured[0]
+            # Measured once per decision: the context keeps the value (SyncContext.divergence
+            # calls this at most once), the metrics record it.
+            acted_on = slot.acted_on
+            # No chunk yet: nothing to measure on, so treat the worker as far away.
+            value = (
+                math.inf
+                if acted_on is None
+                else versions.divergence(held, sample_states(acted_on, versions.max_states))
+            )
+            remote.metrics.divergences.append(value)
+            return value
 
         context = SyncContext(
             worker_id=remote.info.worker_id,
@@ -215,10 +215,10 @@ class Detach:
             await self._send_weights(remote)
             self._prune()
             return False
-        slot.declined_all &= bool(measured)
+        slot.declined_all &= context.divergence_measured
         lag = versions.current - held
         if slot.declined_all and lag >= STALL_LAG and not remote.metrics.stalled:
-            self._stalled(remote, held, versions.current, measured[0])
+            self._stalled(remote, held, versions.current, context.divergence())
         return False
 
     def _stalled(self, remote: Remote, held: int, current: int, divergence: float) -> None:
@@ -275,36 +275,39 @@ class Detach:
     def _check_chunk(self, remote: Remote, message: RolloutChunk) -> None:
         info = remote.info
         steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
+        if steps < 1:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent a chunk whose reward has shape "
+                f"{message.reward.shape}, expected (T, {info.num_envs}) with T >= 1; the "
+                "worker is not a compatible aps worker"
+            )
         expected = (steps, info.num_envs)
-        for name in ("reward", "terminated", "truncated", "logprob"):
-            shape = getattr(message, name).shape
-            if steps < 1 or shape != expected:
-                raise ProtocolError(
-                    f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
-                    f"expected (T, {info.num_envs}); the worker is not a compatible aps worker"
-                )
         observation_space, _ = self._pool.require_workers()
         obs_shape = observation_space.shape or ()
-        shapes = {
-            "obs": (message.obs.shape, expected + obs_shape),
-            "next_obs": (message.next_obs.shape, (info.num_envs, *obs_shape)),
-            "actions": (message.actions.shape[:2], expected),
-        }
-        if message.value is not None:
-            shapes["value"] = (message.value.shape, expected)
         # One value per episode that ended: 1-d arrays of one length (-1 matches no shape).
         ended = message.episode_return
         episodes = (ended.shape[0] if ended.ndim == 1 else -1,)
-        shapes["episode_return"] = (message.episode_return.shape, episodes)
-        shapes["episode_length"] = (message.episode_length.shape, episodes)
-        shapes["episode_env"] = (message.episode_env.shape, episodes)
-        for name, (shape, wanted) in shapes.items():
-            if shape != wanted:
-                raise ProtocolError(
-                    f"worker {info.worker_id} sent a chunk whose {name} has shape {shape}, "
-                    f"expected {wanted} for {steps} steps of its {info.num_envs} envs; the "
-                    "worker is not a compatible aps worker"
-                )
+        arrays: list[tuple[str, Any, tuple[int, ...], str | None]] = [
+            (name, getattr(message, name), expected, None)
+            for name in ("reward", "terminated", "truncated", "logprob")
+        ]
+        arrays += [
+            ("obs", message.obs, expected + obs_shape, None),
+            ("next_obs", message.next_obs, (info.num_envs, *obs_shape), None),
+            ("episode_return", message.episode_return, episodes, None),
+            ("episode_length", message.episode_length, episodes, None),
+            ("episode_env", message.episode_env, episodes, None),
+        ]
+        if message.value is not None:
+            arrays.append(("value", message.value, expected, None))
+        bad = misfit(arrays)
+        if bad is None and message.actions.shape[:2] != expected:
+            bad = f"actions is an array of shape {message.actions.shape}, expected {expected} + ..."
+        if bad is not None:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent a chunk whose {bad}, for {steps} steps of its "
+                f"{info.num_envs} envs; the worker is not a compatible aps worker"
+            )
         dtype = observation_space.dtype
         for name in ("obs", "next_obs"):
             got = getattr(message, name).dtype

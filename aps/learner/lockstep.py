@@ -21,7 +21,16 @@ from gymnasium.vector import AutoresetMode
 
 from aps import codec
 from aps._typing import Array, Info
-from aps.batching import check_batch, check_part, concat, merge_infos, split
+from aps.batching import (
+    action_layout,
+    batch_layout,
+    check_batch,
+    check_part,
+    concat,
+    merge_infos,
+    misfit,
+    split,
+)
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
 from aps.learner.pool import FRESH_RESET, Mode, Remote, WorkerPool, expect
 from aps.messages import (
@@ -61,6 +70,11 @@ class Lockstep:
         # (see _restarted_step); whichever mode resets their envs next ends that.
         self._reset_next: set[Remote] = set()
         pool.recovery.on_envs_reset(self._reset_next.discard)
+        # Worked out once from the spaces, which never change once known (see _check and
+        # _step_requests): the batch layout of each worker size's observations, and the
+        # action batches check_batch accepts as they are.
+        self._obs_layouts: dict[int, tuple[tuple[int, ...], np.dtype[Any]] | None] = {}
+        self._action_layouts: dict[int, tuple[tuple[int, ...], str] | None] = {}
 
     async def reset(
         self, *, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
@@ -195,25 +209,40 @@ class Lockstep:
         count = remote.info.num_envs
         if type(answer) is StepResult:
             shape = (count,)
-            # One test for the three arrays (this runs per worker and step); _bad_step says
-            # which one failed.
-            if not (
-                answer.reward.shape == shape
-                and answer.terminated.shape == shape
-                and answer.truncated.shape == shape
-                and answer.reward.dtype.kind in "fiu"
-                and answer.terminated.dtype.kind == "b"
-                and answer.truncated.dtype.kind == "b"
-            ):
-                raise _bad_step(remote, answer)
+            bad = misfit(
+                (
+                    ("reward", answer.reward, shape, "fiu"),
+                    ("terminated", answer.terminated, shape, "b"),
+                    ("truncated", answer.truncated, shape, "b"),
+                )
+            )
+            if bad is not None:
+                raise ProtocolError(
+                    f"worker {remote.info.worker_id} sent a step whose {bad}; the worker is "
+                    "not a compatible aps worker"
+                )
             what = "step"
         elif type(answer) is ResetResult:
             what = "reset"
         else:
             return
+        obs = answer.obs
+        # An array space's batch, tested here; the others (and the error) are check_part's.
+        try:
+            layout = self._obs_layouts[count]
+        except KeyError:
+            observation_space, _ = self._pool.require_workers()
+            layout = self._obs_layouts[count] = batch_layout(observation_space, count)
+        if (
+            layout is not None
+            and type(obs) is np.ndarray
+            and obs.shape == layout[0]
+            and obs.dtype == layout[1]
+        ):
+            return
         observation_space, _ = self._pool.require_workers()
         try:
-            check_part(observation_space, answer.obs, count, "obs")
+            check_part(observation_space, obs, count, "obs")
         except ProtocolError as exc:
             raise ProtocolError(
                 f"worker {remote.info.worker_id} sent a {what} whose {exc}; all workers must "
@@ -224,8 +253,30 @@ class Lockstep:
         self, remotes: Sequence[Remote], actions: Any, counts: Sequence[int]
     ) -> list[Request]:
         pool = self._pool
-        _, space = pool.require_workers()
-        batch = check_batch(space, actions, sum(counts))
+        total = sum(counts)
+        try:
+            layout = self._action_layouts[total]
+        except KeyError:
+            _, space = pool.require_workers()
+            layout = self._action_layouts[total] = action_layout(space, total)
+        parts: list[Any]
+        if (
+            layout is not None
+            and type(actions) is np.ndarray
+            and actions.shape == layout[0]
+            and actions.dtype.kind in layout[1]
+        ):
+            # check_batch's test for an array space (it returns such an array as it is),
+            # and split's cut of it into C-contiguous views.
+            batch = actions if actions.flags.c_contiguous else np.ascontiguousarray(actions)
+            parts = []
+            start = 0
+            for count in counts:
+                parts.append(batch[start : start + count])
+                start += count
+        else:
+            _, space = pool.require_workers()
+            parts = split(space, check_batch(space, actions, total), counts)
         # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
         # request is numbered by the outbox as it is built, so it is built only once.
         reset_next = self._reset_next
@@ -233,7 +284,7 @@ class Lockstep:
             FRESH_RESET
             if remote in reset_next or pool.needs_reset(remote)
             else remote.outbox.step(part)
-            for remote, part in zip(remotes, split(space, batch, counts), strict=True)
+            for remote, part in zip(remotes, parts, strict=True)
         ]
 
     def _step_results(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
@@ -272,10 +323,15 @@ class Lockstep:
             infos.append((offset, answer.info))
             counts.append(count)
             offset += count
-        observation_space, _ = self._pool.require_workers()
-        # Concatenating copies even a single worker's batch: users get writable arrays.
+        # Concatenating copies even a single worker's batch: users get writable arrays. Each
+        # part passed _check, so an array space's parts are joined without checking again.
+        if self._obs_layouts.get(counts[0]) is not None:
+            joined = np.concatenate(obs)
+        else:
+            observation_space, _ = self._pool.require_workers()
+            joined = concat(observation_space, obs, counts)
         return (
-            concat(observation_space, obs, counts),
+            joined,
             np.concatenate(reward),
             np.concatenate(terminated),
             np.concatenate(truncated),
@@ -429,21 +485,3 @@ class Lockstep:
         if tasks:
             await asyncio.wait(tasks)
             self._pool.leave(Mode.PARTIAL)
-
-
-def _bad_step(remote: Remote, answer: StepResult) -> ProtocolError:
-    """The error for a step answer whose rewards, terminations or truncations do not fit."""
-    count = remote.info.num_envs
-    for name, array, kinds in (
-        ("reward", answer.reward, "fiu"),
-        ("terminated", answer.terminated, "b"),
-        ("truncated", answer.truncated, "b"),
-    ):
-        if array.shape != (count,) or array.dtype.kind not in kinds:
-            return ProtocolError(
-                f"worker {remote.info.worker_id} sent a step whose {name} is an array of "
-                f"shape {array.shape} and dtype {array.dtype}, expected shape ({count},) "
-                f"and a {'bool' if kinds == 'b' else 'numeric'} dtype; the worker is not "
-                "a compatible aps worker"
-            )
-    raise AssertionError("called for a step that fits")

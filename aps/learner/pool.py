@@ -117,6 +117,9 @@ class _State:
     stream left open is still ended when the next operation begins."""
 
 
+_LEASES: dict[Mode, _State] = {mode: _State(mode) for mode in Mode if mode is not Mode.BROKEN}
+"""The state of each mode but the broken one, made once: a lease is taken per step."""
+
 SESSION_ID_SIZE = 16
 """Random bytes in a session id (what a worker resumes its session with)."""
 
@@ -201,7 +204,7 @@ class WorkerPool:
         self._gate: Gate | None = None
         self._admitting = 0
         self._next_id = 0
-        self._state = _State(Mode.IDLE)
+        self._state = _LEASES[Mode.IDLE]
         self._enders: dict[Mode, Callable[[], Awaitable[None]]] = {}
         self.closed = False
 
@@ -563,7 +566,7 @@ class WorkerPool:
             InvalidState: see :meth:`check`.
         """
         self.check(operation, running=running, every_worker=every_worker, verb=verb)
-        self._state = _State(mode)
+        self._state = _LEASES[mode]
 
     def on_abandon(self, mode: Mode, end: Callable[[], Awaitable[None]]) -> None:
         """Register how a mode the caller left open ends when another operation begins.
@@ -579,11 +582,15 @@ class WorkerPool:
 
         A mode a break interrupted is ended too: its holder still has it open.
         """
-        state = self._state
-        held = state.interrupted if state.mode is Mode.BROKEN else state.mode
-        end = None if held is None else self._enders.get(held)
+        end = self._abandoned()
         if end is not None:
             await end()
+
+    def _abandoned(self) -> Callable[[], Awaitable[None]] | None:
+        """How the mode holding the workers ends, if it registered how (see :meth:`on_abandon`)."""
+        state = self._state
+        held = state.interrupted if state.mode is Mode.BROKEN else state.mode
+        return None if held is None else self._enders.get(held)
 
     def leave(self, mode: Mode) -> None:
         """End the lease of ``mode`` (nothing if another mode holds the workers).
@@ -592,7 +599,7 @@ class WorkerPool:
         """
         state = self._state
         if state.mode is mode:
-            self._state = _State(Mode.IDLE)
+            self._state = _LEASES[Mode.IDLE]
         elif state.mode is Mode.BROKEN and state.interrupted is mode:
             self._state = dataclasses.replace(state, interrupted=None)
 
@@ -630,7 +637,7 @@ class WorkerPool:
             raise InvalidState(
                 f"this learner can no longer {verb or operation}: {broken}; start a new one"
             )
-        if self.dropped and every_worker:
+        if every_worker and self.slots.dropped:
             raise InvalidState(
                 f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
                 "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
@@ -666,7 +673,9 @@ class WorkerPool:
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        await self.end_abandoned()
+        end = self._abandoned()  # end_abandoned(), without a coroutine per step
+        if end is not None:
+            await end()
         self.enter(Mode.EXCHANGE, operation, running=running)
         try:
             return await self.requests.exchange(requests, operation, redo, before, after, check)

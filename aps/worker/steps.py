@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from aps.batching import check_batch
+from aps.batching import action_layout, check_batch
 from aps.delivery import ANSWERS, AnswerCache
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
@@ -39,14 +39,6 @@ from aps.vector import AnyVectorEnv
 from aps.worker.collector import Collector
 
 __all__ = ["StepServer"]
-
-_ARRAY_SPACES = (
-    gym.spaces.Box,
-    gym.spaces.Discrete,
-    gym.spaces.MultiDiscrete,
-    gym.spaces.MultiBinary,
-)
-"""The spaces whose batches :func:`~aps.batching.check_batch` checks as one array."""
 
 
 class StepServer:
@@ -74,11 +66,7 @@ class StepServer:
         self._answers: AnswerCache[tuple[Message, bytes, str]] = AnswerCache()
         # What check_batch accepts for an array action space, worked out once: the actions
         # of every step are still checked against it (they come from the network).
-        space = envs.single_action_space
-        self._action_layout: tuple[tuple[int, ...], str] | None = None
-        if isinstance(space, _ARRAY_SPACES) and space.shape is not None:
-            kinds = "fiub" if isinstance(space, gym.spaces.Box) else "iub"
-            self._action_layout = ((envs.num_envs, *space.shape), kinds)
+        self._action_layout = action_layout(envs.single_action_space, envs.num_envs)
 
     @property
     def served(self) -> int:
