@@ -27,6 +27,7 @@ INPUTS = (
     "cluster-seeds-20mbit.json",
     "cluster-seeds-100mbit.json",
     "cluster-pong.json",
+    "cluster-pong-1gbit-rounds.json",
     "ppo_end_to_end-mujoco.json",
     "atari-learning-breakout.json",
 )
