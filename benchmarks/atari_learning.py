@@ -281,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "run.json").write_text(json.dumps(run) + "\n")
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
             list(pool.map(lambda job: run_one(args, *job, extra), jobs))
+    if not (args.out / "run.json").exists():
+        raise SystemExit(f"no runs under {args.out}: run without --replot, or pass their --out")
     run = json.loads((args.out / "run.json").read_text())
     paths = [args.out / f"{args.env_id}-{sync}-{seed}.json" for sync, seed in jobs]
     runs = [json.loads(p.read_text()) for p in paths if p.exists()]
