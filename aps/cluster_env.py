@@ -1,13 +1,13 @@
 """The blocking facade: :class:`ClusterEnv`, a real :class:`gymnasium.vector.VectorEnv`.
 
 There is one implementation: the async :class:`~aps.learner.Learner`. ``ClusterEnv`` runs it
-on one private event-loop thread and waits for each call's result, so a CleanRL-style script
-changes one line to spread its envs over processes and machines.
+on one private event loop (:class:`aps._portal.Portal`: run by the caller's thread during each
+call, by a keeper thread between calls) and returns each call's result, so a CleanRL-style
+script changes one line to spread its envs over processes and machines.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import builtins
 import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
@@ -16,17 +16,16 @@ import dataclasses
 import itertools
 import logging
 import os
-import queue
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Generic, Literal, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from aps._loop import new_event_loop
+from aps._portal import Pending, Portal
 from aps._typing import Array, Info
 from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError
@@ -46,6 +45,7 @@ __all__ = ["ClusterEnv", "as_raised"]
 log = logging.getLogger("aps.cluster_env")
 
 T = TypeVar("T")
+X = TypeVar("X")
 
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
@@ -92,93 +92,6 @@ def as_raised(error: WorkerError) -> Exception:
         return error
     raised.__cause__ = error
     return raised
-
-
-class _Pending(Generic[T]):
-    """A coroutine started on the portal's loop, awaited from another thread."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        # A task plus a SimpleQueue is the cheapest hand-off measured between two threads
-        # here (about two thirds of run_coroutine_threadsafe's cost per call); it matters
-        # because every step crosses it twice.
-        self._loop = loop
-        self._done: queue.SimpleQueue[asyncio.Task[T]] = queue.SimpleQueue()
-        self._task: asyncio.Task[T] | None = None
-
-    def start(self, coroutine: Coroutine[Any, Any, T]) -> None:
-        """On the loop thread: run ``coroutine`` as a task."""
-        self._task = self._loop.create_task(coroutine)
-        self._task.add_done_callback(self._done.put)
-
-    def result(self) -> T:
-        """Block until the coroutine ends; return its result or raise its error.
-
-        Interrupting the wait (Ctrl-C) cancels the coroutine.
-        """
-        try:
-            return self._done.get().result()
-        except BaseException:
-            task = self._task
-            if task is not None and not task.done():
-                self._loop.call_soon_threadsafe(task.cancel)
-            raise
-
-
-class _Portal:
-    """One event loop on a private daemon thread, and a blocking way to run coroutines on it."""
-
-    def __init__(self, use_uvloop: bool | None) -> None:
-        self._pid = os.getpid()
-        self._loop = new_event_loop(use_uvloop)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="aps-loop", daemon=True)
-        self._thread.start()
-
-    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the loop thread and return its result (or raise its error).
-
-        Interrupting the wait (Ctrl-C) cancels the coroutine.
-        """
-        return self.submit(coroutine).result()
-
-    def submit(self, coroutine: Coroutine[Any, Any, T]) -> _Pending[T]:
-        """Start ``coroutine`` on the loop thread; the caller collects it with ``result()``.
-
-        Raises:
-            InvalidState: the portal is closed (its env was closed), the call comes from
-                the loop thread itself, or from a forked child of the process that made it.
-        """
-        if self.forked:
-            coroutine.close()
-            raise InvalidState(
-                f"this ClusterEnv belongs to process {self._pid}; process {os.getpid()} is a "
-                "fork of it, where its event loop and connections do not run; make a new "
-                "ClusterEnv in the child if it needs one"
-            )
-        if self._loop.is_closed():
-            coroutine.close()  # never awaited on purpose: no "was never awaited" warning
-            raise InvalidState("this ClusterEnv is closed; create a new one to step again")
-        if threading.current_thread() is self._thread:
-            coroutine.close()
-            raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
-        pending: _Pending[T] = _Pending(self._loop)
-        self._loop.call_soon_threadsafe(pending.start, coroutine)
-        return pending
-
-    @property
-    def forked(self) -> bool:
-        """Whether this is a copy in a forked child: the loop thread stayed in the parent."""
-        return os.getpid() != self._pid
-
-    def close(self) -> None:
-        """Stop the loop and join the thread; idempotent. In a forked child, nothing.
-
-        A child must not write to the loop's wake-up pipe: it is the parent's too.
-        """
-        if self.forked or self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
 
 
 _OPEN: set[ClusterEnv] = set()
@@ -271,7 +184,8 @@ class ClusterEnv(VectorEnv):
             mask})``), as in Gymnasium.
         timeouts: deadlines, see :class:`~aps.session.Timeouts`.
         insecure: allow a non-loopback address without a token.
-        use_uvloop: run the private loop on uvloop (default: when installed).
+        use_uvloop: run the private loop on uvloop. Default: asyncio's own loop, which
+            restarts faster in the caller's thread at every call (see :mod:`aps._portal`).
         policy: import path of a policy for worker-side inference (:meth:`rollout`).
         sync: when workers get newly published versions (:mod:`aps.sync`).
         launcher: starts the workers (``aps.launch.ray(...)``, ``aps.launch.slurm(...)``,
@@ -347,8 +261,8 @@ class ClusterEnv(VectorEnv):
         self._render_mode: object = _UNKNOWN
         # Why stepping is refused until the next reset (an env raised in a step or reset).
         self._out_of_step: str | None = None
-        self._pending_step: _Pending[tuple[Any, Array, Array, Array, Info]] | None = None
-        self._pending_rollout: _Pending[Rollout] | None = None
+        self._pending_step: Pending[tuple[Any, Array, Array, Array, Info]] | None = None
+        self._pending_rollout: Pending[Rollout] | None = None
         self._learner = Learner(
             listen,
             num_workers=num_workers,
@@ -367,7 +281,7 @@ class ClusterEnv(VectorEnv):
             compression=compression,
         )
         self._default_seed = _seed
-        self._portal = _Portal(use_uvloop)
+        self._portal = Portal(use_uvloop)
         try:
             self._portal.call(self._learner.start())  # starts the launcher too, once bound
             if on_listening is not None:
@@ -571,8 +485,9 @@ class ClusterEnv(VectorEnv):
         """Reset every env; see :meth:`aps.Learner.reset` (an int, or one seed per env)."""
         if seed is None:
             seed, self._default_seed = self._default_seed, None
-        pending = self._portal.submit(self._learner.reset(seed=seed, options=options))
-        result = self._batch_result(pending, "reset")
+        result = self._batch_result(
+            self._portal.call, self._learner.reset(seed=seed, options=options), "reset"
+        )
         if options is None or np.all(options.get("reset_mask", True)):
             self._out_of_step = None  # every env was reset: in step again
         return result
@@ -591,7 +506,7 @@ class ClusterEnv(VectorEnv):
         if self._pending_step is not None:
             raise InvalidState("step() called while a step_async() is pending; call step_wait()")
         self._check_in_step("step")
-        return self._batch_result(self._portal.submit(self._learner.step(actions)), "step")
+        return self._batch_result(self._portal.call, self._learner.step(actions), "step")
 
     def _check_in_step(self, operation: str) -> None:
         if self._out_of_step is not None:
@@ -601,10 +516,10 @@ class ClusterEnv(VectorEnv):
                 "refuses to go on too)"
             )
 
-    def _batch_result(self, pending: _Pending[T], operation: str) -> T:
-        """``pending``'s result; an env's error raised as Gymnasium's, and remembered."""
+    def _batch_result(self, wait: Callable[[X], T], on: X, operation: str) -> T:
+        """``wait(on)``; an env's error raised as Gymnasium's, and remembered."""
         try:
-            return pending.result()
+            return wait(on)
         except WorkerError as exc:
             self._out_of_step = (
                 f"an env on worker {exc.worker_id} raised {exc.remote_type} in the last "
@@ -642,7 +557,7 @@ class ClusterEnv(VectorEnv):
         pending, self._pending_step = self._pending_step, None
         if pending is None:
             raise InvalidState("step_wait() called without a step_async() before it")
-        return self._batch_result(pending, "step")
+        return self._batch_result(Pending.result, pending, "step")
 
     def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Make ``agent``'s weights a new policy version; see :meth:`aps.Learner.publish`."""
@@ -772,7 +687,7 @@ class ClusterEnv(VectorEnv):
         _OPEN.discard(self)
         if self._portal.forked:
             return
-        pending: _Pending[Any] | None
+        pending: Pending[Any] | None
         for pending in (self._pending_step, self._pending_rollout):
             if pending is not None:
                 with contextlib.suppress(Exception):  # closing: a failed last one changes nothing

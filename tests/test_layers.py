@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "aps.framing",
     ),
     ("aps.transports",),
-    ("aps.protocol", "aps.delivery", "aps.session", "aps._loop"),
+    ("aps.protocol", "aps.delivery", "aps.session", "aps._loop", "aps._portal"),
     ("aps.sync", "aps.pg"),
     ("aps.policy", "aps._agent_module", "aps._numpy_heads", "aps._nature_cnn"),
     (

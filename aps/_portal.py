@@ -1,0 +1,227 @@
+"""A blocking way into one event loop: the loop runs in the caller's thread during a call.
+
+:class:`~aps.ClusterEnv` is a blocking API over the async :class:`~aps.learner.Learner`. The
+obvious shape, a loop on a private thread that each call hands its coroutine to, pays two
+thread hand-offs per call; on a 2-core host a round trip between two Python threads costs
+about 40 µs, more than a tenth of a CartPole lockstep step (``benchmarks/portal.py``). So a
+blocking call here *borrows* the loop: the caller's thread runs it until the call's coroutine
+is done, which costs one restart of the loop (about 9 µs on asyncio's loop).
+
+Between calls the connections must still be served (heartbeats, handshakes, a step started
+by ``step_async``), so a keeper thread runs the loop whenever no caller has for
+:data:`GRACE` seconds, or at once when a coroutine was handed over to run in the background
+(:meth:`Portal.submit`) or a caller's thread cannot run it (another thread is running it, or
+the caller's thread runs an event loop of its own, as in Jupyter). A caller that finds the
+keeper running asks it to stop and waits: one hand-off after each pause of the caller, none
+in a tight loop of calls.
+
+Who runs the loop is one state, guarded by one condition: ``None``, the keeper, or the
+thread ident of the caller running it. Only the runner touches the loop, except
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, Generic, Literal, TypeVar
+
+from aps._loop import new_event_loop
+from aps.errors import InvalidState
+
+__all__ = ["GRACE", "Pending", "Portal"]
+
+T = TypeVar("T")
+
+GRACE = 0.01
+"""Seconds without a caller before the keeper runs the loop (and how often it looks).
+
+Short against every deadline a connection has (heartbeats and handshakes take seconds), long
+against the gap between two calls of a stepping loop.
+"""
+
+_KEEPER: Literal["keeper"] = "keeper"
+
+
+class Pending(Generic[T]):
+    """A coroutine handed over to run on the loop, awaited from another thread."""
+
+    def __init__(self, portal: Portal) -> None:
+        self._portal = portal
+        self._done: queue.SimpleQueue[asyncio.Task[T]] = queue.SimpleQueue()
+        self._task: asyncio.Task[T] | None = None
+
+    def start(self, coroutine: Coroutine[Any, Any, T]) -> None:
+        """On the loop: run ``coroutine`` as a task."""
+        self._task = task = self._portal.loop.create_task(coroutine)
+        task.add_done_callback(self._portal._finished)
+        task.add_done_callback(self._done.put)
+
+    def result(self) -> T:
+        """Block until the coroutine ends; return its result or raise its error.
+
+        Interrupting the wait (Ctrl-C) cancels the coroutine.
+        """
+        try:
+            return self._done.get().result()
+        except BaseException:
+            task = self._task
+            if task is not None and not task.done():
+                self._portal.loop.call_soon_threadsafe(task.cancel)
+            raise
+
+
+class Portal:
+    """One event loop for blocking callers: borrowed during calls, kept by a thread between."""
+
+    def __init__(self, use_uvloop: bool | None) -> None:
+        """Make the loop and start its keeper.
+
+        Args:
+            use_uvloop: ``True`` for uvloop. ``None`` (default) means asyncio's own loop:
+                the loop restarts in the caller's thread for every call, and uvloop's
+                restart in the main thread (it sets up its signal handling each time)
+                costs about three times asyncio's (``benchmarks/portal.py``).
+        """
+        self._pid = os.getpid()
+        self.loop = new_event_loop(bool(use_uvloop))
+        self._state = threading.Condition()
+        self._runner: int | Literal["keeper"] | None = None
+        self._wanting = 0  # callers waiting for the keeper to stop
+        self._handed = 0  # coroutines handed over and not done: the keeper must run them
+        self._left = 0.0  # when a caller last stopped running the loop (time.monotonic)
+        self._closing = False
+        self._keeper = threading.Thread(target=self._keep, name="aps-loop", daemon=True)
+        self._keeper.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop and return its result (or raise its error).
+
+        The caller's thread runs the loop meanwhile, unless it cannot (see the module).
+        Interrupting the call (Ctrl-C) cancels the coroutine.
+
+        Raises:
+            InvalidState: see :meth:`submit`.
+        """
+        self._check(coroutine)
+        if asyncio._get_running_loop() is not None:  # Jupyter's loop in this thread
+            return self.submit(coroutine).result()
+        me = threading.get_ident()
+        with self._state:
+            if self._runner == _KEEPER:
+                self._wanting += 1
+                try:
+                    self.loop.call_soon_threadsafe(self._keeper_stop)
+                    while self._runner == _KEEPER:
+                        self._state.wait()
+                except BaseException:  # interrupted before it started
+                    coroutine.close()
+                    raise
+                finally:
+                    self._wanting -= 1
+            borrowed = self._runner is None
+            if borrowed:
+                self._runner = me
+        if not borrowed:  # another thread's call runs the loop
+            return self.submit(coroutine).result()
+        loop = self.loop
+        task = loop.create_task(coroutine)
+        task.add_done_callback(lambda _: loop.stop() if threading.get_ident() == me else None)
+        try:
+            loop.run_forever()
+        finally:
+            done = task.done()
+            if not done:  # interrupted (Ctrl-C): the keeper sees the cancellation through
+                task.cancel()
+            with self._state:
+                self._runner = None
+                self._left = time.monotonic() if done else 0.0
+                if self._handed or not done:
+                    self._state.notify_all()
+        return task.result()
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> Pending[T]:
+        """Start ``coroutine`` on the loop now; the caller collects it with ``result()``.
+
+        The keeper runs the loop while the caller does other work.
+
+        Raises:
+            InvalidState: the portal is closed (its env was closed), the call comes from
+                a coroutine on the loop itself, or from a forked child of the process that
+                made it.
+        """
+        self._check(coroutine)
+        pending: Pending[T] = Pending(self)
+        with self._state:
+            self._handed += 1
+            self._state.notify_all()
+        self.loop.call_soon_threadsafe(pending.start, coroutine)
+        return pending
+
+    def _check(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        if self.forked:
+            coroutine.close()  # never awaited on purpose: no "was never awaited" warning
+            raise InvalidState(
+                f"this ClusterEnv belongs to process {self._pid}; process {os.getpid()} is a "
+                "fork of it, where its event loop and connections do not run; make a new "
+                "ClusterEnv in the child if it needs one"
+            )
+        if self.loop.is_closed() or self._closing:
+            coroutine.close()
+            raise InvalidState("this ClusterEnv is closed; create a new one to step again")
+        if asyncio._get_running_loop() is self.loop:
+            coroutine.close()
+            raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
+
+    def _finished(self, _: object) -> None:
+        """On the loop: a handed-over coroutine ended."""
+        with self._state:
+            self._handed -= 1
+
+    def _keeper_stop(self) -> None:
+        """On the loop: stop it if the keeper runs it (a caller wants it)."""
+        if threading.current_thread() is self._keeper:
+            self.loop.stop()
+
+    def _keep(self) -> None:
+        """The keeper thread: run the loop whenever no caller has for a while."""
+        with self._state:
+            while not self._closing:
+                idle = time.monotonic() - self._left >= GRACE
+                if self._runner is None and not self._wanting and (self._handed or idle):
+                    self._runner = _KEEPER
+                    self._state.release()
+                    try:
+                        self.loop.run_forever()
+                    finally:
+                        self._state.acquire()
+                        self._runner = None
+                        self._state.notify_all()
+                else:
+                    # A timed wait, not a notification: a caller that leaves the loop does
+                    # not wake this thread, which would cost a hand-off per call.
+                    self._state.wait(GRACE)
+
+    @property
+    def forked(self) -> bool:
+        """Whether this is a copy in a forked child: the keeper stayed in the parent."""
+        return os.getpid() != self._pid
+
+    def close(self) -> None:
+        """Stop the keeper and close the loop; idempotent. In a forked child, nothing.
+
+        A child must not write to the loop's wake-up pipe: it is the parent's too.
+        """
+        if self.forked or self.loop.is_closed():
+            return
+        with self._state:
+            self._closing = True
+            if self._runner == _KEEPER:
+                self.loop.call_soon_threadsafe(self._keeper_stop)
+            self._state.notify_all()
+        self._keeper.join()
+        self.loop.close()
