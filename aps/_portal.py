@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Coroutine
@@ -45,6 +46,10 @@ against the gap between two calls of a stepping loop.
 """
 
 _KEEPER: Literal["keeper"] = "keeper"
+
+
+def _wake() -> None:
+    """A callback that does nothing: scheduling it wakes a sleeping selector."""
 
 
 class Pending(Generic[T]):
@@ -95,6 +100,8 @@ class Portal:
         self._handed = 0  # coroutines handed over and not done: the keeper must run them
         self._left = 0.0  # when a caller last stopped running the loop (time.monotonic)
         self._closing = False
+        self._task: asyncio.Task[Any] | None = None  # a borrowed call's, in the main thread
+        self._interrupted = False  # its Ctrl-C arrived
         self._keeper = threading.Thread(target=self._keep, name="aps-loop", daemon=True)
         self._keeper.start()
 
@@ -132,7 +139,7 @@ class Portal:
         task = loop.create_task(coroutine)
         task.add_done_callback(lambda _: loop.stop() if threading.get_ident() == me else None)
         try:
-            loop.run_forever()
+            self._run(task)
         finally:
             done = task.done()
             if not done:  # interrupted (Ctrl-C): the keeper sees the cancellation through
@@ -143,6 +150,40 @@ class Portal:
                 if self._handed or not done:
                     self._state.notify_all()
         return task.result()
+
+    def _run(self, task: asyncio.Task[Any]) -> None:
+        """Run the loop in this thread until ``task`` is done (its callback stops the loop).
+
+        In the main thread under Python's own SIGINT handler, Ctrl-C cancels the task at its
+        next ``await``, as ``asyncio.Runner`` does, and ``KeyboardInterrupt`` is raised once
+        the task has ended: raised where the signal lands, it could stop the learner's code
+        halfway through an update. A second Ctrl-C raises at once. A program's own SIGINT
+        handler is left in place.
+        """
+        loop = self.loop
+        if threading.current_thread() is not threading.main_thread():
+            loop.run_forever()
+            return
+        self._task, self._interrupted = task, False
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            if previous is not signal.default_int_handler:
+                signal.signal(signal.SIGINT, previous)
+            loop.run_forever()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            self._task = None
+        if self._interrupted:
+            raise KeyboardInterrupt
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        """SIGINT during a borrowed call in the main thread: cancel its task (see ``_run``)."""
+        task = self._task
+        if task is None or task.done() or self._interrupted:
+            raise KeyboardInterrupt
+        self._interrupted = True
+        task.cancel()
+        self.loop.call_soon_threadsafe(_wake)  # the selector may be asleep
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> Pending[T]:
         """Start ``coroutine`` on the loop now; the caller collects it with ``result()``.

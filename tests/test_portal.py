@@ -9,6 +9,8 @@ and that interrupting, closing and misuse end cleanly. Every wait has a deadline
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -153,6 +155,66 @@ def test_an_interrupted_call_cancels_its_coroutine(portal: Portal) -> None:
         portal.call(long())
     assert cancelled.wait(WAIT), "the interrupted coroutine was not cancelled"
     assert portal.call(_thread_ident()) == threading.get_ident()
+
+
+def _send_sigint(after: threading.Event | float) -> threading.Thread:
+    """Send this process SIGINT from another thread, after a delay or an event."""
+
+    def send() -> None:
+        if isinstance(after, threading.Event):
+            after.wait(WAIT)
+        else:
+            time.sleep(after)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_cancels_the_coroutine_at_an_await_then_raises(portal: Portal) -> None:
+    steps: list[str] = []
+
+    async def long() -> None:
+        steps.append("started")
+        try:
+            await asyncio.sleep(WAIT)
+        except asyncio.CancelledError:
+            steps.append("cancelled at the await")
+            raise
+
+    sender = _send_sigint(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        portal.call(long())
+    sender.join(WAIT)
+    # Cancelled inside the call, at its await, before KeyboardInterrupt reached the caller.
+    assert steps == ["started", "cancelled at the await"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert portal.call(_thread_ident()) == threading.get_ident()
+
+
+def test_a_second_ctrl_c_raises_at_once(portal: Portal) -> None:
+    first = threading.Event()
+    ended = threading.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(WAIT)
+        except asyncio.CancelledError:
+            first.set()
+        try:
+            await asyncio.sleep(WAIT)  # ignores the first cancellation
+        finally:
+            ended.set()
+
+    first_sender = _send_sigint(0.05)
+    second_sender = _send_sigint(first)
+    with pytest.raises(KeyboardInterrupt):
+        portal.call(stubborn())
+    first_sender.join(WAIT)
+    second_sender.join(WAIT)
+    assert ended.wait(WAIT), "the coroutine left behind was not cancelled"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_close_ends_the_keeper_and_refuses_later_calls(portal: Portal) -> None:
