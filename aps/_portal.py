@@ -5,7 +5,8 @@ obvious shape, a loop on a private thread that each call hands its coroutine to,
 thread hand-offs per call; on a 2-core host a round trip between two Python threads costs
 about 40 µs, more than a tenth of a CartPole lockstep step (``benchmarks/portal.py``). So a
 blocking call here *borrows* the loop: the caller's thread runs it until the call's coroutine
-is done, which costs one restart of the loop (about 9 µs on asyncio's loop).
+is done, which costs one restart of the loop (about 9 µs on asyncio's loop) and, in the main
+thread, a swap of the SIGINT handler so that Ctrl-C cancels the call cleanly (about 1 µs).
 
 Between calls the connections must still be served (heartbeats, handshakes, a step started
 by ``step_async``), so a keeper thread runs the loop whenever no caller has for
@@ -23,6 +24,7 @@ thread ident of the caller running it. Only the runner touches the loop, except
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import queue
 import signal
@@ -46,6 +48,16 @@ against the gap between two calls of a stepping loop.
 """
 
 _KEEPER: Literal["keeper"] = "keeper"
+
+# signal.signal wraps CPython's _signal.signal to turn handler numbers into enum members,
+# which costs about 3 µs a call here (an Enum lookup that fails inside); every borrowed call
+# in the main thread swaps the SIGINT handler twice, so it calls the C function where the
+# interpreter has one (it has no type stubs, hence import_module). Both take and return the
+# same handlers.
+try:
+    _set_handler: Any = importlib.import_module("_signal").signal
+except (ImportError, AttributeError):
+    _set_handler = signal.signal
 
 
 def _wake() -> None:
@@ -165,13 +177,13 @@ class Portal:
             loop.run_forever()
             return
         self._task, self._interrupted = task, False
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        previous = _set_handler(signal.SIGINT, self._on_sigint)
         try:
             if previous is not signal.default_int_handler:
-                signal.signal(signal.SIGINT, previous)
+                _set_handler(signal.SIGINT, previous)
             loop.run_forever()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            _set_handler(signal.SIGINT, previous)
             self._task = None
         if self._interrupted:
             raise KeyboardInterrupt
