@@ -5,8 +5,8 @@ obvious shape, a loop on a private thread that each call hands its coroutine to,
 thread hand-offs per call; on a 2-core host a round trip between two Python threads costs
 about 40 µs, more than a tenth of a CartPole lockstep step (``benchmarks/portal.py``). So a
 blocking call here *borrows* the loop: the caller's thread runs it until the call's coroutine
-is done, which costs one restart of the loop (about 9 µs on asyncio's loop) and, in the main
-thread, a swap of the SIGINT handler so that Ctrl-C cancels the call cleanly (about 1 µs).
+is done, which costs one restart of the loop and, in the main thread, a swap of the SIGINT
+handler so that Ctrl-C cancels the call cleanly: about 8 µs a call on asyncio's loop.
 
 Between calls the connections must still be served (heartbeats, handshakes, a step started
 by ``step_async``), so a keeper thread runs the loop whenever no caller has for
@@ -64,6 +64,21 @@ def _wake() -> None:
     """A callback that does nothing: scheduling it wakes a sleeping selector."""
 
 
+async def _stop_after(
+    coroutine: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, runner: int
+) -> T:
+    """Await ``coroutine``, then stop ``loop`` if thread ``runner`` still runs it.
+
+    Stopping from inside the task, rather than from its done callback, ends the borrowed run
+    in the loop's turn that finishes the task: one turn (and one ``select``) fewer per call.
+    """
+    try:
+        return await coroutine
+    finally:
+        if threading.get_ident() == runner:
+            loop.stop()
+
+
 class Pending(Generic[T]):
     """A coroutine handed over to run on the loop, awaited from another thread."""
 
@@ -108,7 +123,8 @@ class Portal:
         """
         self._pid = os.getpid()
         self.loop = new_event_loop(bool(use_uvloop))
-        self._state = threading.Condition()
+        self._lock = threading.Lock()  # entered directly where no wait or notify is needed
+        self._state = threading.Condition(self._lock)
         self._runner: int | Literal["keeper"] | None = None
         self._wanting = 0  # callers waiting for the keeper to stop
         self._handed = 0  # coroutines handed over and not done: the keeper must run them
@@ -132,7 +148,7 @@ class Portal:
         if asyncio._get_running_loop() is not None:  # Jupyter's loop in this thread
             return self.submit(coroutine).result()
         me = threading.get_ident()
-        with self._state:
+        with self._lock:
             if self._runner == _KEEPER:
                 self._wanting += 1
                 try:
@@ -149,16 +165,14 @@ class Portal:
                 self._runner = me
         if not borrowed:  # another thread's call runs the loop
             return self.submit(coroutine).result()
-        loop = self.loop
-        task = loop.create_task(coroutine)
-        task.add_done_callback(lambda _: loop.stop() if threading.get_ident() == me else None)
+        task = self.loop.create_task(_stop_after(coroutine, self.loop, me))
         try:
             self._run(task)
         finally:
             done = task.done()
             if not done:  # interrupted (Ctrl-C): the keeper sees the cancellation through
                 task.cancel()
-            with self._state:
+            with self._lock:
                 self._runner = None
                 self._left = time.monotonic() if done else 0.0
                 if self._handed or not done:
