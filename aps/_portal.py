@@ -119,7 +119,7 @@ class Portal:
             use_uvloop: ``True`` for uvloop. ``None`` (default) means asyncio's own loop:
                 the loop restarts in the caller's thread for every call, and uvloop's
                 restart in the main thread (it sets up its signal handling each time)
-                costs about three times asyncio's (``benchmarks/portal.py``).
+                costs several times asyncio's (``benchmarks/portal.py``).
         """
         self._pid = os.getpid()
         self.loop = new_event_loop(bool(use_uvloop))
@@ -180,7 +180,7 @@ class Portal:
         return task.result()
 
     def _run(self, task: asyncio.Task[Any]) -> None:
-        """Run the loop in this thread until ``task`` is done (its callback stops the loop).
+        """Run the loop in this thread until ``task`` is done (it stops the loop as it ends).
 
         In the main thread under Python's own SIGINT handler, Ctrl-C cancels the task at its
         next ``await``, as ``asyncio.Runner`` does, and ``KeyboardInterrupt`` is raised once
