@@ -131,7 +131,7 @@ def step(calls: int, rounds: int, workers: int, envs: int) -> dict[str, Any]:
 
     The hand-off steps the uvloop env through ``Portal.submit(...).result()``: the keeper
     thread runs the loop and each step crosses threads twice, as every blocking call did
-    before the loop was borrowed.
+    before the loop was borrowed (plus a lock and a notify the old portal did not take).
     """
     rng = np.random.default_rng(0)
     actions = [rng.integers(0, 2, size=workers * envs) for _ in range(64)]
