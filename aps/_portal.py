@@ -123,7 +123,7 @@ class Portal:
         """
         self._pid = os.getpid()
         self.loop = new_event_loop(bool(use_uvloop))
-        self._lock = threading.Lock()  # entered directly where no wait or notify is needed
+        self._lock = threading.Lock()  # the condition's lock; `with` on it skips a Python frame
         self._state = threading.Condition(self._lock)
         self._runner: int | Literal["keeper"] | None = None
         self._wanting = 0  # callers waiting for the keeper to stop
@@ -144,8 +144,9 @@ class Portal:
         Raises:
             InvalidState: see :meth:`submit`.
         """
-        self._check(coroutine)
-        if asyncio._get_running_loop() is not None:  # Jupyter's loop in this thread
+        running = asyncio._get_running_loop()
+        self._check(coroutine, running)
+        if running is not None:  # Jupyter's loop in this thread
             return self.submit(coroutine).result()
         me = threading.get_ident()
         with self._lock:
@@ -194,9 +195,12 @@ class Portal:
             return
         self._task, self._interrupted = task, False
         previous = _set_handler(signal.SIGINT, self._on_sigint)
+        if previous is not signal.default_int_handler:  # the program's own: leave it be
+            _set_handler(signal.SIGINT, previous)
+            self._task = None
+            loop.run_forever()
+            return
         try:
-            if previous is not signal.default_int_handler:
-                _set_handler(signal.SIGINT, previous)
             loop.run_forever()
         finally:
             _set_handler(signal.SIGINT, previous)
@@ -223,7 +227,7 @@ class Portal:
                 a coroutine on the loop itself, or from a forked child of the process that
                 made it.
         """
-        self._check(coroutine)
+        self._check(coroutine, asyncio._get_running_loop())
         pending: Pending[T] = Pending(self)
         with self._state:
             self._handed += 1
@@ -231,7 +235,10 @@ class Portal:
         self.loop.call_soon_threadsafe(pending.start, coroutine)
         return pending
 
-    def _check(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+    def _check(
+        self, coroutine: Coroutine[Any, Any, Any], running: asyncio.AbstractEventLoop | None
+    ) -> None:
+        """Refuse a call from a fork, after close, or from this loop (``running``) itself."""
         if self.forked:
             coroutine.close()  # never awaited on purpose: no "was never awaited" warning
             raise InvalidState(
@@ -242,7 +249,7 @@ class Portal:
         if self.loop.is_closed() or self._closing:
             coroutine.close()
             raise InvalidState("this ClusterEnv is closed; create a new one to step again")
-        if asyncio._get_running_loop() is self.loop:
+        if running is self.loop:
             coroutine.close()
             raise InvalidState("a blocking ClusterEnv method was called from its own event loop")
 

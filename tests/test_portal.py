@@ -227,3 +227,15 @@ def test_close_ends_the_keeper_and_refuses_later_calls(portal: Portal) -> None:
         portal.call(_thread_ident())
     with pytest.raises(InvalidState, match="closed"):
         portal.submit(_thread_ident())
+
+
+def test_a_programs_own_sigint_handler_is_left_in_place(portal: Portal) -> None:
+    def own(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        assert portal.call(_thread_ident()) == threading.get_ident()
+        assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, previous)
