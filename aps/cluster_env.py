@@ -19,7 +19,7 @@ import os
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, Self, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -697,6 +697,18 @@ class ClusterEnv(VectorEnv):
             self._portal.call(self._shutdown())
         finally:
             self._portal.close()
+
+    def __enter__(self) -> Self:
+        """``with ClusterEnv.local(...) as envs:`` closes the envs as the block ends.
+
+        Gymnasium's ``Env`` has this; its ``VectorEnv`` (1.x) does not.
+        """
+        return self
+
+    def __exit__(self, *exc_info: object) -> Literal[False]:
+        """Close the envs; an error raised in the block propagates."""
+        self.close()
+        return False
 
     def __repr__(self) -> str:
         return f"ClusterEnv(num_envs={getattr(self, 'num_envs', '?')}, closed={self.closed})"

@@ -117,6 +117,22 @@ def test_is_a_gymnasium_vector_env() -> None:
     envs.close()  # idempotent
 
 
+def test_with_block_closes_the_envs_and_lets_its_error_through() -> None:
+    with aps.ClusterEnv.local("CartPole-v1", num_workers=2, transport="tcp") as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+    assert envs.closed
+    with pytest.raises(aps.InvalidState, match="closed"):
+        envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+
+    with (
+        pytest.raises(ZeroDivisionError),
+        aps.ClusterEnv.local("CartPole-v1", num_workers=1, transport="memory") as failing,
+    ):
+        1 / 0
+    assert failing.closed
+
+
 def test_local_seed_makes_the_first_reset_reproducible() -> None:
     envs = aps.ClusterEnv.local(
         "CartPole-v1", num_workers=2, envs_per_worker=2, transport="memory", seed=4
