@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import threading
@@ -193,13 +194,35 @@ def step(calls: int, rounds: int, workers: int, envs: int) -> dict[str, Any]:
             env.close()
     base = per_call["await Learner.step, uvloop"]
     ratios = {name: [b / us for b, us in zip(base, v, strict=True)] for name, v in per_call.items()}
+    same_loop = [
+        b / us
+        for b, us in zip(
+            per_call["await Learner.step, asyncio"],
+            per_call["ClusterEnv.step, asyncio (default)"],
+            strict=True,
+        )
+    ]
     return {
         "workers": workers,
         "envs_per_worker": envs,
         "us_per_call": per_call,
         "ratio_per_round": ratios,  # the await loop on uvloop's µs over each way's, per round
         "median_ratio": {name: statistics.median(r) for name, r in ratios.items()},
+        "median_ratio_95ci": {name: median_interval(r) for name, r in ratios.items()},
+        # ClusterEnv's default against the await loop on the same (asyncio's) loop
+        "same_loop_ratio_per_round": same_loop,
+        "same_loop_median_ratio": statistics.median(same_loop),
+        "same_loop_median_ratio_95ci": median_interval(same_loop),
     }
+
+
+def median_interval(values: Sequence[float], resamples: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of ``values`` (fixed seed: reruns agree)."""
+    draw = random.Random(0)
+    medians = sorted(
+        statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples)
+    )
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,13 +256,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = statistics.median(stepped["us_per_call"]["await Learner.step, uvloop"])
     ceiling = base / (base + handoff["floor"])
     print(f"{ENV} {args.workers} x {args.envs}, µs per step and the await loop on uvloop's")
-    print("µs over each way's (median of the same-round ratios, min-max):")
+    print("µs over each way's (median of the same-round ratios, min-max, 95% interval):")
     for name, us in stepped["us_per_call"].items():
         ratios = stepped["ratio_per_round"][name]
+        low, high = stepped["median_ratio_95ci"][name]
         print(
             f"  {name:36} {statistics.median(us):8.1f}   {statistics.median(ratios):.2f} "
-            f"({min(ratios):.2f}-{max(ratios):.2f})"
+            f"({min(ratios):.2f}-{max(ratios):.2f}; 95% interval of the median "
+            f"{low:.2f}-{high:.2f})"
         )
+    low, high = stepped["same_loop_median_ratio_95ci"]
+    print(
+        "ClusterEnv.step against the await loop on the same (asyncio's) loop: "
+        f"{stepped['same_loop_median_ratio']:.2f} (95% interval {low:.2f}-{high:.2f})"
+    )
     print(f"crossing threads once each way would allow at most {ceiling:.2f}")
     if args.json:
         record = {

@@ -51,4 +51,7 @@ def test_portal_benchmark_reports_every_handoff_and_both_step_loops(
     assert set(step["us_per_call"]) == set(portal.STEPPERS)
     assert all(len(us) == 2 for us in step["us_per_call"].values())
     assert step["ratio_per_round"]["await Learner.step, uvloop"] == [1.0, 1.0]
+    for low, high in [*step["median_ratio_95ci"].values(), step["same_loop_median_ratio_95ci"]]:
+        assert 0 < low <= high
+    assert len(step["same_loop_ratio_per_round"]) == 2
     assert 0 < record["ceiling"] < 1
