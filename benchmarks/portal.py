@@ -18,7 +18,10 @@ This script measures, in one run:
   alternating windows five ways (:data:`STEPPERS`): ``ClusterEnv.step`` on each loop, a
   hand-off per step on uvloop (the design before the loop was borrowed), and an await loop
   of ``Learner.step`` on each env's own loop (``ClusterEnv.call_learner``). Each is
-  reported against the await loop on uvloop, the fastest way aps steps.
+  reported against the await loop on uvloop, the fastest way aps steps, and the default
+  ``ClusterEnv`` also against the await loop on its own loop: the median of the same-round
+  ratios with a 95% bootstrap interval (many short windows narrow it more than few long
+  ones: the host's load drifts less within a round).
 
 The ceiling a design that crosses threads once each way could reach is
 ``await_step / (await_step + floor)``; it is printed with the ratios.
