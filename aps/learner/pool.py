@@ -538,11 +538,6 @@ class WorkerPool:
         return self._state.mode
 
     @property
-    def busy(self) -> bool:
-        """An operation (a step, a stream, gradient mode) is using the workers."""
-        return self._state.mode not in (Mode.IDLE, Mode.BROKEN)
-
-    @property
     def broken(self) -> ApsError | None:
         """Why the workers can no longer be used together, once that happened (for good)."""
         return self._state.error
