@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import pathlib
 import shutil
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Callable
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,6 +25,18 @@ FAST = aps.Timeouts(
 
 TEST_POLICIES = (f"{pathlib.Path(__file__).with_name('agents.py')}:*",)
 """The policies the tests' workers may run: the agents of tests/agents.py."""
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@contextlib.contextmanager
+def benchmark_module(name: str) -> Iterator[ModuleType]:
+    """Import ``benchmarks/<name>.py`` as the scripts import each other: as a top-level module."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 @pytest.fixture

@@ -13,25 +13,18 @@ import ast
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from tests.conftest import BENCHMARKS, benchmark_module
 
 
 @pytest.fixture(scope="module")
 def contenders() -> Iterator[ModuleType]:
-    # The benchmarks import each other as top-level modules, as when run as scripts.
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contenders as module
-
+    with benchmark_module("contenders") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def alive(pid: int) -> bool:

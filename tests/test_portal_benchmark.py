@@ -7,25 +7,19 @@ hand-off it names was measured and that both sides of the step comparison ran ev
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from tests.conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def portal() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import portal as module
-
+    with benchmark_module("portal") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 @pytest.mark.timeout(180)
