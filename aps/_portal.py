@@ -60,6 +60,20 @@ except (ImportError, AttributeError):
     _set_handler = signal.signal
 
 
+_pid = os.getpid()
+"""This process's id, refreshed in a forked child: the fork check of every call reads it
+instead of asking the kernel (``os.getpid`` is a system call)."""
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # where there is no fork, the id never changes
+    os.register_at_fork(after_in_child=_refresh_pid)
+
+
 def _wake() -> None:
     """A callback that does nothing: scheduling it wakes a sleeping selector."""
 
@@ -121,7 +135,7 @@ class Portal:
                 restart in the main thread (it sets up its signal handling each time)
                 costs several times asyncio's (``benchmarks/portal.py``).
         """
-        self._pid = os.getpid()
+        self._pid = _pid
         self.loop = new_event_loop(bool(use_uvloop))
         self._lock = threading.Lock()  # the condition's lock; `with` on it skips a Python frame
         self._state = threading.Condition(self._lock)
@@ -285,7 +299,7 @@ class Portal:
     @property
     def forked(self) -> bool:
         """Whether this is a copy in a forked child: the keeper stayed in the parent."""
-        return os.getpid() != self._pid
+        return _pid != self._pid
 
     def close(self) -> None:
         """Stop the keeper and close the loop; idempotent. In a forked child, nothing.
