@@ -592,18 +592,22 @@ async def test_idle_websocket_connections_are_capped_before_the_upgrade() -> Non
 
 
 @pytest.mark.parametrize(
-    ("kind", "name", "args"),
+    ("kind", "name", "args", "kwargs"),
     [
-        ("get_attr", "__class__", ()),
-        ("get_attr", "_np_random", ()),
-        ("call", "__reduce__", ()),
-        ("set_attr", "_elapsed_steps", ()),
-        ("call", "get_wrapper_attr", ("__dict__",)),
-        ("call", "set_wrapper_attr", ("_max_episode_steps", 10**9)),
+        ("get_attr", "__class__", (), None),
+        ("get_attr", "_np_random", (), None),
+        ("call", "__reduce__", (), None),
+        ("set_attr", "_elapsed_steps", (), None),
+        ("call", "get_wrapper_attr", ("__dict__",), None),
+        ("call", "set_wrapper_attr", ("_max_episode_steps", 10**9), None),
+        # The same lookups with the name passed by keyword.
+        ("call", "get_wrapper_attr", (), {"name": "_max_episode_steps"}),
+        ("call", "set_wrapper_attr", (), {"name": "_max_episode_steps", "value": 10**9}),
+        ("call", "has_wrapper_attr", (), {"name": "__dict__"}),
     ],
 )
 async def test_env_calls_by_private_or_dunder_names_are_refused_by_the_worker(
-    kind: str, name: str, args: tuple[Any, ...]
+    kind: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None
 ) -> None:
     timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
     async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
@@ -611,12 +615,45 @@ async def test_env_calls_by_private_or_dunder_names_are_refused_by_the_worker(
         task = asyncio.create_task(worker.run())
         try:
             await learner.wait_for_workers(30)
-            refused = args[0] if kind == "call" and args else name
-            with pytest.raises(aps.WorkerError, match=rf"{refused}.*--allow-private-env-calls"):
+            refused = name
+            if kind == "call" and kwargs:
+                refused = kwargs["name"]
+            elif kind == "call" and args:
+                refused = args[0]
+            pattern = rf"{refused}.*--allow-private-env-calls"
+            with pytest.raises(aps.WorkerError, match=pattern):
                 values = [0] if kind == "set_attr" else None
-                call = learner.env_call(kind, name, args=args, values=values)
+                call = learner.env_call(kind, name, args=args, kwargs=kwargs, values=values)
                 await asyncio.wait_for(call, 30)
             # The worker goes on: public names still answer.
+            assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
+        finally:
+            await learner.aclose()
+            await asyncio.wait_for(task, 30)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((), None),  # no name at all
+        (("gravity",), {"name": "_max_episode_steps"}),  # two names: which would bind?
+        ((10**9,), {"name": "_max_episode_steps"}),  # set_wrapper_attr's value first
+        ((b"_np_random",), None),  # not a str
+        ((), {"name": ["_np_random"]}),
+    ],
+)
+async def test_a_lookup_by_name_whose_name_is_not_one_str_is_refused(
+    args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> None:
+    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers(30)
+            with pytest.raises(aps.WorkerError, match="exactly one name, a str"):
+                call = learner.env_call("call", "get_wrapper_attr", args=args, kwargs=kwargs)
+                await asyncio.wait_for(call, 30)
             assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
         finally:
             await learner.aclose()

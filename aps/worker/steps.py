@@ -175,7 +175,7 @@ class StepServer:
         values: Any
         try:
             if kind in ("call", "get_attr", "set_attr") and not self._allow_private:
-                _check_public(kind, name, request.args)
+                _check_public(kind, name, request.args, request.kwargs)
             if indices == ():
                 values = ()
             elif indices is not None or kind == "is_wrapped":
@@ -299,15 +299,18 @@ def _is_wrapped(env: gym.Env[Any, Any], class_name: str) -> bool:
     return False
 
 
-def _check_public(kind: str, name: str, args: Any) -> None:
-    """Refuse an env call by a private (``_x``) or dunder name.
+def _check_public(kind: str, name: str, args: Any, kwargs: Any) -> None:
+    """Refuse an env call by a private (``_x``) or dunder name, however the name was passed.
 
     A learner holding the token would otherwise reach ``__class__``, ``__dict__``,
     ``_np_random`` and every internal of the worker's envs by name, directly or through
-    Gymnasium's own lookups by name (``get_wrapper_attr`` and its kin).
+    Gymnasium's own lookups by name (``get_wrapper_attr`` and its kin). For those the name
+    checked is the one the lookup resolves: its first positional argument or its ``name``
+    keyword, as Python binds them; a lookup whose name is missing, passed twice or not a
+    ``str`` is refused too, rather than left to Gymnasium to interpret.
     """
-    if kind == "call" and name in _LOOKUPS_BY_NAME and args and isinstance(args[0], str):
-        kind, name = f"call({name!r}, ...)", args[0]
+    if kind == "call" and name in _LOOKUPS_BY_NAME:
+        kind, name = f"call({name!r}, ...)", _looked_up(name, args, kwargs)
     if name.startswith("_"):
         raise ConfigError(
             f"the learner asked for {kind}({name!r}), a private or dunder name, which this "
@@ -315,6 +318,19 @@ def _check_public(kind: str, name: str, args: Any) -> None:
             "allows more (aps worker --allow-private-env-calls, "
             "Worker(allow_private_env_calls=True))"
         )
+
+
+def _looked_up(lookup: str, args: Any, kwargs: Any) -> str:
+    """The attribute name that Gymnasium's ``lookup(*args, **kwargs)`` would resolve."""
+    positional = args[:1] if args else ()
+    keyword = (kwargs["name"],) if kwargs and "name" in kwargs else ()
+    names = (*positional, *keyword)
+    if len(names) != 1 or type(names[0]) is not str:
+        raise ConfigError(
+            f"the learner called {lookup} with the attribute name given as {names!r}; "
+            "it takes exactly one name, a str, positionally or as name="
+        )
+    return names[0]
 
 
 _LOOKUPS_BY_NAME = frozenset({"get_wrapper_attr", "set_wrapper_attr", "has_wrapper_attr"})
