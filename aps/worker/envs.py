@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,7 @@ import gymnasium as gym
 from aps._imports import import_object, names_a_module
 from aps.errors import ConfigError
 
-__all__ = ["EnvSpec", "describe", "make_env", "resolve_env"]
+__all__ = ["EnvSpec", "check_registered", "describe", "make_env", "resolve_env"]
 
 EnvSpec = str | Callable[[], gym.Env[Any, Any]]
 """A Gymnasium id (``"CartPole-v1"``), an import path (``"pkg.mod:make_env"`` or
@@ -44,6 +45,41 @@ def resolve_env(spec: EnvSpec, **env_kwargs: Any) -> Callable[[], gym.Env[Any, A
         return (lambda: factory(**env_kwargs)) if env_kwargs else factory
     env_id = spec
     return lambda: gym.make(env_id, **env_kwargs)
+
+
+def check_registered(spec: EnvSpec) -> None:
+    """Refuse a Gymnasium id that ``gym.make`` would not find, now rather than when it runs.
+
+    A worker builds its envs only once a learner has welcomed it; without this a typo in the
+    id would wait for the learner (a minute, with none up) before it shows. An id whose
+    module part (``"ale_py:ALE/Pong-v5"``) does not import, or whose namespace, name or
+    version the registry lacks, is refused with Gymnasium's own words ("did you mean ...").
+    Callables, factory paths and ids ``gym.make`` resolves by itself (an id without a
+    version takes the newest) pass; this builds nothing.
+
+    Raises:
+        ConfigError: the module does not import or the registry has no such env.
+    """
+    if not isinstance(spec, str) or (":" in spec and names_a_module(spec)):
+        return
+    module, _, env_id = spec.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(
+                f"env {spec!r}: its module {module!r} does not import ({exc}); install the "
+                "package that registers the env, or fix the id"
+            ) from exc
+    try:
+        gym.spec(env_id)
+    except gym.error.UnregisteredEnv as exc:
+        raise ConfigError(
+            f"no Gymnasium env {spec!r}: {exc} (ids are case-sensitive; an env registered by "
+            "a package needs 'package:Id', e.g. 'ale_py:ALE/Pong-v5')"
+        ) from exc
+    except gym.error.Error:
+        pass  # e.g. an id without a version: gym.make takes the newest and warns
 
 
 def make_env(spec: EnvSpec, env_kwargs: dict[str, Any]) -> gym.Env[Any, Any]:

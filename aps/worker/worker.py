@@ -73,7 +73,7 @@ from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
 from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
 from aps.worker.collector import Collector
-from aps.worker.envs import EnvSpec, describe, make_env, resolve_env
+from aps.worker.envs import EnvSpec, check_registered, describe, make_env, resolve_env
 from aps.worker.rounds import serve_rounds
 from aps.worker.steps import StepServer
 
@@ -200,6 +200,7 @@ class Worker:
             envpool_id(env)  # refuse an id EnvPool lacks now, not after dialing
         else:
             resolve_env(env, **self._env_kwargs)  # refuse a bad import path now
+            check_registered(env)  # and an id with a typo, before any dialing
         self._env_fn = functools.partial(make_env, env, self._env_kwargs)
         self._env_name = describe(env)
         self.num_envs = num_envs
@@ -365,6 +366,11 @@ class Worker:
         except (ConnectError, Timeout) as exc:
             if not isinstance(self._learner, str):
                 raise
+            if _unresolvable(exc):
+                raise ConfigError(
+                    f"the learner's host in {self._learner!r} does not resolve "
+                    f"({_unresolvable(exc)}); check its spelling, or give its IP address"
+                ) from exc
             raise _Retry(exc) from exc
         session = Session(
             transport, Role.WORKER, heartbeat_interval=self._timeouts.heartbeat_interval
@@ -638,3 +644,23 @@ class Worker:
                 "the learner with policy='module:factory'"
             )
         return GradientSampler(server.envs, server.collector.policy)
+
+
+def _unresolvable(exc: BaseException) -> str | None:
+    """Why a dial failed for a host name that does not exist, or ``None``.
+
+    Only a definite answer counts (the resolver says there is no such name); a resolver that
+    failed for now (``EAI_AGAIN``: a DNS server not answering, a name not yet published) is
+    worth dialing again.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror) and seen.errno in _NO_SUCH_NAME:
+            return str(seen.strerror or seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+_NO_SUCH_NAME = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
+)
