@@ -6,6 +6,8 @@ env functions and asserts the results are equal, bit for bit (docs/sb3.md states
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -116,3 +118,46 @@ def test_ppo_ends_with_the_same_weights_and_evaluates_the_same() -> None:
         dummy.close()
     assert results[0] == results[1]
     assert len(results[0][0]) == 8
+
+
+@pytest.mark.parametrize("vector", ["async", "envpool"])
+def test_sb3_helpers_run_over_workers_that_do_not_hold_their_envs(vector: str) -> None:
+    # VecMonitor and evaluate_policy ask env_is_wrapped; a worker whose envs live in
+    # subprocesses (async) or in EnvPool answers it as one that holds them does.
+    if vector == "envpool":
+        pytest.importorskip("envpool")
+    make: Any = "CartPole-v1" if vector == "envpool" else monitored_cartpole
+    cluster = ClusterVecEnv.local(
+        make, num_workers=NUM_WORKERS, envs_per_worker=ENVS_PER_WORKER, vector=vector
+    )
+    try:
+        wrapped = cluster.env_is_wrapped(Monitor)
+        assert wrapped == [vector == "async"] * NUM_ENVS
+        assert cluster.env_is_wrapped(Monitor, indices=[1, 3]) == [vector == "async"] * 2
+        assert cluster.env_is_wrapped(gym.wrappers.TimeLimit) == [vector == "async"] * NUM_ENVS
+        assert cluster.env_is_wrapped(gym.wrappers.RecordVideo) == [False] * NUM_ENVS
+        # VecMonitor asks whether a Monitor already wraps the envs, and warns where one does.
+        asked: Any = (
+            pytest.warns(UserWarning, match="already wrapped with a `Monitor`")
+            if vector == "async"
+            else contextlib.nullcontext()
+        )
+        with asked:
+            vec = VecNormalize(VecMonitor(cluster))
+        vec.reset()
+        rng = np.random.default_rng(0)
+        for _ in range(50):
+            vec.step(rng.integers(0, 2, NUM_ENVS))
+        assert vec.obs_rms.count > 50 * NUM_ENVS
+        model = PPO("MlpPolicy", cluster, n_steps=8, batch_size=32, seed=0, device="cpu")
+        cluster.seed(5)
+        with warnings.catch_warnings():
+            # Over EnvPool no Monitor wraps the envs, and SB3 says so.
+            warnings.simplefilter("ignore", UserWarning)
+            rewards, lengths = evaluate_policy(
+                model, cluster, n_eval_episodes=4, return_episode_rewards=True
+            )
+        assert len(rewards) == len(lengths) == 4
+        assert all(length >= 1 for length in lengths)
+    finally:
+        cluster.close()

@@ -17,10 +17,12 @@ its last observation is in ``infos[i]["terminal_observation"]``,
 in :attr:`reset_infos`; rewards are ``float32``; :meth:`seed` and :meth:`set_options` apply
 to the next :meth:`reset`. ``get_attr``, ``set_attr``, ``env_method`` and
 ``env_is_wrapped`` run on the workers, with arguments and results that travel as data (a
-wrapper class travels as its name; spaces, env specs and Generators are rebuilt); choosing
-envs with ``indices`` (and ``env_is_wrapped``) needs workers that hold their envs in their
-own process (``vector="sync"``, the default), while calls on every env (``indices=None``,
-as SB3's algorithms make them) work over ``vector="async"`` and ``"envpool"`` too. An env
+wrapper class travels as its name; spaces, env specs and Generators are rebuilt);
+``env_is_wrapped`` answers over every worker backend (always ``False`` over EnvPool, whose
+envs no Gymnasium wrapper wraps); choosing envs with ``indices`` for the other calls needs
+workers that hold their envs in their own process (``vector="sync"``, the default), while
+calls on every env (``indices=None``, as SB3's algorithms make them) work over
+``vector="async"`` and ``"envpool"`` too. An env
 that raises makes the call raise as :class:`aps.ClusterEnv` does (a built-in type as
 itself); after a failed step the adapter refuses to step until :meth:`reset`. Differences from
 ``DummyVecEnv``: info values are the numpy scalars of Gymnasium's vector infos, and

@@ -476,8 +476,9 @@ class Learner:
             kwargs: keyword arguments of ``"call"``.
             values: for ``"set_attr"``, one value per env reached.
             indices: the envs to reach, in the order of the values returned (``None``: all).
-                Reaching chosen envs, and ``"is_wrapped"``, need workers that hold their envs
-                in their own process (``vector="sync"``, the default).
+                Reaching chosen envs needs workers that hold their envs in their own
+                process (``vector="sync"``, the default), except for ``"is_wrapped"``,
+                which every worker backend answers.
 
         Returns:
             One value per env reached. Spaces, env specs and numpy Generators come back

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import gymnasium as gym
 
 from aps._imports import import_object, names_a_module
 from aps.errors import ConfigError
 
-__all__ = ["EnvSpec", "check_registered", "describe", "make_env", "resolve_env"]
+__all__ = [
+    "WRAPPER_CLASSES",
+    "EnvSpec",
+    "check_registered",
+    "describe",
+    "make_env",
+    "resolve_env",
+    "wrapper_classes",
+]
 
 EnvSpec = str | Callable[[], gym.Env[Any, Any]]
 """A Gymnasium id (``"CartPole-v1"``), an import path (``"pkg.mod:make_env"`` or
@@ -82,11 +91,34 @@ def check_registered(spec: EnvSpec) -> None:
         pass  # e.g. an id without a version: gym.make takes the newest and warns
 
 
+WRAPPER_CLASSES: Final = "_aps_wrapper_classes"
+"""The attribute :func:`make_env` sets on each env it builds: :func:`wrapper_classes` of it."""
+
+
 def make_env(spec: EnvSpec, env_kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
-    """A new env of ``spec``."""
+    """A new env of ``spec``, carrying its wrapper classes in :data:`WRAPPER_CLASSES`.
+
+    An env in a subprocess (``vector="async"``) can be asked only for attributes, as data:
+    noting its wrappers as it is built lets the worker answer ``is_wrapped`` (SB3's
+    ``env_is_wrapped``) for it as for an env in its own process. The name is private, so
+    the learner's env calls cannot reach it (see :mod:`aps.worker.steps`). An env that
+    refuses new attributes goes without, and ``is_wrapped`` on it says so.
+    """
     # A module-level function, so that a partial of it pickles: the async backend's
     # subprocesses build their envs by resolving the spec themselves.
-    return resolve_env(spec, **env_kwargs)()
+    env = resolve_env(spec, **env_kwargs)()
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(env, WRAPPER_CLASSES, wrapper_classes(env))
+    return env
+
+
+def wrapper_classes(env: gym.Env[Any, Any]) -> frozenset[str]:
+    """Every class (``"module.QualName"``) that a wrapper around ``env`` is an instance of."""
+    names: set[str] = set()
+    while isinstance(env, gym.Wrapper):
+        names.update(f"{c.__module__}.{c.__qualname__}" for c in type(env).__mro__)
+        env = env.env
+    return frozenset(names)
 
 
 def describe(spec: EnvSpec) -> str:

@@ -10,6 +10,7 @@ that after a resume the learner gets the answers it missed and no request runs t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -35,8 +36,9 @@ from aps.messages import (
 )
 from aps.session import Session
 from aps.spaces import value_to_wire
-from aps.vector import AnyVectorEnv
+from aps.vector import AnyVectorEnv, EnvPoolVectorEnv
 from aps.worker.collector import Collector
+from aps.worker.envs import WRAPPER_CLASSES, wrapper_classes
 
 __all__ = ["StepServer"]
 
@@ -178,6 +180,8 @@ class StepServer:
                 _check_public(kind, name, request.args, request.kwargs)
             if indices == ():
                 values = ()
+            elif kind == "is_wrapped" and getattr(envs, "envs", None) is None:
+                values = self._is_wrapped_apart(envs, request)
             elif indices is not None or kind == "is_wrapped":
                 values = self._each_env(envs, request)
             elif kind == "render":
@@ -203,6 +207,28 @@ class StepServer:
         return EnvCallResult(values=values, seq=request.seq)
 
     @staticmethod
+    def _is_wrapped_apart(envs: Any, request: EnvCall) -> list[bool]:
+        """``is_wrapped`` for envs this process does not hold: in subprocesses, or EnvPool's.
+
+        Subprocess envs answer from the wrapper classes noted as they were built
+        (:func:`aps.worker.envs.make_env`); EnvPool's envs are no Gymnasium envs, so no
+        Gymnasium wrapper wraps them.
+        """
+        if isinstance(envs, EnvPoolVectorEnv):
+            chains: Sequence[frozenset[str]] = (frozenset(),) * envs.num_envs
+        else:
+            try:
+                chains = envs.get_attr(WRAPPER_CLASSES)
+            except AttributeError as exc:
+                raise ConfigError(
+                    f"is_wrapped({request.name!r}) needs envs that noted their wrappers as "
+                    f"they were built, and these ({type(envs).__name__}) did not ({exc}); "
+                    "run the worker with vector='sync'"
+                ) from exc
+        chosen = range(len(chains)) if request.indices is None else request.indices
+        return [request.name in chains[index] for index in chosen]
+
+    @staticmethod
     def _each_env(envs: Any, request: EnvCall) -> list[Any]:
         """An env call on chosen envs one by one: only a worker that holds its envs can."""
         kind, name = request.kind, request.name
@@ -217,7 +243,7 @@ class StepServer:
         for k, index in enumerate(chosen):
             env = own[index]
             if kind == "is_wrapped":
-                values.append(_is_wrapped(env, name))
+                values.append(name in wrapper_classes(env))
             elif kind == "render":
                 values.append(env.render())
             elif kind == "set_attr":
@@ -288,15 +314,6 @@ class StepServer:
                 # Seeded resets make the worker's action sampling reproducible too.
                 self.collector.policy.seed(first)
         return ResetResult(obs=obs, info=info, seq=request.seq)
-
-
-def _is_wrapped(env: gym.Env[Any, Any], class_name: str) -> bool:
-    """Whether a wrapper of ``env`` is an instance of the class named ``module.QualName``."""
-    while isinstance(env, gym.Wrapper):
-        if any(f"{c.__module__}.{c.__qualname__}" == class_name for c in type(env).__mro__):
-            return True
-        env = env.env
-    return False
 
 
 def _check_public(kind: str, name: str, args: Any, kwargs: Any) -> None:
