@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -227,6 +229,135 @@ async def test_evicted_handshakes_are_closed_at_once() -> None:
             assert learner._pool.refused == len(done)
         finally:
             await _close_all(idle)
+
+
+@contextlib.contextmanager
+def _no_collector() -> Iterator[None]:
+    """Run without the garbage collector: what is closed is closed explicitly."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _served(url: str) -> tuple[int, int]:
+    """The listener's side of its TCP connections: (established, in CLOSE_WAIT).
+
+    Read from ``/proc/net/tcp``: sockets whose local port is the listener's. The test's own
+    client sockets have other local ports.
+    """
+    port = int(url.split("://")[1].split("/")[0].rsplit(":", 1)[1])
+    established = close_wait = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) != port:
+            continue
+        established += fields[3] == "01"
+        close_wait += fields[3] == "08"
+    return established, close_wait
+
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/net/tcp").exists(), reason="reads the socket table from /proc (Linux)"
+)
+
+
+async def _burst(url: str, count: int, at_once: int = 64) -> list[_Pair]:
+    """``count`` idle connections, dialed ``at_once`` at a time without yielding to the loop,
+    so that the listener accepts each batch in one burst."""
+    host, port = url.split("://")[1].rstrip("/").rsplit(":", 1)
+    pairs: list[_Pair] = []
+    while len(pairs) < count:
+        socks = [socket.socket() for _ in range(min(at_once, count - len(pairs)))]
+        for sock in socks:  # within the kernel's accept backlog (128)
+            sock.connect((host, int(port)))
+        pairs += [await asyncio.open_connection(sock=sock) for sock in socks]
+    return pairs
+
+
+@needs_proc
+async def test_connections_evicted_in_one_burst_are_closed_without_the_collector() -> None:
+    """40 silent connections at once from one address, the collector off: the 24 evicted in
+    the burst that accepted them (before their opening task ran a step) are closed at once,
+    and nothing is left in CLOSE_WAIT once the clients leave."""
+    timeouts = aps.Timeouts(connect=30, handshake=30, step=30)
+    with _no_collector():
+        async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+            readers = await _burst(learner.url, 40)
+            try:
+                kept = aps.learner.MAX_HANDSHAKES_PER_HOST
+                # Far below the 30 s deadline: what is closed now was closed for newcomers.
+                await until(lambda: _served(learner.url)[0] <= kept, timeout=10)
+                closed = [await _closed_by_peer(r) for r, _ in readers[: 40 - kept]]
+                assert all(closed)
+            finally:
+                await _close_all(readers)
+            await until(lambda: _served(learner.url) == (0, 0), timeout=10)
+
+
+async def test_handshakes_the_gate_evicts_are_closed_without_the_collector() -> None:
+    """A listener without a budget of its own (memory://): the gate counts its handshakes,
+    and the 24 of 40 simultaneous connections it evicts are closed, not left to the
+    collector, even those whose handshake task never ran."""
+    timeouts = aps.Timeouts(connect=30, handshake=30, step=30)
+    with _no_collector():
+        async with aps.Learner(
+            "memory://preauth-burst", num_workers=1, token=TOKEN, timeouts=timeouts
+        ) as learner:
+            factory = transports.get_factory("memory")
+            clients = [await factory.connect(learner.url, timeout=10) for _ in range(40)]
+
+            async def closed(client: transports.Transport) -> None:
+                with contextlib.suppress(TransportError):
+                    while True:  # the challenge, then the end or nothing
+                        await client.receive()
+
+            waits = [asyncio.create_task(closed(client)) for client in clients]
+            try:
+                # Far below the 30 s deadline: what is closed now was closed for newcomers.
+                evicted = 40 - aps.learner.MAX_HANDSHAKES_PER_HOST
+                await until(lambda: sum(task.done() for task in waits) >= evicted, timeout=10)
+                await asyncio.sleep(0.1)
+                assert sum(task.done() for task in waits) == evicted
+            finally:
+                for task in waits:
+                    task.cancel()
+                for client in clients:
+                    await client.aclose()
+
+
+@needs_proc
+@pytest.mark.parametrize("scheme", ["tcp", "tls", "ws", "wss"])
+async def test_an_idle_flood_leaves_at_most_the_budget_open_without_the_collector(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], scheme: str
+) -> None:
+    """Three budgets' worth of idle connections at once, the collector off: the listener
+    keeps at most its limit open, the evicted ones closed without the collector."""
+    server, client = tls
+    factory: transports.TransportFactory
+    if scheme in ("ws", "wss"):
+        pytest.importorskip("websockets")
+        from aps.transports.websocket import WebSocketFactory
+
+        factory = WebSocketFactory(server_ssl_context=server, client_ssl_context=client)
+    else:
+        factory = TCPFactory(server_ssl_context=server if scheme == "tls" else None)
+    url = f"{'tcp' if scheme == 'tls' else scheme}://127.0.0.1:0"
+    with _no_collector():
+        async with await factory.listen(url) as listener:
+            budget = listener.preauth  # type: ignore[attr-defined]
+            budget.adopt(deadline=30, report=lambda _: None)  # as a learner's gate does
+            idle = await _burst(listener.url, 3 * budget.limit)
+            try:
+                await until(lambda: budget.evicted >= 2 * budget.limit)
+                await until(lambda: _served(listener.url)[0] <= budget.limit, timeout=10)
+            finally:
+                await _close_all(idle)
+            # Nobody accepts here, so a connection in the accept queue holds its ticket (and
+            # may sit in CLOSE_WAIT) until its deadline; a learner's gate reads each at once.
+            assert sum(_served(listener.url)) <= budget.limit
 
 
 async def test_idle_probes_holding_the_token_do_not_keep_a_worker_out(

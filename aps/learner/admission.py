@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -143,7 +144,10 @@ class _RefusalLog:
 
 
 def _cancel(holder: list[asyncio.Task[None]]) -> None:
-    """Abort a handshake the gate counts itself: cancel its task, which closes it."""
+    """Abort a handshake the gate counts itself: cancel its task, which closes it.
+
+    A task that never ran is closed by its done-callback (``Gate._ended``).
+    """
     if holder:
         holder[0].cancel()
 
@@ -296,7 +300,7 @@ class Gate:
                         self._admit(session, ticket), name=f"aps admit {session.peer}"
                     )
                     holder.append(task)
-                    self._track(task)
+                    self._track(task, session)
                     return
             if ticket.busy:
                 task = asyncio.create_task(self._turn_away(session, ticket), name="aps turn away")
@@ -304,11 +308,19 @@ class Gate:
                 task = asyncio.create_task(
                     self._admit(session, ticket), name=f"aps admit {session.peer}"
                 )
-        self._track(task)
+        self._track(task, session)
 
-    def _track(self, task: asyncio.Task[None]) -> None:
+    def _track(self, task: asyncio.Task[None], session: Session | None = None) -> None:
         self._admissions.add(task)
-        task.add_done_callback(self._admissions.discard)
+        task.add_done_callback(functools.partial(self._ended, session))
+
+    def _ended(self, session: Session | None, task: asyncio.Task[None]) -> None:
+        self._admissions.discard(task)
+        if session is not None and task.cancelled():
+            # A task cancelled before its first step (its ticket evicted in the burst of
+            # connections that brought it, or the gate closing) never ran the finally that
+            # closes its session: close it here, not when the collector finds it.
+            self._track(asyncio.get_running_loop().create_task(session.aclose(goodbye=False)))
 
     async def _turn_away(self, session: Session, ticket: Ticket) -> None:
         """Tell a connection the learner is busy, and when to dial again."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import functools
 import logging
 import socket
 import ssl
@@ -446,7 +447,7 @@ class Acceptor:
         self._peer = peer
         self._what = what
         self._closed = False
-        self._opening: set[asyncio.Task[None]] = set()
+        self._opening: set[asyncio.Task[bool]] = set()
         self.trouble = AcceptTrouble(what)
         """Failed accepts (out of file descriptors, say), counted and logged in intervals."""
         self._task = asyncio.get_running_loop().create_task(
@@ -499,10 +500,27 @@ class Acceptor:
 
         ticket.on_abort(cancel)
         self._opening.add(task)
-        task.add_done_callback(self._opening.discard)
+        task.add_done_callback(functools.partial(self._opened, conn, ticket))
 
-    async def _open(self, conn: socket.socket, ticket: Ticket) -> None:
-        """Hand ``conn`` to a protocol (after its TLS handshake, if any)."""
+    def _opened(self, conn: socket.socket, ticket: Ticket, task: asyncio.Task[bool]) -> None:
+        """``task`` ended: close ``conn`` (and end its ticket) unless a protocol owns it now."""
+        self._opening.discard(task)
+        # A task cancelled before its first step (evicted in the same burst of accepts that
+        # admitted it) never runs its handlers, and its socket, kept alive by the frame the
+        # cancellation's traceback holds, would wait for the garbage collector. A task that
+        # ran has no reader left on the socket, and a transport that took it closes it
+        # again harmlessly; one that opened keeps it.
+        if task.cancelled():
+            conn.close()
+            ticket.release()
+        elif (error := task.exception()) is not None:
+            conn.close()
+            log.error("opening a connection on %s failed", self._what, exc_info=error)
+        elif not task.result():
+            conn.close()
+
+    async def _open(self, conn: socket.socket, ticket: Ticket) -> bool:
+        """Hand ``conn`` to a protocol (after its TLS handshake, if any); whether it did."""
         loop = asyncio.get_running_loop()
         opened = False
         try:
@@ -512,7 +530,7 @@ class Acceptor:
                 if not first:
                     ticket.release()  # it left before saying anything
                     conn.close()
-                    return
+                    return False
                 if not looks_like_tls(first):
                     ticket.release()
                     conn.close()
@@ -520,7 +538,7 @@ class Acceptor:
                         f"{ticket.peer}: ConnectionLost: it does not look like TLS: its first "
                         "bytes are not a TLS hello; dial it with TLS (--tls-ca)"
                     )
-                    return
+                    return False
             protocol = self._protocol(ticket)
             # The TLS handshake runs under the ticket's deadline; cancelling this task (an
             # eviction, the deadline) aborts it, and the protocol's connection_made hands
@@ -532,6 +550,7 @@ class Acceptor:
                 ssl_handshake_timeout=None if context is None else ticket.remaining(),
             )
             opened = True
+            return True
         except asyncio.CancelledError:
             # Evicted, past its deadline, or the listener closed: the socket goes now.
             if not opened:
@@ -543,6 +562,7 @@ class Acceptor:
             if ticket.held:
                 ticket.release()
                 self._budget.note(f"{ticket.peer}: ConnectionLost: {reason(exc)}")
+            return False
 
 
 async def _first_bytes(conn: socket.socket) -> bytes:
