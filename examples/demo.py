@@ -40,19 +40,24 @@ def megabytes(n: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--total-timesteps", type=int, default=50_000)
-    parser.add_argument("--kl-threshold", type=float, default=0.05)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--envs-per-worker", type=int, default=8)
-    parser.add_argument("--num-steps", type=int, default=32)
-    parser.add_argument("--transport", default="tcp", choices=["tcp", "unix", "ws", "memory"])
-    parser.add_argument("--seed", type=int, default=1)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--total-timesteps", type=int, default=50_000, help="env steps a run")
+    parser.add_argument("--kl-threshold", type=float, default=0.05, help="APS threshold, nats")
+    parser.add_argument("--workers", type=int, default=2, help="number of worker processes")
+    parser.add_argument("--envs-per-worker", type=int, default=8, help="envs per worker")
+    parser.add_argument("--num-steps", type=int, default=32, help="steps per env per rollout")
+    parser.add_argument(
+        "--transport", default="tcp", choices=["tcp", "unix", "ws", "memory"], help="the transport"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the experiment")
     parser.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="measure always-sync with a second run of the same budget (default: on)",
+        help="measure always-sync with a second run of the same budget",
     )
     options = parser.parse_args()
     ppo = load_ppo_cluster()

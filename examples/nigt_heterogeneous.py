@@ -144,12 +144,17 @@ class Agent(nn.Module):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--setting", choices=("speeds", "envs", "both"), default="both")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--setting", choices=("speeds", "envs", "both"), default="both", help="heterogeneity"
+    )
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated initial-weight seeds")
     p.add_argument("--workers", type=int, default=4, help="worker processes (4-8)")
-    p.add_argument("--envs-per-worker", type=int, default=8)
+    p.add_argument("--envs-per-worker", type=int, default=8, help="envs per worker")
     p.add_argument("--delay-base", type=float, default=0.003, help="seconds per env step, h=1")
     p.add_argument(
         "--comm-base", type=float, default=0.0, help="seconds per aggregation (a worker's sum), k=1"
@@ -167,16 +172,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.1, help="NIGT step length alpha")
     p.add_argument("--momentum", type=float, default=0.5, help="NIGT eta")
     p.add_argument("--horizon", type=int, default=50, help="H, steps per trajectory")
-    p.add_argument("--gamma", type=float, default=0.97)
+    p.add_argument("--gamma", type=float, default=0.97, help="the discount factor")
     p.add_argument("--eval-points", type=int, default=20, help="evaluations per run")
     p.add_argument("--eval-episodes", type=int, default=32, help="episodes per evaluation")
     p.add_argument("--smooth", type=int, default=64, help="trajectories in the return average")
     p.add_argument(
         "--threshold",
         type=float,
-        help="return for time-to-reward (default: -150 for speeds, -200 for envs)",
+        help="return for time-to-reward (None: -150 for speeds, -200 for envs)",
     )
-    p.add_argument("--out", type=Path, default=HERE.parent.parent / "docs" / "results")
+    p.add_argument(
+        "--out", type=Path, default=HERE.parent.parent / "docs" / "results", help="where figures go"
+    )
     p.add_argument("--replot", action="store_true", help="only redo figures and summary")
     p.add_argument("--quick", action="store_true", help="a tiny smoke run (1 seed, seconds)")
     args = p.parse_args(argv)

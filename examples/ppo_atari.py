@@ -18,7 +18,8 @@ its import path.
 Rewards are clipped to their sign on the learner (EnvPool's ``reward_clip``); the returns
 printed are the games' own.
 
-    python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000
+    python examples/ppo_atari.py  # 10,240 env-steps: a few minutes on a CPU
+    python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000  # CleanRL's
     python examples/ppo_atari.py --mode lockstep --backend ale --env-id Breakout-v5
     python examples/ppo_atari.py --listen tcp://0.0.0.0:7000 --compression zstd  # prints
         # the ``aps worker`` command to run on each worker machine
@@ -47,8 +48,11 @@ from aps.policy import NatureCNN
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seed", type=int, default=1)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of the experiment")
     p.add_argument("--torch-threads", type=int, default=1, help="learner's torch threads")
     p.add_argument(
         "--cuda",
@@ -57,14 +61,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="train on the learner's GPU if torch sees one (workers act on their CPUs)",
     )
     p.add_argument("--env-id", default="Pong-v5", help="EnvPool id; ale uses ALE/<id>")
-    p.add_argument("--backend", default="envpool", choices=("envpool", "ale"))
-    p.add_argument("--mode", default="detach", choices=("lockstep", "detach"))
-    p.add_argument("--sync", default="aps", choices=("aps", "always", "fixed"))
-    p.add_argument("--kl-threshold", type=float, default=0.05)
-    p.add_argument("--fixed-versions", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--envs-per-worker", type=int, default=4)
-    p.add_argument("--transport", default="tcp", choices=("tcp", "unix", "ws", "memory"))
+    p.add_argument(
+        "--backend", default="envpool", choices=("envpool", "ale"), help="whose Atari envs"
+    )
+    p.add_argument("--mode", default="detach", choices=("lockstep", "detach"), help="who acts")
+    p.add_argument(
+        "--sync",
+        default="aps",
+        choices=("aps", "always", "fixed"),
+        help="detach: when weights travel",
+    )
+    p.add_argument("--kl-threshold", type=float, default=0.05, help="APS threshold, nats")
+    p.add_argument(
+        "--fixed-versions", type=int, default=4, help="--sync fixed: versions between syncs"
+    )
+    p.add_argument("--workers", type=int, default=2, help="number of worker processes")
+    p.add_argument("--envs-per-worker", type=int, default=4, help="envs per worker")
+    p.add_argument(
+        "--transport", default="tcp", choices=("tcp", "unix", "ws", "memory"), help="the transport"
+    )
     p.add_argument(
         "--listen",
         default=None,
@@ -74,22 +89,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compression",
         default=None,
         choices=aps.compression.SETTINGS,
-        help="how frames and weights travel (default: aps's, auto: compressed off this host)",
+        help="how frames and weights travel (None: aps's own; auto: compressed off this host)",
     )
-    p.add_argument("--total-timesteps", type=int, default=10_000_000)
-    p.add_argument("--learning-rate", type=float, default=2.5e-4)
-    p.add_argument("--num-steps", type=int, default=128)
-    p.add_argument("--anneal-lr", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--gae-lambda", type=float, default=0.95)
-    p.add_argument("--num-minibatches", type=int, default=4)
-    p.add_argument("--update-epochs", type=int, default=4)
-    p.add_argument("--norm-adv", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--clip-coef", type=float, default=0.1)
-    p.add_argument("--clip-vloss", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--ent-coef", type=float, default=0.01)
-    p.add_argument("--vf-coef", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=0.5)
+    p.add_argument(
+        "--total-timesteps",
+        type=int,
+        default=10_240,
+        help="env steps of the run: minutes on a CPU; CleanRL's Atari budget is 10000000",
+    )
+    p.add_argument("--learning-rate", type=float, default=2.5e-4, help="the learning rate")
+    p.add_argument("--num-steps", type=int, default=128, help="steps per env per rollout")
+    p.add_argument(
+        "--anneal-lr",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="anneal the learning rate",
+    )
+    p.add_argument("--gamma", type=float, default=0.99, help="the discount factor")
+    p.add_argument("--gae-lambda", type=float, default=0.95, help="the lambda of GAE")
+    p.add_argument("--num-minibatches", type=int, default=4, help="minibatches per epoch")
+    p.add_argument("--update-epochs", type=int, default=4, help="epochs per update")
+    p.add_argument(
+        "--norm-adv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="normalize advantages",
+    )
+    p.add_argument(
+        "--clip-coef", type=float, default=0.1, help="the surrogate clipping coefficient"
+    )
+    p.add_argument(
+        "--clip-vloss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="clip the value loss",
+    )
+    p.add_argument("--ent-coef", type=float, default=0.01, help="coefficient of the entropy")
+    p.add_argument("--vf-coef", type=float, default=0.5, help="coefficient of the value function")
+    p.add_argument(
+        "--max-grad-norm", type=float, default=0.5, help="the maximum norm of the gradient"
+    )
     p.add_argument("--final-episodes", type=int, default=20, help="mean return over these")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
     p.add_argument(

@@ -41,7 +41,10 @@ import aps
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add = parser.add_argument
     add("--exp-name", default=Path(__file__).stem, help="the name of this experiment")
     add("--seed", type=int, default=1, help="seed of the experiment")
@@ -62,19 +65,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--compression",
         default=None,
-        help="aps backend: passed to ClusterEnv.local as compression= (default: aps's own)",
+        help="aps backend: passed to ClusterEnv.local as compression= (None: aps's own)",
     )
     add("--total-timesteps", type=int, default=100_000, help="total env steps")
     add("--learning-rate", type=float, default=2.5e-4, help="the learning rate")
     add("--num-steps", type=int, default=128, help="steps per env per rollout")
-    add("--anneal-lr", action=argparse.BooleanOptionalAction, default=True)
+    add(
+        "--anneal-lr",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="anneal the learning rate",
+    )
     add("--gamma", type=float, default=0.99, help="the discount factor")
     add("--gae-lambda", type=float, default=0.95, help="the lambda of GAE")
     add("--num-minibatches", type=int, default=4, help="the number of minibatches")
     add("--update-epochs", type=int, default=4, help="the number of epochs per update")
-    add("--norm-adv", action=argparse.BooleanOptionalAction, default=True)
+    add(
+        "--norm-adv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="normalize advantages",
+    )
     add("--clip-coef", type=float, default=0.2, help="the surrogate clipping coefficient")
-    add("--clip-vloss", action=argparse.BooleanOptionalAction, default=True)
+    add(
+        "--clip-vloss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="clip the value loss",
+    )
     add("--ent-coef", type=float, default=0.01, help="coefficient of the entropy")
     add("--vf-coef", type=float, default=0.5, help="coefficient of the value function")
     add("--max-grad-norm", type=float, default=0.5, help="the maximum norm of the gradient")

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +49,54 @@ async def test_a_learner_host_that_does_not_resolve_is_named_as_such(scheme: str
     worker = aps.Worker(url, "CartPole-v1", timeouts=timeouts)
     with pytest.raises(aps.ConfigError, match=r"no-such-learner\.invalid.*does not resolve"):
         await asyncio.wait_for(worker.run(), 60)
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _options(help_text: str) -> dict[str, str]:
+    """Each option of an argparse ``--help`` and the text of its help, flattened."""
+    body = help_text.split("options:", 1)[1]
+    options: dict[str, str] = {}
+    current = None
+    for line in body.splitlines():
+        match = re.match(r"^  (-[-\w]+)", line)
+        if match:
+            current = match.group(1)
+            options[current] = line
+        elif current is not None and line.strip():
+            options[current] += " " + line.strip()
+    return options
+
+
+@pytest.mark.parametrize(
+    "example",
+    sorted(p.name for p in EXAMPLES.glob("*.py") if "argparse" in p.read_text()),
+)
+def test_every_example_help_shows_each_default(example: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / example), "--help"],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "COLUMNS": "100"},
+    )  # fmt: skip
+    options = _options(done.stdout)
+    assert len(options) > 3, done.stdout
+    usage = done.stdout.split("options:")[0]
+    missing = {
+        name
+        for name, text in options.items()
+        # A flag without a value (store_true, shown as "[--flag]") is off unless given.
+        if name != "-h" and "(default:" not in text and f"[{name}]" not in usage
+    }
+    assert not missing, f"{example}: --help shows no default for {sorted(missing)}"
+
+
+def test_ppo_atari_default_budget_is_minutes_and_the_paper_scale_is_one_flag_away() -> None:
+    spec = importlib.util.spec_from_file_location("ppo_atari_example", EXAMPLES / "ppo_atari.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    default = module.parse_args([])
+    # At this machine's 40-70 env-steps/s a default run ends within minutes.
+    assert default.total_timesteps <= 20_000
+    assert module.parse_args(["--total-timesteps", "10000000"]).num_iterations > 1000
