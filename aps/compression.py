@@ -171,7 +171,7 @@ def _missing(codec: str, who: str) -> None:
         f"missing {who} {codec}",
         logging.WARNING,
         "compression=%r asked for, but this %s cannot import %s; its arrays travel "
-        "uncompressed (install the compression extra: pip install 'aps[compression]')",
+        "uncompressed (install the compression extra: pip install 'aps-rl[compression]')",
         codec,
         who,
         _PACKAGES[codec],

@@ -100,3 +100,24 @@ def test_ppo_atari_default_budget_is_minutes_and_the_paper_scale_is_one_flag_awa
     # At this machine's 40-70 env-steps/s a default run ends within minutes.
     assert default.total_timesteps <= 20_000
     assert module.parse_args(["--total-timesteps", "10000000"]).num_iterations > 1000
+
+
+REPO = EXAMPLES.parent
+
+
+def test_every_pip_install_of_aps_names_the_distribution_aps_rl() -> None:
+    # "aps" on the package index is another project: an install line that says aps[...]
+    # or plain aps installs it, or nothing at all.
+    texts = [REPO / "README.md", *REPO.glob("docs/**/*.md"), *REPO.glob("aps/**/*.py")]
+    texts += [*REPO.glob("examples/**/*.py"), *REPO.glob("benchmarks/*.py")]
+    wrong = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?aps(?:\[|['\"\s]|$)", re.MULTILINE)
+    found = [
+        f"{path.relative_to(REPO)}: {match.group(0)!r}"
+        for path in texts
+        for match in wrong.finditer(path.read_text())
+    ]
+    assert not found, found
+    # The check sees what it is meant to.
+    assert wrong.search("pip install 'aps[compression]'")
+    assert wrong.search("pip install aps")
+    assert not wrong.search("pip install 'aps-rl[compression]'")
