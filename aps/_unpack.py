@@ -78,8 +78,24 @@ def _unpack_array(data: bytes) -> np.ndarray[Any, Any]:
 _PARSED: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
 
 
-def str_keys(mapping: dict[Any, Any]) -> dict[Any, Any]:
-    # strict_map_key lets bytes keys through as well; the encoder never sends them.
+def str_keys(pairs: list[tuple[Any, Any]] | tuple[tuple[Any, Any], ...]) -> dict[Any, Any]:
+    """The map msgpack read as ``pairs`` (its ``object_pairs_hook``), its keys checked.
+
+    Raises:
+        WireError: a key that is not a str (``strict_map_key`` lets bytes through; the
+            encoder never sends them), or a key the map holds twice: msgpack would keep the
+            last value silently, after decoding (and inflating) every one.
+    """
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        seen: set[Any] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise WireError(
+                    f"map holds the key {key!r:.80} more than once; an aps peer never sends "
+                    "a key twice"
+                )
+            seen.add(key)
     for key in mapping:
         if type(key) is not str:
             raise WireError(f"map key {key!r:.80} is not a str; maps on the wire have str keys")
@@ -87,7 +103,9 @@ def str_keys(mapping: dict[Any, Any]) -> dict[Any, Any]:
 
 
 def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> Any:
-    body = msgpack.unpackb(data, ext_hook=ext_hook, object_hook=str_keys, use_list=False, raw=False)
+    body = msgpack.unpackb(
+        data, ext_hook=ext_hook, object_pairs_hook=str_keys, use_list=False, raw=False
+    )
     if not (type(body) is tuple and len(body) == 2 and type(body[1]) is tuple):
         raise WireError("object array must be [shape, [elements]]")
     shape, elements = body
@@ -113,13 +131,14 @@ def _unpack_object_array(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> 
 def make_ext_hook(
     depth: int,
     inflate: Callable[[bytes], np.ndarray[Any, Any]] | None = None,
-    rebuild: Callable[[bytes], np.ndarray[Any, Any]] | None = None,
+    rebuild: Callable[[bytes], Any] | None = None,
 ) -> Callable[[int, bytes], Any]:
     """The ext hook for values nested ``depth`` object arrays deep.
 
     ``inflate`` turns the payload of a compressed array into the array (see
     :func:`aps.compression.inflater`), ``rebuild`` that of a frame-delta array (see
-    :func:`aps.frame_delta.unpacker`); without them such arrays are refused. A hook with
+    :func:`aps.frame_delta.unpacker`: a placeholder the codec rebuilds once it knows where
+    it is); without them such arrays are refused. Either may itself refuse the array. A hook with
     either is made per frame (they count what the frame inflated), the nested ones on use.
     """
 

@@ -14,6 +14,8 @@ imports the rest of the codec, so each of its parts can import this one.
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -38,6 +40,7 @@ __all__ = [
     "SWAPPED",
     "WIRE_NAME",
     "Allowance",
+    "InflationRate",
     "array_header",
     "data_offset",
     "dtype_error",
@@ -104,6 +107,84 @@ _PADDING = [b"\0" * (-k % 8) for k in range(8)]
 
 _DTYPE_HINT = ", ".join(DTYPES)
 
+INFLATION_PER_BYTE: Final = 1024
+"""Bytes a frame may inflate and rebuild to per byte of it, whatever the rate (see
+:class:`InflationRate`): honest chunks of Atari frames reach about 70."""
+
+INFLATION_PER_SECOND: Final = 64 * 2**20
+"""Bytes per second one connection may inflate beyond :data:`INFLATION_PER_BYTE`."""
+
+INFLATION_BURST: Final = 128 * 2**20
+"""The most bytes one connection may inflate at once beyond :data:`INFLATION_PER_BYTE`."""
+
+
+class InflationRate:
+    """What one connection may inflate and rebuild over time: a token bucket of bytes.
+
+    A frame's compressed and frame-delta arrays are bounded per frame by the
+    :class:`Allowance`; this bounds them per second too, so that a peer holding the token
+    cannot keep the receiver inflating (each frame a loop stall and fresh memory) by sending
+    small frames of highly compressible arrays. Every frame earns ``per_byte`` bytes of
+    inflation per byte it has, spent on that frame or lost; beyond that a frame spends from a
+    bucket that holds at most ``burst`` bytes and refills at ``per_second`` bytes per second.
+
+    The defaults leave honest traffic far inside: a DETACH chunk of Atari frame stacks
+    inflates and rebuilds to about 70x its bytes, weights and MuJoCo observations to about
+    1.5x; a peer's frames that inflate 1,000x or more at over 64 MiB/s are refused. A
+    sender of 64 KB/s of hostile frames makes the receiver inflate at most
+    ``64 KB x per_byte + per_second`` bytes a second (128 MiB/s).
+
+    One object per connection, used from one thread (its session's event loop).
+    """
+
+    __slots__ = ("burst", "clock", "credit", "last", "per_byte", "per_second", "tokens")
+
+    def __init__(
+        self,
+        *,
+        per_byte: int = INFLATION_PER_BYTE,
+        per_second: int = INFLATION_PER_SECOND,
+        burst: int = INFLATION_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_byte = per_byte
+        self.per_second = per_second
+        self.burst = burst
+        self.clock = clock
+        self.tokens = float(burst)
+        self.last = clock()
+        self.credit = 0
+
+    def frame(self, size: int) -> None:
+        """A frame of ``size`` bytes arrived: refill the bucket, and give it its own credit."""
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.per_second)
+        self.last = now
+        self.credit = self.per_byte * size
+
+    def spend(self, nbytes: int, what: str) -> None:
+        """Charge ``nbytes`` of inflation for ``what`` (named in the error).
+
+        Raises:
+            WireError: the frame's credit and the bucket together hold fewer than ``nbytes``;
+                nothing is charged then.
+        """
+        if nbytes <= self.credit:
+            self.credit -= nbytes
+            return
+        rest = nbytes - self.credit
+        if rest > self.tokens:
+            raise WireError(
+                f"{what} would inflate {nbytes} bytes, over the {self.credit + int(self.tokens)} "
+                f"bytes this connection may inflate now ({self.per_byte} per byte received, "
+                f"plus {self.per_second} per second up to {self.burst}); the peer sends "
+                "compressed arrays that inflate faster than any aps peer does: it is not a "
+                "compatible aps peer, or its arrays should travel uncompressed "
+                "(compression='none')"
+            )
+        self.credit = 0
+        self.tokens -= rest
+
 
 class Allowance:
     """What the arrays of one frame may still inflate or rebuild to, in bytes.
@@ -111,20 +192,22 @@ class Allowance:
     Compressed arrays (:mod:`aps.compression`) and frame-delta arrays
     (:mod:`aps.frame_delta`) allocate more than their bytes on the wire; each declares its
     size, which is charged here before anything is allocated, so that together they stay
-    within the receiving side's frame limit.
+    within the receiving side's frame limit, and to the connection's :class:`InflationRate`
+    (when given), so that they stay within its rate.
     """
 
-    __slots__ = ("left", "limit")
+    __slots__ = ("left", "limit", "rate")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, rate: InflationRate | None = None) -> None:
         self.limit = limit
         self.left = limit
+        self.rate = rate
 
     def take(self, nbytes: int, what: str) -> None:
         """Charge ``nbytes`` for ``what`` (named in the error).
 
         Raises:
-            WireError: fewer than ``nbytes`` are left.
+            WireError: fewer than ``nbytes`` are left, of the frame's limit or of the rate.
         """
         if nbytes > self.left:
             raise WireError(
@@ -132,6 +215,8 @@ class Allowance:
                 f"side's limit of {self.limit} bytes per frame; raise max_frame_size on both "
                 "sides if such arrays are intended"
             )
+        if self.rate is not None:
+            self.rate.spend(nbytes, what)
         self.left -= nbytes
 
 

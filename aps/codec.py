@@ -100,6 +100,7 @@ from aps._wire import (
     SWAPPED,
     WIRE_NAME,
     Allowance,
+    InflationRate,
     array_header,
     dtype_error,
     ext_prefix,
@@ -109,8 +110,8 @@ from aps._wire import (
 from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
 from aps.frame_delta import EXT_FRAME_DELTA
-from aps.messages import MESSAGE_TYPES, Message, RolloutChunk
-from aps.spaces import space_from_wire, space_to_wire
+from aps.messages import MESSAGE_TYPES, Message, Ready, RolloutChunk
+from aps.spaces import sample_nbytes, space_from_wire, space_to_wire
 
 __all__ = [
     "ALIGNMENT",
@@ -122,6 +123,7 @@ __all__ = [
     "HANDSHAKE_FRAME_SIZE",
     "HANDSHAKE_TAGS",
     "MAX_NDIM",
+    "InflationRate",
     "MAX_OBJECT_DEPTH",
     "MAX_PADDING",
     "decode",
@@ -485,6 +487,23 @@ def _spec_for(cls: type[Message]) -> _Spec:
 
 _SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
 _SPECS_BY_CLASS: dict[type[Message], _Spec] = {s.cls: s for s in _SPECS_BY_TAG.values()}
+
+# What the fields of each message type may hold, by tag: no numpy value at all (no field is
+# an array, a space or plain data of any kind); plain arrays only (a space description,
+# whose Box bounds travel uncompressed so that a space costs what its frame costs); or any.
+_NO_ARRAYS, _PLAIN_ARRAYS, _ANY_ARRAYS = 0, 1, 2
+
+
+def _arrays_of(spec: _Spec) -> int:
+    kinds = {field.kind for field in spec.fields}
+    if _SPACE in kinds:
+        return _PLAIN_ARRAYS
+    if _ANY in kinds or any("numpy array" in field.expected for field in spec.fields):
+        return _ANY_ARRAYS
+    return _NO_ARRAYS
+
+
+_ARRAYS_BY_TAG: dict[str, int] = {tag: _arrays_of(spec) for tag, spec in _SPECS_BY_TAG.items()}
 _KNOWN_TAGS = ", ".join(sorted(_SPECS_BY_TAG))
 
 
@@ -527,6 +546,8 @@ def encode(
             f"cannot encode {type(message).__qualname__}: not an aps message type; "
             f"known tags: {_KNOWN_TAGS}"
         )
+    if compressor is not None and _ARRAYS_BY_TAG[spec.tag] == _PLAIN_ARRAYS:
+        compressor = None  # a space's bounds travel uncompressed: the decoder refuses them so
     if frame_delta and type(message) is RolloutChunk:
         delta = _frame_delta.split(message.obs)
         if delta is not None:
@@ -672,6 +693,7 @@ def decode(
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     compression: str = "none",
     frame_delta: bool = False,
+    rate: InflationRate | None = None,
 ) -> Message:
     """Decode one frame into the message it holds.
 
@@ -681,6 +703,13 @@ def decode(
     the ``Array`` fields have a numeric or bool dtype). Arrays in the message are read-only
     views of the frame's payload.
 
+    What decoding costs is bounded by the frame before it is spent: see
+    ``docs/security.md``. A map that holds a key twice is refused. Compressed and frame-delta
+    arrays are inflated only in message types whose fields hold arrays (the frame's map
+    must start with its tag, as :func:`encode` writes it), a space description's arrays
+    never compressed; a :class:`~aps.messages.Ready` whose envs' observations or actions
+    could never fit a frame of ``max_frame_size`` is refused before its spaces are built.
+
     Args:
         frame: the bytes one transport frame carried.
         max_frame_size: the largest frame accepted, in bytes; checked before any parsing.
@@ -689,8 +718,11 @@ def decode(
             is refused); see :mod:`aps.compression`.
         frame_delta: whether the connection negotiated frame delta; without it a
             frame-delta array is refused, and with it one is accepted only as a
-            :class:`~aps.messages.RolloutChunk`'s ``obs`` (see :mod:`aps.frame_delta`).
-            Rebuilt and inflated arrays share ``max_frame_size``.
+            :class:`~aps.messages.RolloutChunk`'s ``obs`` (see :mod:`aps.frame_delta`),
+            rebuilt only once it is known to be there. Rebuilt and inflated arrays share
+            ``max_frame_size``.
+        rate: the connection's :class:`InflationRate`, which inflated and rebuilt bytes are
+            charged to as well (``None``: no rate, only the per-frame limit).
 
     Returns:
         The message, an instance of the type its tag names.
@@ -699,29 +731,21 @@ def decode(
         FrameTooLarge: the frame is larger than ``max_frame_size``.
         WireError: the frame is not valid msgpack, has an unknown tag, lacks or adds fields,
             or holds values of the wrong type (a bad array header, an unknown dtype, a
-            malformed space description, ...).
+            malformed space description, ...), or would inflate past ``rate``.
     """
     size = _frame_size(frame, max_frame_size)
     data: Frame = frame
     ext_hook = TOP_HOOK
-    rebuilt: list[np.ndarray[Any, Any]] = []
+    pending: list[_frame_delta.Pending] = []
     # A compressed array's ext code is a byte of the frame: a small frame without that byte
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
     inflates = compression != "none" and _may_hold(_COMPRESSED_CODE, frame, size)
     rebuilds = frame_delta and _may_hold(_FRAME_DELTA_CODE, frame, size)
     if inflates or rebuilds:
-        allowance = Allowance(max_frame_size)
-        inflate = inflater(compression, allowance) if compression != "none" else None
-        rebuild = None
-        if rebuilds:
-            unpack = _frame_delta.unpacker(allowance, make_ext_hook(MAX_OBJECT_DEPTH, inflate))
-
-            def rebuild(payload: bytes) -> np.ndarray[Any, Any]:
-                array = unpack(payload)
-                rebuilt.append(array)  # where it may appear is checked once decoded
-                return array
-
-        ext_hook = make_ext_hook(0, inflate, rebuild)
+        if rate is not None:
+            rate.frame(size)
+        allowance = Allowance(max_frame_size, rate)
+        ext_hook = _inflating_hook(_peek_tag(frame), compression, frame_delta, allowance, pending)
     if size > SCAN_FROM:
         # What decoding will allocate is charged before msgpack builds anything (a frame of
         # many small objects is refused), and the large arrays are found on the way. Only
@@ -735,7 +759,7 @@ def decode(
         body = msgpack.unpackb(
             data,
             ext_hook=ext_hook,
-            object_hook=str_keys,
+            object_pairs_hook=str_keys,
             use_list=False,
             raw=False,
             strict_map_key=True,
@@ -749,15 +773,119 @@ def decode(
         raise
     except Exception as exc:
         raise WireError(f"frame of {size} bytes is not valid msgpack: {exc}") from exc
-    message = _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
-    if rebuilt and not (
-        len(rebuilt) == 1 and type(message) is RolloutChunk and message.obs is rebuilt[0]
-    ):
-        raise WireError(
-            f"{message.TAG} message holds {len(rebuilt)} frame-delta arrays; only a rollout "
-            "chunk's obs may travel as one"
-        )
-    return message
+    if pending:
+        # Only a chunk's hook makes placeholders: where they are is all that is left to check
+        # before the work of rebuilding one.
+        obs = body.get("obs") if type(body) is dict else None
+        if len(pending) != 1 or obs is not pending[0]:
+            raise WireError(
+                f"{RolloutChunk.TAG} message holds {len(pending)} frame-delta arrays, "
+                f"{'one' if obs is pending[0] else 'none'} of them its obs; only a rollout "
+                "chunk's obs may travel as one"
+            )
+        body["obs"] = pending[0].rebuild()
+    if type(body) is dict and body.get("t") == Ready.TAG:
+        _check_ready(body, max_frame_size)
+    return _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+
+
+def _peek_tag(frame: Frame) -> str | None:
+    """The tag of ``frame``'s message when its map starts with it, as :func:`encode` writes."""
+    head = bytes(frame[:40])  # a map header, "t", and a tag of at most 32 bytes
+    if not head:
+        return None
+    first = head[0]
+    at = 1 if 0x81 <= first <= 0x8F else 3 if first == 0xDE else 0
+    if not at or head[at : at + 2] != b"\xa1t" or len(head) <= at + 2:
+        return None
+    kind = head[at + 2]
+    if not 0xA0 <= kind <= 0xBF:
+        return None  # every tag is a fixstr
+    start = at + 3
+    tag = head[start : start + (kind & 0x1F)]
+    return tag.decode("ascii", "replace") if len(tag) == kind & 0x1F else None
+
+
+def _refuse(problem: str) -> Callable[[bytes], Any]:
+    def refuse(payload: bytes) -> Any:
+        raise WireError(problem)
+
+    return refuse
+
+
+def _inflating_hook(
+    tag: str | None,
+    compression: str,
+    frame_delta: bool,
+    allowance: Allowance,
+    pending: list[_frame_delta.Pending],
+) -> Callable[[int, bytes], Any]:
+    """The ext hook of a frame whose message has ``tag`` (``None``: unknown, or not first).
+
+    Compressed arrays are inflated, and frame-delta arrays made placeholders (appended to
+    ``pending``), only where the message type's fields may hold them: refused anywhere else
+    before any work is done.
+    """
+    arrays = _ARRAYS_BY_TAG.get(tag, -1) if tag is not None else -1
+    where = f"a {tag} message" if arrays >= 0 else "a frame that does not start with its tag"
+    if arrays == _NO_ARRAYS:
+
+        def refuse_all(code: int, data: bytes) -> Any:
+            raise WireError(
+                f"{tag} message holds a msgpack extension (code {code}), but none of its "
+                "fields holds arrays; the peer is not a compatible aps peer"
+            )
+
+        return refuse_all
+    inflate: Callable[[bytes], Any] | None = None
+    if compression != "none":
+        if arrays == _ANY_ARRAYS:
+            inflate = inflater(compression, allowance)
+        else:
+            inflate = _refuse(
+                f"compressed array in {where}; "
+                + (
+                    "a space description's arrays travel uncompressed"
+                    if arrays == _PLAIN_ARRAYS
+                    else "an aps peer writes the tag first"
+                )
+                + ": the peer is not a compatible aps peer"
+            )
+    rebuild: Callable[[bytes], Any] | None = None
+    if frame_delta:
+        if tag == RolloutChunk.TAG:
+            unpack = _frame_delta.unpacker(allowance, make_ext_hook(MAX_OBJECT_DEPTH, inflate))
+
+            def rebuild(payload: bytes) -> _frame_delta.Pending:
+                placeholder = unpack(payload)
+                pending.append(placeholder)  # where it may appear is checked once decoded
+                return placeholder
+
+        else:
+            rebuild = _refuse(
+                f"frame-delta array in {where}; only a rollout chunk's obs may travel as one"
+            )
+    return make_ext_hook(0, inflate, rebuild)
+
+
+def _check_ready(body: dict[str, Any], max_frame_size: int) -> None:
+    """Refuse a Ready whose envs could never step within ``max_frame_size``.
+
+    Runs on the wire description, before the spaces are built: what the learner builds
+    per env (batched spaces, step buffers) is then bounded by the frame limit it set.
+    """
+    num_envs = body.get("num_envs")
+    if type(num_envs) is not int:
+        return  # _message names the wrong type (and the pool refuses fewer than 1 env)
+    for name in ("observation", "action"):
+        per_env = sample_nbytes(body.get(f"{name}_space"))
+        if num_envs * per_env > max_frame_size:
+            raise WireError(
+                f"ready message declares {num_envs} envs of {per_env} {name} bytes each "
+                f"({num_envs * per_env} bytes a step), more than this side's max_frame_size "
+                f"of {max_frame_size} bytes: a step's {name}s could never travel; run fewer "
+                "envs per worker, or raise max_frame_size on both sides"
+            )
 
 
 HANDSHAKE_FRAME_SIZE = 16 * 1024

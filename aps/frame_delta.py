@@ -23,10 +23,15 @@ The extension's payload is:
 The receiver refuses, as a :class:`~aps.errors.WireError` that its session turns into a
 :class:`~aps.errors.ProtocolError` naming the peer: the extension on a connection that did
 not negotiate frame delta, or anywhere but a :class:`~aps.messages.RolloutChunk`'s ``obs``
-(see :func:`aps.codec.decode`); a rebuilt size over what is left of its frame limit (checked
-before anything is allocated); a mask of the wrong length, with padding bits set or with a
-bit set at ``t = 0``; parts whose count, shape or dtype disagree with the mask and the header;
-and anything after the parts.
+(see :func:`aps.codec.decode`: found there before any part is inflated or anything
+rebuilt); a shape that :func:`split` never sends (fewer than 4 dimensions, ``K < 2``, a
+zero-size dimension, under :data:`THRESHOLD` bytes) and a mask of more bits than the payload
+has bytes for, both from the header alone; a rebuilt size (with the rebuild's index scratch)
+over what is left of its frame limit or of the connection's inflation rate (checked before
+anything is allocated); a mask of the wrong length, with padding bits set or with a bit set at
+``t = 0``; parts whose count, shape or dtype disagree with the mask and the header; and
+anything after the parts. What the rebuild costs is thus proportional to the bytes received
+and the size charged: it is vectorized, with no Python loop over steps.
 
 Only rollout chunks carry it: a lockstep step's answer holds one step, and rebuilding it from
 the step before would need state kept across messages (and across a resume).
@@ -56,9 +61,11 @@ __all__ = [
     "NAME",
     "THRESHOLD",
     "Delta",
+    "Pending",
     "check",
     "pack",
     "rebuild",
+    "scratch",
     "split",
     "unpacker",
 ]
@@ -132,25 +139,59 @@ def split(obs: Any) -> Delta | None:
 def rebuild(delta: Delta) -> np.ndarray[Any, Any]:
     """The observations ``delta`` stands for (a new, writable array).
 
+    Vectorized, with no loop over steps: for each ``(t, e)`` the last step ``t0 <= t``
+    whose stack travelled whole is found with :func:`numpy.maximum.accumulate`; frame ``k``
+    of the stack at ``t`` is frame ``k + t - t0`` of that whole stack when that is below
+    ``K``, else the newest frame of step ``t0 + k + t - t0 - K + 1``. Every frame is then
+    gathered from the parts by one :func:`numpy.take`. Besides the result it allocates the
+    parts' bytes once (their concatenation) and :func:`scratch` bytes of indices.
+
     Raises:
         WireError: the parts disagree with the mask or the shape (see :func:`check`).
     """
     check(delta)
-    out = np.empty(delta.shape, delta.dtype)
+    shape = delta.shape
+    steps, envs, depth = shape[:3]
+    frame_bytes = delta.dtype.itemsize
+    for dim in shape[3:]:
+        frame_bytes *= dim
+    out = np.empty((steps * envs * depth, frame_bytes), np.uint8)
+    if out.size == 0:
+        return out.view(delta.dtype).reshape(shape)
     mask = delta.mask
-    whole_at = newest_at = 0
-    for t in range(delta.shape[0]):
-        coded = mask[t]
-        count = int(coded.sum())
-        rest = len(coded) - count
-        if rest:
-            out[t, ~coded] = delta.whole[whole_at : whole_at + rest]
-            whole_at += rest
-        if count:
-            out[t, coded, :-1] = out[t - 1, coded, 1:]
-            out[t, coded, -1] = delta.newest[newest_at : newest_at + count]
-            newest_at += count
-    return out
+    whole = delta.whole.shape[0]
+    # Every frame of the parts, as rows of bytes: the whole stacks' frames, then the newest.
+    frames = np.concatenate(
+        (
+            np.ascontiguousarray(delta.whole).view(np.uint8).reshape(whole * depth, frame_bytes),
+            np.ascontiguousarray(delta.newest).view(np.uint8).reshape(-1, frame_bytes),
+        )
+    )
+    step = np.arange(steps, dtype=np.int64)[:, None]
+    # t0: the last step at or before t whose stack travelled whole (t = 0 always does).
+    t0 = np.maximum.accumulate(np.where(mask, -1, step), axis=0)
+    env = np.arange(envs, dtype=np.int64)[None, :]
+    flat = mask.reshape(-1)
+    # Each (t, e)'s index among the whole stacks, and among the newest frames (C order).
+    whole_at = (np.cumsum(~flat) - 1).reshape(steps, envs)[t0, env]
+    newest_at = (np.cumsum(flat) - 1).reshape(steps, envs)
+    shift = (step - t0)[:, :, None] + np.arange(depth, dtype=np.int64)  # k + t - t0
+    from_whole = shift < depth
+    source = np.where(
+        from_whole,
+        whole_at[:, :, None] * depth + shift,
+        # Clipped where unused: the where() evaluates both sides everywhere.
+        whole * depth
+        + newest_at[np.clip(t0[:, :, None] + shift - depth + 1, 0, steps - 1), env[:, :, None]],
+    )
+    np.take(frames, source.reshape(-1), axis=0, out=out)
+    return out.view(delta.dtype).reshape(shape)
+
+
+def scratch(shape: tuple[int, ...]) -> int:
+    """An upper bound of the bytes :func:`rebuild` allocates for indices, for ``shape``."""
+    steps, envs, depth = shape[:3]
+    return 64 * steps * envs * depth + 64 * steps * envs
 
 
 def check(delta: Delta) -> None:
@@ -209,37 +250,47 @@ def pack(delta: Delta, pack_array: Callable[[np.ndarray[Any, Any]], bytes]) -> m
     return ext
 
 
-def unpacker(
-    allowance: Allowance, array_hook: Callable[[int, bytes], Any]
-) -> Callable[[bytes], np.ndarray[Any, Any]]:
-    """A function that turns :data:`EXT_FRAME_DELTA` payloads of one frame into arrays.
+class Pending:
+    """A frame-delta array whose header was checked, not yet rebuilt (see :func:`unpacker`).
 
-    Args:
-        allowance: what the arrays of the frame may still inflate and rebuild to; the rebuilt
-            array is charged before anything is allocated.
-        array_hook: the ext hook for the parts (plain and compressed arrays, the latter
-            charged to the same allowance); anything else it returns is refused.
-
-    The arrays it returns are read-only. It refuses, with :class:`~aps.errors.WireError`,
-    everything the module's docstring lists.
+    Decoding a frame leaves each such array as this placeholder, so that the codec can
+    refuse one anywhere but a :class:`~aps.messages.RolloutChunk`'s ``obs`` before its parts
+    are inflated or anything is rebuilt; :meth:`rebuild` does the rest.
     """
 
-    def part_hook(code: int, data: bytes) -> Any:
-        if code == EXT_FRAME_DELTA:
-            raise WireError("frame-delta array nested in another; its parts are plain arrays")
-        return array_hook(code, data)
+    __slots__ = ("_allowance", "_array_hook", "dtype", "end", "nbytes", "payload", "shape")
 
-    def unpack(payload: bytes) -> np.ndarray[Any, Any]:
-        # The header is parsed from a bounded copy: a few hundred bytes at most.
-        dtype, shape, end, nbytes = parse_payload(payload[:LONGEST_HEADER])
-        if len(shape) < 3 or shape[2] < 2:
-            raise WireError(
-                f"frame-delta array of shape {shape} is not a chunk of frame stacks "
-                "(T, E, K, ...) with K >= 2"
-            )
-        allowance.take(nbytes, f"frame-delta array ({dtype}, shape {shape})")
+    def __init__(
+        self,
+        payload: bytes,
+        header: tuple[np.dtype[Any], tuple[int, ...], int, int],
+        allowance: Allowance,
+        array_hook: Callable[[int, bytes], Any],
+    ) -> None:
+        self.payload = payload
+        self.dtype, self.shape, self.end, self.nbytes = header
+        self._allowance = allowance
+        self._array_hook = array_hook
+
+    def rebuild(self) -> np.ndarray[Any, Any]:
+        """The array (read-only), its size and scratch charged to the allowance first.
+
+        Raises:
+            WireError: the parts are malformed or disagree with the header (see the module).
+        """
+        payload, dtype, shape, end = self.payload, self.dtype, self.shape, self.end
+        self._allowance.take(
+            self.nbytes + scratch(shape), f"frame-delta array ({dtype}, shape {shape})"
+        )
         steps, envs = shape[:2]
         cells = steps * envs
+        array_hook = self._array_hook
+
+        def part_hook(code: int, data: bytes) -> Any:
+            if code == EXT_FRAME_DELTA:
+                raise WireError("frame-delta array nested in another; its parts are plain arrays")
+            return array_hook(code, data)
+
         parts = msgpack.Unpacker(
             None,
             ext_hook=part_hook,
@@ -282,5 +333,50 @@ def unpacker(
         out = rebuild(Delta(shape=shape, dtype=dtype, mask=mask, whole=whole, newest=newest))
         out.flags.writeable = False  # like every decoded array
         return out
+
+
+def unpacker(
+    allowance: Allowance, array_hook: Callable[[int, bytes], Any]
+) -> Callable[[bytes], Pending]:
+    """A function that turns :data:`EXT_FRAME_DELTA` payloads of one frame into placeholders.
+
+    Args:
+        allowance: what the arrays of the frame may still inflate and rebuild to; the rebuilt
+            array and the rebuild's scratch are charged before anything is allocated.
+        array_hook: the ext hook for the parts (plain and compressed arrays, the latter
+            charged to the same allowance); anything else it returns is refused.
+
+    The function checks what costs nothing to check, in time proportional to the header:
+    it refuses, with :class:`~aps.errors.WireError`, a shape that :func:`split` never
+    sends (fewer than 4 dimensions, ``K < 2``, a zero-size dimension, fewer than
+    :data:`THRESHOLD` bytes) and a mask of more bits than the payload has. It returns a
+    :class:`Pending` whose :meth:`~Pending.rebuild` makes the read-only array and refuses
+    the rest of what the module's docstring lists.
+    """
+
+    def unpack(payload: bytes) -> Pending:
+        # The header is parsed from a bounded copy: a few hundred bytes at most.
+        header = parse_payload(payload[:LONGEST_HEADER])
+        dtype, shape, end, nbytes = header
+        if len(shape) < 4 or shape[2] < 2:
+            raise WireError(
+                f"frame-delta array of shape {shape} is not a chunk of frame stacks "
+                "(T, E, K, ...) with K >= 2 and frames of at least one dimension"
+            )
+        if 0 in shape or nbytes < THRESHOLD:
+            # split() sends nothing smaller: a zero-size dimension would make T * E steps
+            # of work for no bytes at all.
+            raise WireError(
+                f"frame-delta array of shape {shape} ({dtype}) holds {nbytes} bytes; frame "
+                f"delta is used for chunks of at least {THRESHOLD} bytes with no zero-size "
+                "dimension, else the chunk travels plain"
+            )
+        cells = shape[0] * shape[1]
+        if -(-cells // 8) > len(payload) - end:
+            raise WireError(
+                f"frame-delta array of shape {shape} needs a mask of {-(-cells // 8)} bytes "
+                f"({cells} bits) but its payload has {len(payload) - end} bytes after the header"
+            )
+        return Pending(payload, header, allowance, array_hook)
 
     return unpack

@@ -113,6 +113,7 @@ class Session:
         self._compressor: compression.Compressor | None = None
         self._frame_delta = False
         self._encoding = compression.accepted("none", False)
+        self._inflation = codec.InflationRate()  # what the peer's arrays may inflate to, per s
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -282,6 +283,7 @@ class Session:
                         max_frame_size=self._max_frame_size,
                         compression=self._compression,
                         frame_delta=self._frame_delta,
+                        rate=self._inflation,
                     )
                 else:
                     message = codec.decode_handshake(frame)

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_SPACE_DEPTH",
     "SUPPORTED_SPACES",
     "VALUE_TAG",
+    "sample_nbytes",
     "space_from_wire",
     "space_to_wire",
     "value_from_wire",
@@ -195,6 +196,46 @@ def _from_wire(data: object, where: str, depth: int) -> gym.Space[Any]:
         # Gymnasium validates its own arguments (low > high, n <= 0, ...) with ValueError,
         # TypeError or assertions; whatever it raises, bytes from a peer end as a WireError.
         raise WireError(f"{where} ({kind}) is not a valid space: {exc}") from exc
+
+
+def sample_nbytes(data: object) -> int:
+    """The bytes one sample of the space ``data`` describes takes, read from the description.
+
+    Runs before the space is built, so that a receiver can bound what it would build for
+    many envs of it (see :func:`aps.codec.decode` for a :class:`~aps.messages.Ready`): a
+    ``Box`` or ``MultiDiscrete`` counts its bounds' bytes, a ``Discrete`` its dtype's, a
+    ``MultiBinary`` one byte per element, a ``Dict`` or ``Tuple`` the sum of its spaces. A
+    description too malformed to count counts 0: :func:`space_from_wire` refuses it.
+    """
+    return _sample_nbytes(data, 0)
+
+
+def _sample_nbytes(data: object, depth: int) -> int:
+    if depth > MAX_SPACE_DEPTH or not isinstance(data, Mapping):
+        return 0
+    kind = data.get("type")
+    if kind == "Box":
+        low = data.get("low")
+        return low.nbytes if isinstance(low, np.ndarray) else 0
+    if kind == "MultiDiscrete":
+        nvec = data.get("nvec")
+        return nvec.nbytes if isinstance(nvec, np.ndarray) else 0
+    if kind == "Discrete":
+        name = data.get("dtype")
+        return np.dtype(name).itemsize if isinstance(name, str) and name in _INT_DTYPES else 0
+    if kind == "MultiBinary":
+        n = data.get("n")
+        dims = (n,) if type(n) is int else n if isinstance(n, list | tuple) else ()
+        size = 1
+        for dim in dims[:32]:
+            size *= dim if type(dim) is int and dim > 0 else 0
+        return size
+    subs = data.get("spaces")
+    if kind not in ("Dict", "Tuple") or not isinstance(subs, list | tuple):
+        return 0
+    if kind == "Dict":
+        subs = [pair[1] for pair in subs if isinstance(pair, list | tuple) and len(pair) == 2]
+    return sum(_sample_nbytes(sub, depth + 1) for sub in subs)
 
 
 def _wire_dtype(value: object, allowed: frozenset[str], where: str) -> np.dtype[Any]:
