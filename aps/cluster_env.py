@@ -509,6 +509,9 @@ class ClusterEnv(VectorEnv):
         return self._batch_result(self._portal.call, self._learner.step(actions), "step")
 
     def _check_in_step(self, operation: str) -> None:
+        if self.closed:
+            # Before the out-of-step test: after close() that advice (reset) no longer helps.
+            raise InvalidState("this ClusterEnv is closed; create a new one to step again")
         if self._out_of_step is not None:
             raise InvalidState(
                 f"{operation}() refused: {self._out_of_step}, so some envs stepped and others "

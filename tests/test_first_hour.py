@@ -10,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import aps
 from tests.conftest import FAST
+from tests.test_vector_backends import ExplodingEnv
 
 
 def test_a_typo_in_the_env_id_is_refused_before_any_dialing() -> None:
@@ -121,3 +123,18 @@ def test_every_pip_install_of_aps_names_the_distribution_aps_rl() -> None:
     assert wrong.search("pip install 'aps[compression]'")
     assert wrong.search("pip install aps")
     assert not wrong.search("pip install 'aps-rl[compression]'")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_step_after_close_says_closed_even_after_a_failed_step() -> None:
+    envs = aps.ClusterEnv.local(ExplodingEnv, num_workers=2, envs_per_worker=1, transport="memory")
+    actions = np.zeros((2, 2), dtype=np.float32)
+    envs.reset(seed=0)
+    envs.step(actions)
+    envs.step(actions)
+    with pytest.raises(RuntimeError, match="the env exploded"):
+        envs.step(actions)
+    envs.close()
+    for call in (envs.step, envs.step_async):
+        with pytest.raises(aps.InvalidState, match="this ClusterEnv is closed"):
+            call(actions)
