@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import stat
 import sys
 from collections.abc import Sequence
@@ -483,7 +484,22 @@ def _read_token(path: Path | None) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit status."""
+    """Run the command line; returns the process exit status.
+
+    A reader that stops early (``aps check URL | head -3``) ends the command quietly with
+    status 141, as a command killed by ``SIGPIPE`` ends in a shell, not with a traceback.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        # Python's own advice: point stdout at /dev/null, so the flush at exit stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "WARNING"),

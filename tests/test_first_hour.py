@@ -138,3 +138,29 @@ def test_step_after_close_says_closed_even_after_a_failed_step() -> None:
     for call in (envs.step, envs.step_async):
         with pytest.raises(aps.InvalidState, match="this ClusterEnv is closed"):
             call(actions)
+
+
+def _into_a_closed_pipe(*command: str) -> tuple[int, str]:
+    """Run ``python -m aps *command`` with a stdout whose reader has gone; status, stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aps", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the interpreter has even started
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    return process.wait(timeout=60), stderr
+
+
+async def test_aps_check_into_a_reader_that_stops_early_ends_quietly() -> None:
+    # `aps check URL | head -1`: the reader has gone before the report is written.
+    async with aps.Learner("tcp://127.0.0.1:0", num_workers=1, timeouts=FAST) as learner:
+        status, stderr = await asyncio.to_thread(_into_a_closed_pipe, "check", learner.url)
+    assert status == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_aps_token_into_a_closed_pipe_ends_quietly() -> None:
+    status, stderr = _into_a_closed_pipe("token")
+    assert status == 141, stderr
+    assert "Traceback" not in stderr, stderr
