@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import aps
-from tests.conftest import FAST
+from tests.conftest import FAST, WorkerTasks
 from tests.test_vector_backends import ExplodingEnv
 
 
@@ -164,3 +165,22 @@ def test_aps_token_into_a_closed_pipe_ends_quietly() -> None:
     status, stderr = _into_a_closed_pipe("token")
     assert status == 141, stderr
     assert "Traceback" not in stderr, stderr
+
+
+async def test_a_refused_worker_never_says_it_serves(
+    workers: WorkerTasks, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aps")
+    async with aps.Learner("tcp://127.0.0.1:0", num_workers=2, timeouts=FAST) as learner:
+        workers.start(learner.url, num_envs=1, label="first")
+        while not learner._pool.remotes:  # noqa: ASYNC110 - polling a test-only condition
+            await asyncio.sleep(0.01)
+        odd = workers.start(learner.url, env="Pendulum-v1", label="odd")
+        with pytest.raises(aps.ConfigError, match="same spaces"):
+            await asyncio.wait_for(odd, 10)
+        workers.start(learner.url, num_envs=1, label="second")
+        await learner.reset(seed=0)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("built 1 x Pendulum-v1" in line and "offers them" in line for line in said)
+    assert not any("[odd] serves" in line for line in said), said
+    assert sum("serves the learner" in line for line in said) == 2, said

@@ -581,8 +581,10 @@ class Worker:
             if envs is not None:
                 envs.close()
             raise ConfigError(f"could not build the {what} for {self._env_name!r}: {exc}") from exc
+        # Not "ready" yet: the learner may still refuse these envs (spaces that disagree
+        # with the other workers'); _serve says so once the learner's first request came.
         log.info(
-            "worker %d ready: %d x %s (%s)",
+            "worker %d built %d x %s (%s) and offers them to the learner",
             answer.worker_id,
             self.num_envs,
             self._env_name,
@@ -600,6 +602,7 @@ class Worker:
         server = self._server
         assert server is not None
         timeout = self._timeouts.heartbeat_timeout
+        serving = False  # until a request shows that the learner took our envs
         while True:
             try:
                 request = await session.receive(timeout=timeout, operation="the next request")
@@ -611,6 +614,9 @@ class Worker:
                     *(self._name(), session.peer, session.goodbye or "no reason given"),
                 )
                 return
+            if not serving and not isinstance(request, Reject):
+                serving = True
+                log.info("worker %s serves the learner at %s", self._name(), session.peer)
             # A step first: one type test for the request every lockstep step brings.
             if type(request) is StepRequest or isinstance(
                 request, ResetRequest | RolloutRequest | EnvCall
