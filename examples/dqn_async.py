@@ -294,7 +294,7 @@ def external_token() -> str:
     """``$APS_TOKEN``, or a fresh token written to :data:`TOKEN_FILE` for the workers."""
     token = os.environ.get("APS_TOKEN")
     if token is None:
-        token = secrets.token_hex(16)
+        token = secrets.token_hex(32)  # 256 bits, as aps token writes
         TOKEN_FILE.touch(mode=0o600)
         TOKEN_FILE.write_text(token)
     return token

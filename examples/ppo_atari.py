@@ -187,7 +187,7 @@ def make_envs(args: argparse.Namespace) -> aps.ClusterEnv:
     token = os.environ.get("APS_TOKEN")
     token_file = Path("aps-token")
     if token is None:
-        token = secrets.token_hex(16)
+        token = secrets.token_hex(32)  # 256 bits, as aps token writes
         token_file.touch(mode=0o600)
         token_file.write_text(token)
 

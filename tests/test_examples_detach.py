@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -55,6 +56,8 @@ def test_the_example_prints_the_worker_command_and_trains_with_external_workers(
         assert "--token-file" in words and words[2].startswith("tcp://127.0.0.1:")
         token_at = words.index("--token-file") + 1
         words[token_at] = str(tmp_path / words[token_at])  # the file, "copied" here
+        # As long as the token aps token writes: 256 random bits as 64 hex digits.
+        assert re.fullmatch(r"[0-9a-f]{64}", Path(words[token_at]).read_text().strip())
         for _ in range(2):
             workers.append(
                 subprocess.Popen(
