@@ -184,3 +184,17 @@ async def test_a_refused_worker_never_says_it_serves(
     assert any("built 1 x Pendulum-v1" in line and "offers them" in line for line in said)
     assert not any("[odd] serves" in line for line in said), said
     assert sum("serves the learner" in line for line in said) == 2, said
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("tpc", "tcp"), ("wss2", "wss"), ("unx", "unix")])
+async def test_a_scheme_with_a_typo_gets_a_did_you_mean(typo: str, meant: str) -> None:
+    with pytest.raises(aps.ConfigError, match=rf"'{typo}' \(did you mean '{meant}'\?\)"):
+        async with aps.Learner(f"{typo}://127.0.0.1:0", num_workers=1):
+            pass
+    worker = aps.Worker(f"{typo}://127.0.0.1:7000", "CartPole-v1", timeouts=FAST)
+    with pytest.raises(aps.ConfigError, match=rf"did you mean '{meant}'"):
+        await asyncio.wait_for(worker.run(), 30)
+    # A scheme far from every known one gets the list alone.
+    with pytest.raises(aps.ConfigError, match=r"'quic'; known schemes") as refused:
+        aps.transports.get_factory("quic")
+    assert "did you mean" not in str(refused.value)

@@ -19,6 +19,7 @@ Explicit objects never need the registry: roles accept a ``Transport`` or ``List
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import re
@@ -153,9 +154,12 @@ def get_factory(scheme: str) -> TransportFactory:
 def _from_entry_point(name: str) -> TransportFactory:
     found = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name))
     if not found:
-        known = ", ".join(sorted(set(_factories) | set(_BUILTINS)))
+        schemes = sorted(set(_factories) | set(_BUILTINS))
+        close = difflib.get_close_matches(name, schemes, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"unknown transport scheme {name!r}; known schemes: {known}. Register one with "
+            f"unknown transport scheme {name!r}{hint}; known schemes: {', '.join(schemes)}. "
+            "Register one with "
             f"aps.transports.register({name!r}, factory), or install a package that declares "
             f'it under [project.entry-points."{ENTRY_POINT_GROUP}"]'
         )
