@@ -682,6 +682,16 @@ class ClusterEnv(VectorEnv):
         """Syncs, weight bytes, divergences and policy lag; see :attr:`aps.Learner.metrics`."""
         return self._learner.metrics
 
+    def close(self, **kwargs: Any) -> None:
+        """Say goodbye to the workers, stop local ones and end the private loop; idempotent.
+
+        Waits for a pending ``step_async``/``rollout_async`` first (its result or error is
+        dropped). Afterwards every call raises :class:`~aps.errors.InvalidState` saying the
+        env is closed. A ``with`` block and the interpreter's exit call it too. As
+        Gymnasium's ``VectorEnv.close`` does, it calls :meth:`close_extras` once.
+        """
+        super().close(**kwargs)
+
     def close_extras(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones, and end the private loop.
 
