@@ -198,3 +198,16 @@ async def test_a_scheme_with_a_typo_gets_a_did_you_mean(typo: str, meant: str) -
     with pytest.raises(aps.ConfigError, match=r"'quic'; known schemes") as refused:
         aps.transports.get_factory("quic")
     assert "did you mean" not in str(refused.value)
+
+
+def test_the_readme_installs_by_hand_what_make_installs() -> None:
+    # Following the README by hand, a newcomer gets the extras and groups the tests need.
+    def install(text: str) -> set[str]:
+        line = next(x for x in text.splitlines() if "pip install" in x and "-e '." in x)
+        extras = re.search(r"-e '\.\[([^\]]*)\]'", line)
+        assert extras is not None, line
+        return {*extras.group(1).split(","), *re.findall(r"--group (\S+)", line)}
+
+    make = install((REPO / "Makefile").read_text())
+    assert install((REPO / "README.md").read_text()) == make
+    assert {"sb3", "envpool", "test"} <= make
