@@ -117,6 +117,9 @@ INFLATION_PER_SECOND: Final = 64 * 2**20
 INFLATION_BURST: Final = 128 * 2**20
 """The most bytes one connection may inflate at once beyond :data:`INFLATION_PER_BYTE`."""
 
+INFLATION_START: Final = 16 * 2**20
+"""What a new connection's bucket holds (:class:`InflationRate`)."""
+
 
 class InflationRate:
     """What one connection may inflate and rebuild over time: a token bucket of bytes.
@@ -132,7 +135,10 @@ class InflationRate:
     inflates and rebuilds to about 70x its bytes, weights and MuJoCo observations to about
     1.5x; a peer's frames that inflate 1,000x or more at over 64 MiB/s are refused. A
     sender of 64 KB/s of hostile frames makes the receiver inflate at most
-    ``64 KB x per_byte + per_second`` bytes a second (128 MiB/s).
+    ``64 KB x per_byte + per_second`` bytes a second (128 MiB/s). The bucket starts with
+    ``start`` bytes (what an honest peer's first frames may need before it filled: arrays
+    of zeros compress 10,000x) and fills from the moment the connection is made, so a peer
+    that reconnects gains little.
 
     One object per connection, used from one thread (its session's event loop).
     """
@@ -145,13 +151,14 @@ class InflationRate:
         per_byte: int = INFLATION_PER_BYTE,
         per_second: int = INFLATION_PER_SECOND,
         burst: int = INFLATION_BURST,
+        start: int = INFLATION_START,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.per_byte = per_byte
         self.per_second = per_second
         self.burst = burst
         self.clock = clock
-        self.tokens = float(burst)
+        self.tokens = float(min(start, burst))
         self.last = clock()
         self.credit = 0
 

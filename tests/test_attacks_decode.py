@@ -429,7 +429,11 @@ class Clock:
 
 def test_the_rate_gives_each_frame_its_credit_then_spends_the_bucket() -> None:
     clock = Clock()
-    rate = InflationRate(per_byte=10, per_second=1000, burst=2000, clock=clock)
+    rate = InflationRate(per_byte=10, per_second=1000, burst=2000, start=300, clock=clock)
+    rate.frame(100)
+    with pytest.raises(aps.WireError):
+        rate.spend(1301, "a")  # a new connection's bucket holds start: no burst on reconnecting
+    clock.now = 2.0
     rate.frame(100)  # 1000 of credit, 2000 in the bucket
     rate.spend(2500, "a")
     with pytest.raises(aps.WireError) as caught:
@@ -438,7 +442,7 @@ def test_the_rate_gives_each_frame_its_credit_then_spends_the_bucket() -> None:
     for part in ("shape (600,)", "600 bytes", "500 bytes", "10 per byte", "1000 per second"):
         assert part in message, message
     rate.spend(500, "b")  # a refusal charges nothing
-    clock.now = 1.0
+    clock.now = 3.0
     rate.frame(0)  # a second refills 1000
     rate.spend(1000, "c")
     clock.now = 100.0
@@ -458,6 +462,9 @@ def test_a_connection_that_inflates_faster_than_its_rate_is_refused() -> None:
     bomb = codec.encode(Weights(version=1, arrays={"w": np.zeros(2**25, np.uint8)}, epsilon=None),
                         compressor=compression.compressor("zstd"))  # fmt: skip
     assert len(bomb) < 4096  # 32 MiB for a few KiB: far past 1024 bytes per byte
+    with pytest.raises(aps.WireError, match="this connection may inflate"):
+        codec.decode(bomb, compression="zstd", rate=rate)  # the bucket starts at 16 MiB
+    clock.now = 10.0
     for _ in range(4):  # the 128 MiB burst
         codec.decode(bomb, compression="zstd", rate=rate)
     with pytest.raises(aps.WireError, match="this connection may inflate"):
@@ -472,8 +479,7 @@ def test_a_connection_that_inflates_faster_than_its_rate_is_refused() -> None:
 def test_honest_pong_chunks_inflate_within_the_rate_at_any_pace() -> None:
     obs = pong_obs(steps=32, envs=4, max_episode_steps=1000)
     frame = codec.encode(chunk_of(obs), compressor=compression.compressor("zstd"), frame_delta=True)
-    rate = InflationRate(clock=Clock())  # no time passes: only the frames' own credit
-    rate.tokens = 0
+    rate = InflationRate(start=0, clock=Clock())  # no time passes: only the frames' credit
     for _ in range(10):
         decoded = codec.decode(frame, compression="zstd", frame_delta=True, rate=rate)
         assert decoded.obs.tobytes() == obs.tobytes()  # type: ignore[attr-defined]
@@ -481,6 +487,7 @@ def test_honest_pong_chunks_inflate_within_the_rate_at_any_pace() -> None:
 
 def test_the_rate_is_charged_with_the_frame_limit_and_only_if_that_passes() -> None:
     rate = InflationRate(per_byte=0, per_second=0, burst=100, clock=Clock())
+    rate.tokens = 100
     allowance = Allowance(50, rate)
     with pytest.raises(aps.WireError, match="limit of 50 bytes per frame"):
         allowance.take(60, "x")
