@@ -124,8 +124,8 @@ def max_fragments(limit: int) -> int:
     """The most fragments of one message under a message limit of ``limit`` bytes.
 
     aps itself sends :data:`FRAGMENT_SIZE` pieces; a peer may use smaller ones, down to
-    16 KiB on average, plus a few. Before accept (a 64 KiB limit) that is 68 fragments: a
-    pending connection cannot park thousands of one-byte fragments.
+    16 KiB on average, plus a few. Before accept (a 16 KiB limit) that is 65 fragments: a
+    pending connection cannot park thousands of one-byte (or empty) fragments.
     """
     return 64 + limit // (16 * 1024)
 
@@ -155,7 +155,9 @@ class _Gatherer:
     within the limit, and websockets refuses a message whose fragments exceed the limit
     before it reads the fragment that would. A message in more than :func:`max_fragments`
     pieces is refused (:class:`TooManyFragments`), and pieces are joined into one growing
-    buffer as they come, so tiny fragments cost their bytes, not an object each.
+    buffer as they come, so tiny fragments cost their bytes, not an object each. A text
+    message's fragments are handed on as they come (websockets assembles them, and aps
+    refuses the message), but counted against the same limit.
     """
 
     def __init__(self) -> None:
@@ -166,6 +168,7 @@ class _Gatherer:
         self._size = 0
         self._count = 0
         self._gathering = False
+        self._passing = False  # a fragmented text message: counted, handed on as it comes
 
     def add(self, frame: WsFrame, limit: int | None) -> WsFrame | None:
         """Return the frame to hand on: ``frame``, a whole message, or ``None`` for now.
@@ -181,13 +184,23 @@ class _Gatherer:
             guess = self.expected
             if 0 < guess and len(frame.data) <= guess and (limit is None or guess <= limit):
                 self._buffer, self._view = allocate(guess)
-        elif frame.opcode is not Opcode.CONT or not self._gathering:
-            return frame  # a whole message, or a fragment of a text message
+        elif frame.opcode is Opcode.TEXT and not frame.fin:
+            self.clear()
+            self._passing = True
+        elif frame.opcode is not Opcode.CONT or not (self._gathering or self._passing):
+            return frame  # a whole message, or a control frame
         self._count += 1
         if limit is not None and self._count > max_fragments(limit):
             count = self._count
             self.clear()
             raise TooManyFragments(count, limit)
+        if self._passing:
+            # websockets keeps a text message's fragments as frames until the last one:
+            # counted here all the same, so that it cannot keep thousands of them.
+            if frame.fin:
+                self._passing = False
+                self._count = 0
+            return frame
         data = frame.data
         end = self._size + len(data)
         view = self._view
@@ -223,6 +236,7 @@ class _Gatherer:
     def clear(self) -> None:
         """Forget a message half gathered (the connection ended), so its buffer is reused."""
         self._gathering = False
+        self._passing = False
         self._size = 0
         self._count = 0
         self._joined = bytearray()
@@ -243,14 +257,26 @@ class _Gathering(Connection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.aps_gatherer = _Gatherer()
+        self.aps_refused = False
+        """Whether the connection was aborted for what it sent (the rest is dropped)."""
+
+    def aps_refuse(self) -> None:
+        """Abort the connection now; events already parsed from its bytes go nowhere."""
+        self.aps_refused = True
+        self.aps_gatherer.clear()
+        self.transport.abort()
 
     def process_event(self, event: Event) -> None:
+        if self.aps_refused:
+            # One read may hold thousands of frames, parsed before the first is seen here:
+            # none after the refusal may reach websockets' queues.
+            return
         if isinstance(event, WsFrame):  # not the opening handshake
             try:
                 handed_on = self.aps_gatherer.add(event, getattr(self.protocol, _LIMIT))
             except TooManyFragments:
                 # Closed at once: its fragments are gone, and so is anything after them.
-                self.transport.abort()
+                self.aps_refuse()
                 return
             if handed_on is None:
                 return  # gathering: websockets sees the message once it is whole
@@ -537,9 +563,20 @@ MAX_OPENING_BYTES = 16 * 1024
 """The most bytes a connection may send before its opening handshake is done: the HTTP
 request and its headers (an aps client sends a few hundred). More closes it at once."""
 
-UNACCEPTED_FRAME_SIZE = 64 * 1024
-"""The largest message read from a connection nobody has accepted yet; accept() restores the
-listener's limit."""
+UNACCEPTED_FRAME_SIZE = 16 * 1024
+"""The largest message read from a connection nobody has accepted yet (in at most
+``max_fragments(UNACCEPTED_FRAME_SIZE)`` fragments); accept() restores the listener's limit.
+
+As large as the handshake frames a learner reads until the token is proved
+(``aps.codec.HANDSHAKE_FRAME_SIZE``): an aps peer sends nothing before it is accepted."""
+
+PREAUTH_CONTROL_FRAMES = 8
+"""Pings and pongs a connection may send while it holds a pre-auth ticket; more closes it.
+An aps peer sends none (aps has its own heartbeats)."""
+
+# Bytes websockets parses at a time from a connection that holds a pre-auth ticket: at most
+# a few hundred frame objects exist before the first of them can be refused.
+_PREAUTH_READ = 4096
 
 # Messages queued before a connection is accepted, at most (websockets' max_queue): each is
 # within UNACCEPTED_FRAME_SIZE, and nobody reads them until accept. accept() restores
@@ -585,6 +622,9 @@ class WebSocketListener:
     descriptors nor keep an honest worker out. Until it is accepted, a connection may send
     :data:`MAX_OPENING_BYTES` of opening handshake, messages of at most
     :data:`UNACCEPTED_FRAME_SIZE` and, in fragments, few of them (see :class:`_Gatherer`).
+    While its ticket is held (until accept, or until the token is proved once a learner's
+    gate adopted the budget), a text message or more than :data:`PREAUTH_CONTROL_FRAMES`
+    pings and pongs close it at once, and what it sends is parsed a few KiB at a time.
     """
 
     def __init__(
@@ -655,6 +695,7 @@ class WebSocketListener:
                 )
                 self.aps_ticket: Ticket | None = None
                 self.aps_opening_bytes = 0
+                self.aps_control_frames = 0
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 ticket = self.aps_ticket
@@ -664,7 +705,54 @@ class WebSocketListener:
                 listener._waiting.add(self)
                 self.aps_waiting = True
 
+            def process_event(self, event: Event) -> None:
+                ticket = self.aps_ticket
+                if (
+                    isinstance(event, WsFrame)
+                    and ticket is not None
+                    and ticket.held
+                    and not self.aps_refused
+                ):
+                    why = self._aps_preauth_refusal(event)
+                    if why:
+                        ticket.release()
+                        listener.preauth.note(
+                            f"{ticket.peer}: ConnectionLost: {why} before proving the token; "
+                            "closed it"
+                        )
+                        self.aps_refuse()
+                        return
+                super().process_event(event)
+
+            def _aps_preauth_refusal(self, frame: WsFrame) -> str:
+                """Why ``frame`` closes a connection that has not proved anything, or ``""``."""
+                if frame.opcode is Opcode.TEXT:
+                    # websockets keeps a text message's fragments as frames, and aps
+                    # refuses text anyway: an aps peer never sends any.
+                    return "sent a text message"
+                if frame.opcode in (Opcode.PING, Opcode.PONG):
+                    # Each ping is answered whether or not the peer reads: pongs would
+                    # pile up in the write buffer.
+                    self.aps_control_frames += 1
+                    if self.aps_control_frames > PREAUTH_CONTROL_FRAMES:
+                        return f"sent more than {PREAUTH_CONTROL_FRAMES} pings or pongs"
+                return ""
+
             def data_received(self, data: bytes) -> None:
+                ticket = self.aps_ticket
+                if ticket is None or not ticket.held or len(data) <= _PREAUTH_READ:
+                    self._aps_data_received(data)
+                    return
+                # Before the token is proved, websockets parses a read in small pieces: one
+                # read of tiny frames would otherwise become thousands of frame objects at
+                # once, before the first of them could be refused.
+                view = memoryview(data)
+                for start in range(0, len(view), _PREAUTH_READ):
+                    if self.aps_refused or self.transport.is_closing():
+                        return
+                    self._aps_data_received(bytes(view[start : start + _PREAUTH_READ]))
+
+            def _aps_data_received(self, data: bytes) -> None:
                 if self.protocol.state is State.CONNECTING:
                     # websockets buffers a request line and headers up to 1 MiB; a pending
                     # connection may cost a few KiB.
