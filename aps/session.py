@@ -3,7 +3,7 @@
 :class:`Session` is the only place where the protocol meets I/O and time. It encodes what the
 role sends, decodes and checks what arrives, answers nothing on its own, sends a heartbeat
 when the role has been quiet for ``heartbeat_interval`` seconds, and turns every silence
-longer than a deadline into :class:`~aps.errors.Timeout`.
+longer than a deadline, and every answer later than one, into :class:`~aps.errors.Timeout`.
 
 Until the role calls :meth:`Session.authenticated` (the peer proved the token), a session
 reads only handshake-sized frames and decodes them with :func:`aps.codec.decode_handshake`:
@@ -56,7 +56,9 @@ class Timeouts:
             a learner waits for all its workers to arrive.
         handshake: the longest a connection may take from accept to ready; a slow or silent
             peer is dropped after it.
-        step: the longest a worker may take to answer one reset or step.
+        step: the longest a worker may take to answer one reset, step or env call, counted
+            from the request: heartbeats do not extend it (they prove the connection, not
+            progress).
         heartbeat_interval: a side that has sent nothing for this long sends a heartbeat.
         heartbeat_timeout: the longest silence a worker tolerates from its learner. A learner
             that blocks its event loop longer than this (a long update in an await loop) must
@@ -242,16 +244,31 @@ class Session:
         self._last_send = time.monotonic()
         await self._transport.send(frame)
 
-    async def receive(self, *, timeout: float | None, operation: str) -> Message:
+    async def receive(
+        self, *, timeout: float | None, operation: str, since: float | None = None
+    ) -> Message:
         """Wait for the next message other than a heartbeat.
 
+        Two kinds of deadline:
+
+        - ``since=None``, a silence deadline: ``timeout`` is the longest silence tolerated,
+          and any frame, heartbeats included, restarts it. For a side that waits for the
+          peer's next move (a worker waiting for requests): heartbeats prove the connection.
+        - ``since`` given, an answer deadline: the message is due ``timeout`` seconds after
+          ``since`` (loop time, :meth:`asyncio.AbstractEventLoop.time`: when the request
+          went out), whatever arrives meanwhile. For a side waiting for the answer to its
+          request: heartbeats prove the connection, not progress, so a peer that stalls
+          and keeps heartbeating still misses it.
+
         Args:
-            timeout: the longest silence tolerated, in seconds (any frame, heartbeats
-                included, restarts it); ``None`` waits forever.
+            timeout: seconds, as above; ``None`` waits forever.
             operation: what the caller is waiting for, for the error message.
+            since: the loop time the answer deadline counts from; ``None``: a silence
+                deadline.
 
         Raises:
-            Timeout: nothing arrived for ``timeout`` seconds.
+            Timeout: nothing arrived for ``timeout`` seconds, or (``since`` given) no
+                message other than a heartbeat arrived by ``since + timeout``.
             EndOfStream: the peer said goodbye or closed the connection.
             ProtocolError: the peer sent a malformed or unexpected frame; the session closes.
             TransportError: the transport failed.
@@ -261,11 +278,21 @@ class Session:
         while True:
             # The deadline's bookkeeping is written out here rather than in a coroutine of
             # its own: this runs for every message at both ends.
-            wait = None if timeout is None else self._arm(timeout)
+            # An answer deadline is armed again after a heartbeat, at the same instant.
+            wait = None if timeout is None else self._arm(timeout, since)
             try:
                 frame = await self._transport.receive()
             except asyncio.CancelledError:
                 if wait is not None and wait.expired and wait.task.uncancel() <= wait.cancelling:
+                    if since is not None:
+                        raise Timeout(
+                            f"no answer from {self.peer} within {timeout} s of the request "
+                            f"while waiting for {operation} (heartbeats do not count: the peer "
+                            "is connected but not answering); its env is stuck or slow (raise "
+                            "the matching Timeouts field if it is only slow)",
+                            operation=operation,
+                            seconds=timeout,
+                        ) from None
                     raise Timeout(
                         f"nothing from {self.peer} for {timeout} s while waiting for "
                         f"{operation}; the peer is stuck or the network is down (raise the "
@@ -301,8 +328,10 @@ class Session:
                 raise EndOfStream(f"{self.peer} closed the session: {message.reason or 'bye'}")
             return message
 
-    def _arm(self, timeout: float) -> _Wait:
+    def _arm(self, timeout: float, since: float | None) -> _Wait:
         """Note the deadline of the receive() call that begins: ``timeout`` s from now.
+
+        (Or from ``since``, in loop time, for an answer deadline: see :meth:`receive`.)
 
         ``asyncio.timeout`` by hand, and without a timer per call: this runs for every
         message at both ends, and arming and cancelling a loop timer costs about 2 us each
@@ -318,17 +347,14 @@ class Session:
         task = asyncio.current_task(loop)
         if task is None:
             raise InvalidState("Session.receive() must run in a task")
+        deadline = (loop.time() if since is None else since) + timeout
         # One _Wait per session, filled in again by each call: receive() calls never overlap
         # (the transport refuses that), and a call reads only its own fields, before the next.
         wait = self._wait
         if wait is None:
-            wait = self._wait = _Wait(task, loop.time() + timeout, task.cancelling())
+            wait = self._wait = _Wait(task, deadline, task.cancelling())
         else:
-            wait.task, wait.deadline, wait.cancelling = (
-                task,
-                loop.time() + timeout,
-                task.cancelling(),
-            )
+            wait.task, wait.deadline, wait.cancelling = task, deadline, task.cancelling()
             wait.expired = False
         self._waiting = wait
         watchdog = self._watchdog

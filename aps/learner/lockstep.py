@@ -101,7 +101,12 @@ class Lockstep:
                 for offset, count, part in zip(pool.offsets, pool.counts, parts, strict=True)
             ]
         answers = await pool.exchange(
-            requests, "reset", redo=self._redo, check=self._check, running=self._running()
+            requests,
+            "reset",
+            redo=self._redo,
+            check=self._check,
+            running=self._running(),
+            within=pool.timeouts.step,
         )
         results = [expect(a, ResetResult) for a in answers]
         observation_space, _ = pool.require_workers()
@@ -119,7 +124,12 @@ class Lockstep:
             raise InvalidState("call reset() before step()")
         requests = self._step_requests(pool.remotes, actions, pool.counts)
         answers = await pool.exchange(
-            requests, "step", redo=self._redo, check=self._check, running=self._running()
+            requests,
+            "step",
+            redo=self._redo,
+            check=self._check,
+            running=self._running(),
+            within=pool.timeouts.step,
         )
         return self._step_results(pool.remotes, answers)
 
@@ -166,7 +176,13 @@ class Lockstep:
                     f"the arguments of {kind}({name!r}) cannot travel to the workers: {exc}; "
                     "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
                 ) from None
-        answers = await pool.exchange(requests, kind, redo=self._redo_call, running=self._running())
+        answers = await pool.exchange(
+            requests,
+            kind,
+            redo=self._redo_call,
+            running=self._running(),
+            within=pool.timeouts.step,
+        )
         result: list[Any] = [None] * len(chosen)
         for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
             got = expect(answer, EnvCallResult).values
@@ -181,7 +197,10 @@ class Lockstep:
 
     async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
-        return await self._pool.requests.call_until_answered(remote, request, operation)
+        pool = self._pool
+        return await pool.requests.call_until_answered(
+            remote, request, operation, within=pool.timeouts.step
+        )
 
     def _running(self) -> str:
         """What keeps the pool busy, for :meth:`WorkerPool.check`'s error."""
@@ -197,7 +216,9 @@ class Lockstep:
         """
         pool = self._pool
         if isinstance(request, ResetRequest):
-            return await pool.requests.call_until_answered(remote, request, operation, self._check)
+            return await pool.requests.call_until_answered(
+                remote, request, operation, self._check, within=pool.timeouts.step
+            )
         return await pool.requests.reset_replacement(remote, operation, self._check)
 
     def _check(self, remote: Remote, answer: Message) -> None:
@@ -413,7 +434,10 @@ class Lockstep:
             waiter.set_result(None)
 
     async def _partial_answer(self, remote: Remote, request: Request) -> Message:
-        answer = await self._pool.requests.answer_from(remote, "step", self._check)
+        pool = self._pool
+        answer = await pool.requests.answer_from(
+            remote, "step", self._check, within=pool.timeouts.step
+        )
         if answer is None:
             answer = await self._redo(remote, request, "step")
         return answer

@@ -397,7 +397,9 @@ class WorkerPool:
         session.compress(chosen, frame_delta=frame_delta)  # from the worker's Ready on
         # Building envs runs user code and may take long: the step deadline bounds it.
         ready = await session.receive(
-            timeout=self.timeouts.step, operation="the worker to build its envs"
+            timeout=self.timeouts.step,
+            operation="the worker to build its envs",
+            since=asyncio.get_running_loop().time(),  # heartbeats do not extend it
         )
         if isinstance(ready, ErrorReport):
             raise ConfigError(
@@ -652,13 +654,16 @@ class WorkerPool:
         after: Callable[[Remote], Awaitable[None]] | None = None,
         check: Check | None = None,
         running: str = "another operation is running",
+        within: float | None = None,
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
         ``before`` runs for each worker before any request is sent, ``after`` right after
         its request was sent (weights that follow it); ``redo`` gives the answer when a
         replacement took a worker over before answering (its envs start afresh); ``check``
-        tests each answer (see :meth:`Requests.answer_from`). A mode left open ends first (see
+        tests each answer, and ``within`` makes each answer due that many seconds after its
+        request, heartbeats or not (``None``: a silence deadline; see
+        :meth:`Requests.answer_from`). A mode left open ends first (see
         :meth:`end_abandoned`), then the pool is checked (:meth:`check`, with ``running``):
         callers do not check it again. While it runs the pool is busy; a failure that leaves
         the workers out of step marks the pool broken.
@@ -673,7 +678,9 @@ class WorkerPool:
             await end()
         self.enter(Mode.EXCHANGE, operation, running=running)
         try:
-            return await self.requests.exchange(requests, operation, redo, before, after, check)
+            return await self.requests.exchange(
+                requests, operation, redo, before, after, check, within
+            )
         except (WorkerLost, Timeout, ProtocolError) as exc:
             self.break_for_good(exc)
             raise

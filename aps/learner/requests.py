@@ -10,6 +10,7 @@ I/O; this room does the sending and receiving.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from aps.delivery import Accepted
@@ -45,7 +46,9 @@ class Requests:
         slots: the slot table.
         recovery: what a failure does.
         hooks: the modes to ask what a connection that took a slot over needs first.
-        timeouts: ``timeouts.step`` bounds every wait for an answer.
+        timeouts: ``timeouts.step`` bounds every wait for an answer: as an answer deadline
+            (from the request, heartbeats or not) where the caller passes ``within``, else
+            as a silence deadline (see :meth:`answer_from`).
     """
 
     def __init__(
@@ -59,6 +62,9 @@ class Requests:
     async def send_request(self, remote: Remote, request: Request) -> None:
         """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
         request = remote.outbox.number(request)
+        # The answer deadline counts from here (see answer_from); a request only queued for
+        # a resume is timed again when catch_up sends it.
+        remote.asked = asyncio.get_running_loop().time()
         if remote.delivered == remote.generation and remote.attached.is_set():
             # send()'s body, written out: this runs per request (every lockstep step), one
             # coroutine fewer.
@@ -88,9 +94,21 @@ class Requests:
         await remote.session.aclose("sending failed")
 
     async def answer_from(
-        self, remote: Remote, operation: str, check: Check | None = None
+        self,
+        remote: Remote,
+        operation: str,
+        check: Check | None = None,
+        *,
+        within: float | None = None,
     ) -> Message | None:
         """Receive ``remote``'s next answer, exactly once.
+
+        ``within`` (seconds) makes it an answer deadline: the answer is due that long after
+        the latest request sent on the connection (see :meth:`send_request`), and heartbeats
+        do not extend it: a worker that stalls and keeps heartbeating is lost then. Lockstep
+        passes ``timeouts.step``: one reset, step or env call. ``None`` is a silence
+        deadline: the worker may be silent for at most ``timeouts.step``, and any frame
+        restarts it (for answers whose length the pool cannot bound, such as rollouts).
 
         ``check`` looks at each fresh answer before it is returned and raises
         :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
@@ -102,7 +120,7 @@ class Requests:
 
         Raises:
             WorkerLost: the worker was lost (and, under ``"wait"``, did not come back); a
-                worker silent for ``timeouts.step`` is lost, with the Timeout as the cause.
+                worker past its deadline is lost, with the Timeout as the cause.
             ProtocolError: the worker broke the protocol (under ``on_worker_lost="raise"``;
                 it was disconnected).
         """
@@ -111,10 +129,17 @@ class Requests:
             try:
                 if remote.delivered != generation:
                     await self.catch_up(remote)
-                message = await remote.session.receive(
-                    timeout=self._timeouts.step,
-                    operation=f"worker {remote.info.worker_id}'s {operation}",
-                )
+                if within is None:
+                    message = await remote.session.receive(
+                        timeout=self._timeouts.step,
+                        operation=f"worker {remote.info.worker_id}'s {operation}",
+                    )
+                else:
+                    message = await remote.session.receive(
+                        timeout=within,
+                        operation=f"worker {remote.info.worker_id}'s {operation}",
+                        since=remote.asked,
+                    )
                 accepted = remote.outbox.accept(message)
                 if accepted is not Accepted.FRESH:
                     continue
@@ -128,17 +153,32 @@ class Requests:
                     return None
 
     async def call(
-        self, remote: Remote, request: Request, operation: str, check: Check | None = None
+        self,
+        remote: Remote,
+        request: Request,
+        operation: str,
+        check: Check | None = None,
+        *,
+        within: float | None = None,
     ) -> Message | None:
-        """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile)."""
+        """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile).
+
+        ``within``: as :meth:`answer_from`.
+        """
         await self.send_request(remote, request)
-        return await self.answer_from(remote, operation, check)
+        return await self.answer_from(remote, operation, check, within=within)
 
     async def call_until_answered(
-        self, remote: Remote, request: Request, operation: str, check: Check | None = None
+        self,
+        remote: Remote,
+        request: Request,
+        operation: str,
+        check: Check | None = None,
+        *,
+        within: float | None = None,
     ) -> Message:
         """:meth:`call`, sent again to each replacement until one of them answers."""
-        while (answer := await self.call(remote, request, operation, check)) is None:
+        while (answer := await self.call(remote, request, operation, check, within=within)) is None:
             pass
         return answer
 
@@ -154,10 +194,14 @@ class Requests:
         step first, and reads :meth:`Recovery.needs_reset` to flag the lost worker's
         episodes as ended).
 
+        The answer is due ``timeouts.step`` after each request (see :meth:`answer_from`).
+
         Raises:
             WorkerLost | ProtocolError: as :meth:`answer_from`.
         """
-        return await self.call_until_answered(remote, FRESH_RESET, operation, check)
+        return await self.call_until_answered(
+            remote, FRESH_RESET, operation, check, within=self._timeouts.step
+        )
 
     async def catch_up(self, remote: Remote) -> None:
         """Bring a connection that took over up to date: what the modes say, then requests."""
@@ -173,6 +217,9 @@ class Requests:
                 return  # failed again: the next receive notices
             index += 1
         remote.delivered = generation
+        if unanswered:
+            # What was unanswered was asked again just now: its answer is due from here.
+            remote.asked = asyncio.get_running_loop().time()
 
     async def exchange(
         self,
@@ -182,10 +229,12 @@ class Requests:
         before: Callable[[Remote], Awaitable[None]] | None = None,
         after: Callable[[Remote], Awaitable[None]] | None = None,
         check: Check | None = None,
+        within: float | None = None,
     ) -> list[Message]:
         """One request per slot, then one answer from each, in env order.
 
-        See :meth:`WorkerPool.exchange`, which holds the workers while this runs.
+        See :meth:`WorkerPool.exchange`, which holds the workers while this runs; ``within``
+        as :meth:`answer_from` (each answer's deadline counts from its own request).
 
         Raises:
             WorkerError: an env raised on a worker (the others' answers are still received).
@@ -204,7 +253,7 @@ class Requests:
         answers: list[Message] = []
         failure: WorkerError | None = None
         for remote, request in zip(remotes, requests, strict=True):
-            answer = await self.answer_from(remote, operation, check)
+            answer = await self.answer_from(remote, operation, check, within=within)
             if answer is None:  # a replacement took over: its envs start afresh
                 answer = await redo(remote, request, operation)
             if isinstance(answer, ErrorReport):

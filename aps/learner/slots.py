@@ -71,6 +71,9 @@ class Remote:
     generation: int = 0
     delivered: int = 0
     attached: asyncio.Event = field(default_factory=asyncio.Event)
+    # Loop time the latest request went out on the connection serving the slot: where an
+    # answer deadline counts from (see Requests.answer_from).
+    asked: float = 0.0
 
 
 class SlotHooks(Protocol):
