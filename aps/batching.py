@@ -28,6 +28,7 @@ __all__ = [
     "action_layout",
     "batch_layout",
     "check_batch",
+    "check_info",
     "check_part",
     "concat",
     "merge_infos",
@@ -378,6 +379,53 @@ def _describe(value: Any) -> str:
 
 # --------------------------------------------------------------------------------------------
 # merge_infos
+
+
+def check_info(info: Any, count: int, where: str = "info") -> None:
+    """Check that ``info`` is the info dict of a vector env over ``count`` envs (one worker's).
+
+    Gymnasium's vector info convention, as :func:`merge_infos` reads it: a dict with str
+    keys; each key ``k`` comes with its mask ``"_k"``, a 1-d bool array of ``count`` envs;
+    each value is an array whose leading axis is ``count`` envs, or a dict checked the same
+    way (its mask sits beside it, at the parent level). What one answer can be blamed for is
+    checked here, so a worker whose info reaches outside its own envs is refused before its
+    info is merged with the others'; whether workers agree with each other (a key's per-env
+    shape and dtype) is :func:`merge_infos`'s to check.
+
+    Raises:
+        ProtocolError: naming the key, what was expected and what came.
+    """
+    if type(info) is not dict:
+        raise ProtocolError(f"{where} must be a dict, got {_describe(info)}")
+    for key, value in info.items():
+        if type(key) is not str:
+            raise ProtocolError(f"{where} has the non-str key {key!r:.80}; keys must be str")
+        mask_key = "_" + key
+        if mask_key not in info:
+            if key[:1] == "_" and key[1:] in info:
+                continue  # the mask of another key, checked with that key
+            raise ProtocolError(
+                f"{where}[{key!r:.80}] has no {mask_key!r:.80} mask; each key of a vector "
+                "env's info comes with a bool mask of the envs that have it"
+            )
+        mask = info[mask_key]
+        if not (
+            type(mask) is np.ndarray
+            and mask.dtype == np.bool_
+            and mask.ndim == 1
+            and mask.shape[0] == count
+        ):
+            raise ProtocolError(
+                f"{where}[{mask_key!r:.80}] must be a bool array of shape ({count},), one "
+                f"entry per env of this worker, got {_describe(mask)}"
+            )
+        if type(value) is dict:
+            check_info(value, count, f"{where}[{key!r:.80}]")
+        elif not (type(value) is np.ndarray and value.ndim >= 1 and value.shape[0] == count):
+            raise ProtocolError(
+                f"{where}[{key!r:.80}] must be a dict or an array with a leading axis of "
+                f"{count} envs, one per env of this worker, got {_describe(value)}"
+            )
 
 
 def merge_infos(parts: Sequence[tuple[int, Info]], num_envs: int) -> Info:

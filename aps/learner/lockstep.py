@@ -25,6 +25,7 @@ from aps.batching import (
     action_layout,
     batch_layout,
     check_batch,
+    check_info,
     check_part,
     concat,
     merge_infos,
@@ -224,6 +225,10 @@ class Lockstep:
     def _check(self, remote: Remote, answer: Message) -> None:
         """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
 
+        Its info too (:func:`~aps.batching.check_info`): a malformed one, or one that
+        reaches other workers' envs, is that worker's fault, like a malformed obs, and
+        not the learner's end when the infos are merged.
+
         Raises:
             ProtocolError: naming the worker, the field, and what was expected and received.
         """
@@ -247,6 +252,15 @@ class Lockstep:
             what = "reset"
         else:
             return
+        info = answer.info
+        if type(info) is not dict or info:  # most steps carry no info: nothing to check
+            try:
+                check_info(info, count)
+            except ProtocolError as exc:
+                raise ProtocolError(
+                    f"worker {remote.info.worker_id} sent a {what} whose {exc}; the worker is "
+                    "not a compatible aps worker"
+                ) from None
         obs = answer.obs
         # An array space's batch, tested here; the others (and the error) are check_part's.
         try:
