@@ -9,7 +9,6 @@ script changes one line to spread its envs over processes and machines.
 from __future__ import annotations
 
 import atexit
-import builtins
 import concurrent.futures.thread  # noqa: F401  (see _register_exit below)
 import contextlib
 import dataclasses
@@ -28,7 +27,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from aps._portal import Pending, Portal
 from aps._typing import Array, Info
 from aps.compression import check_setting as check_compression
-from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError
+from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError, rebuilt
 from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
@@ -74,24 +73,14 @@ def as_raised(error: WorkerError) -> Exception:
     """The exception an env's error is raised as on the learner, as Gymnasium raises it.
 
     Gymnasium's ``AsyncVectorEnv`` raises its subprocess's exception again in the main
-    process; here a worker's exception of a built-in type (``RuntimeError``, ``ValueError``,
-    ``AssertionError``...) is raised as that type, with the worker's message, and with
-    ``error`` (which holds the worker's traceback) as its cause. The type is looked up by
-    name in :mod:`builtins`, on this side, and only a subclass of :class:`Exception` is
-    taken: nothing from the worker is unpickled or chooses code. Any other type (the env's
-    own, a library's, aps's) is raised as the :class:`~aps.errors.WorkerError` itself,
-    which names it.
+    process; here a worker's exception of a built-in type of an allow-list
+    (:data:`aps.errors.REBUILT_TYPES`: ``RuntimeError``, ``ValueError``, ``AssertionError``...)
+    is raised as that type, with the worker's message, and with ``error`` (which holds the
+    worker's traceback) as its cause. Any other type (``StopIteration``, ``MemoryError``, the
+    env's own, a library's, aps's) is raised as the :class:`~aps.errors.WorkerError` itself,
+    which names it. See :func:`aps.errors.rebuilt`.
     """
-    module, _, name = error.remote_type.rpartition(".")
-    kind = getattr(builtins, name, None) if module == "builtins" else None
-    if not isinstance(kind, type) or not issubclass(kind, Exception):
-        return error
-    try:
-        raised = kind(error.message)
-    except Exception:  # a type whose constructor wants more (UnicodeDecodeError): keep ours
-        return error
-    raised.__cause__ = error
-    return raised
+    return rebuilt(error)
 
 
 _OPEN: set[ClusterEnv] = set()

@@ -27,6 +27,10 @@ Messages are lowercase, show the offending value and the limit, and name the fix
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
 __all__ = [
     "ApsError",
     "AuthError",
@@ -125,11 +129,28 @@ class AuthError(ApsError):
     """A peer failed to prove it knows the shared token."""
 
 
+MAX_REMOTE_TEXT: Final = 64 * 1024
+"""The most characters of a worker's error message, and of its traceback, a learner keeps."""
+
+MAX_REMOTE_TYPE: Final = 256
+"""The most characters of a worker's exception type name a learner keeps."""
+
+
+def _cut(text: str, limit: int, what: str) -> str:
+    """``text``, or its first ``limit`` characters and a note saying it was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[the worker's {what} was cut: {len(text)} characters, {limit} kept]"
+
+
 class WorkerError(ApsError):
     """An environment raised on a worker.
 
     The remote exception is not rebuilt (that would need pickle); its type name and
-    formatted traceback travel as text.
+    formatted traceback travel as text. A worker chooses that text, so it is capped:
+    ``message`` and ``remote_traceback`` at :data:`MAX_REMOTE_TEXT` characters each,
+    ``remote_type`` at :data:`MAX_REMOTE_TYPE`, each with a note where it was cut.
+    :func:`rebuilt` raises a few built-in types as themselves.
     """
 
     def __init__(
@@ -140,6 +161,11 @@ class WorkerError(ApsError):
         remote_type: str,
         remote_traceback: str,
     ) -> None:
+        # Cut before anything is formatted: a worker's 200 MiB message must not be copied
+        # into every string built from it.
+        message = _cut(message, MAX_REMOTE_TEXT, "message")
+        remote_type = _cut(remote_type, MAX_REMOTE_TYPE, "type name")
+        remote_traceback = _cut(remote_traceback, MAX_REMOTE_TEXT, "traceback")
         self.worker_id = worker_id
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
@@ -151,6 +177,56 @@ class WorkerError(ApsError):
         if not self.remote_traceback:
             return head
         return f"{head}\n\nremote traceback:\n{self.remote_traceback.rstrip()}"
+
+
+REBUILT_TYPES: Final[Mapping[str, type[Exception]]] = MappingProxyType(
+    {
+        f"builtins.{kind.__name__}": kind
+        for kind in (
+            ArithmeticError,
+            AssertionError,
+            AttributeError,
+            FileNotFoundError,
+            FloatingPointError,
+            IndexError,
+            KeyError,
+            LookupError,
+            NotImplementedError,
+            OSError,
+            OverflowError,
+            PermissionError,
+            RuntimeError,
+            TypeError,
+            ValueError,
+            ZeroDivisionError,
+        )
+    }
+)
+"""The exception types a worker's error is raised as on the learner, by qualified name.
+
+Plain :class:`Exception` subclasses that envs raise and callers catch for what they say.
+Never a type that steers control flow: ``StopIteration`` and ``StopAsyncIteration`` (they
+would end a ``map`` or a generator on the learner silently), ``GeneratorExit``,
+``KeyboardInterrupt``, ``SystemExit`` (not even :class:`Exception`), ``MemoryError`` and
+``RecursionError`` (the learner's own state), ``TimeoutError``, ``ConnectionError`` and
+``EOFError`` (the learner's own I/O), ``ImportError`` (the learner's own imports).
+"""
+
+
+def rebuilt(error: WorkerError) -> Exception:
+    """The exception ``error`` is raised as on the learner, as Gymnasium raises an env's.
+
+    A worker's exception whose qualified type name is in :data:`REBUILT_TYPES` is raised as
+    that type, with the worker's (capped) message and ``error`` as its cause; any other is
+    ``error`` itself, which names the type. The type is looked up on this side by name:
+    nothing from the worker is unpickled or chooses code.
+    """
+    kind = REBUILT_TYPES.get(error.remote_type)
+    if kind is None:
+        return error
+    raised = kind(error.message)
+    raised.__cause__ = error
+    return raised
 
 
 class WorkerLost(ApsError):

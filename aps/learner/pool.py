@@ -45,6 +45,8 @@ from aps.compression import (
     choose_frame_delta,
 )
 from aps.errors import (
+    MAX_REMOTE_TEXT,
+    MAX_REMOTE_TYPE,
     ApsError,
     ConfigError,
     InvalidState,
@@ -402,9 +404,10 @@ class WorkerPool:
             since=asyncio.get_running_loop().time(),  # heartbeats do not extend it
         )
         if isinstance(ready, ErrorReport):
+            # Capped as WorkerError caps it: the worker chose that text.
             raise ConfigError(
                 f"the worker could not build its envs or policy: "
-                f"{ready.remote_type}: {ready.message}"
+                f"{ready.remote_type[:MAX_REMOTE_TYPE]}: {ready.message[:MAX_REMOTE_TEXT]}"
             )
         assert isinstance(ready, Ready)
         await self._check_spaces(session, ready, hello)
