@@ -261,5 +261,8 @@ class Requests:
                 continue
             answers.append(answer)
         if failure is not None:
+            # The report (a worker's text, up to a frame) is not kept alive by this frame,
+            # which the raised error's traceback holds: the error has the capped text.
+            answer = None
             raise failure
         return answers
