@@ -85,6 +85,34 @@ async def test_one_address_cannot_hold_more_than_its_share() -> None:
     assert honest is not None and honest.held
 
 
+async def test_a_flood_from_several_addresses_cannot_evict_a_newcomer_from_another() -> None:
+    """8 addresses, each under its own limit but together over the budget: newcomers evict
+    from the address holding the most, so an honest newcomer keeps its slot."""
+    aborts = _Aborts()
+    budget = PreauthBudget(limit=64, per_host=16)
+    honest = None
+    for i in range(2_000):
+        if i == 1_000:
+            honest = budget.enter("worker", "127.0.0.1", aborts("worker"))
+        budget.enter(f"a{i}", f"127.0.0.{2 + i % 8}", aborts(f"a{i}"))
+    assert honest is not None and honest.held and "worker" not in aborts.aborted
+    assert budget.held == 64 and budget.evicted == 2_001 - 64
+
+
+async def test_the_address_holding_the_most_loses_its_oldest_first() -> None:
+    aborts = _Aborts()
+    budget = PreauthBudget(limit=4, per_host=4)
+    budget.enter("b0", "b", aborts("b0"))  # the oldest, from an address holding one
+    for i in range(3):
+        budget.enter(f"a{i}", "a", aborts(f"a{i}"))
+    budget.enter("c0", "c", aborts("c0"))
+    assert aborts.aborted == ["a0"]  # not b0, the oldest: "a" held three
+    budget.enter("c1", "c", aborts("c1"))
+    assert aborts.aborted == ["a0", "a1"]  # a and c at 2 (the newcomer counts): a's is older
+    budget.enter("b1", "b", aborts("b1"))
+    assert aborts.aborted == ["a0", "a1", "b0"]  # b and c at 2: b's own oldest goes
+
+
 async def test_an_answered_probe_is_evicted_before_idle_connections() -> None:
     aborts = _Aborts()
     budget = PreauthBudget(limit=2, per_host=2)

@@ -10,10 +10,14 @@ are named by the owner of the connection, never inferred from bytes.
 - At most ``limit`` tickets are held at once, and at most ``per_host`` idle ones (those
   that have not said hello) per source address.
 - A connection past its deadline (``deadline`` seconds from accept) is aborted.
-- A newcomer beyond a limit evicts the oldest idle ticket: a probe that was answered and
-  only waits to ask for the spaces first, then the oldest connection that said nothing. What
-  is evicted is aborted at once (its socket closed, not left for the collector), so a flood
-  of idle connections holds at most ``limit`` sockets and never keeps an honest peer out.
+- A newcomer beyond a limit evicts an idle ticket: one from its own address when that
+  address holds ``per_host`` idle ones; otherwise a probe that was answered and only waits
+  to ask for the spaces first, then the oldest connection that said nothing from the
+  address holding the most idle ones (the newcomer counted with its own). What is evicted
+  is aborted at once (its socket closed, not left for the collector), so a flood of idle
+  connections holds at most ``limit`` sockets, and a flood from several addresses cannot
+  evict a newcomer from an address that holds fewer than they do: an honest peer gets its
+  slot and keeps it until it says hello.
 - When every ticket held is past its hello (real handshakes in progress), a newcomer gets a
   ticket marked :attr:`Ticket.busy`, up to ``limit`` of them: its owner turns it away (the
   learner says when to dial again); beyond those, :meth:`PreauthBudget.enter` returns
@@ -78,9 +82,20 @@ class Ticket:
         host: its source address, for the per-address limit.
         busy: entered while every ticket was past its hello; its owner turns it away.
         ended: why the budget ended it (``"evicted"``, ``"expired"``), ``None`` otherwise.
+        arrival: its rank of arrival in its budget (lower: older).
     """
 
-    __slots__ = ("_abort", "_budget", "_timer", "busy", "ended", "host", "peer", "stage")
+    __slots__ = (
+        "_abort",
+        "_budget",
+        "_timer",
+        "arrival",
+        "busy",
+        "ended",
+        "host",
+        "peer",
+        "stage",
+    )
 
     def __init__(
         self, budget: PreauthBudget, peer: str, host: str, abort: Callable[[], None], *, busy: bool
@@ -93,6 +108,8 @@ class Ticket:
         self.busy = busy
         self.stage = Stage.IDLE
         self.ended: str | None = None
+        self.arrival = budget._arrivals
+        budget._arrivals += 1
 
     @property
     def held(self) -> bool:
@@ -184,6 +201,7 @@ class PreauthBudget:
         listener releases each ticket when it hands its transport out."""
         self._tickets: dict[Ticket, None] = {}  # in order of arrival: the oldest first
         self._busy: dict[Ticket, None] = {}
+        self._arrivals = 0  # tickets entered so far: each one's rank of arrival
         self._report: Callable[[str], None] | None = None
         self.evicted = 0
         self.expired = 0
@@ -230,19 +248,44 @@ class PreauthBudget:
 
     def _make_room(self, host: str) -> bool:
         """Whether a newcomer from ``host`` may hold a ticket, evicting one if needed."""
-        evictable = [t for t in self._tickets if t.stage is not Stage.GREETED]
-        from_host = [t for t in evictable if t.host == host and t.stage is Stage.IDLE]
+        answered: Ticket | None = None
+        idle: dict[str, list[Ticket]] = {}  # per address, the oldest first
+        for ticket in self._tickets:
+            if ticket.stage is Stage.IDLE:
+                idle.setdefault(ticket.host, []).append(ticket)
+            elif ticket.stage is Stage.ANSWERED and answered is None:
+                answered = ticket
+        from_host = idle.get(host, [])
         victim: Ticket | None = None
         if len(from_host) >= self.per_host:
             victim = from_host[0]
         elif len(self._tickets) >= self.limit:
-            if not evictable:
+            if answered is not None:
+                victim = answered  # it got its answer: it goes first
+            elif not idle:
                 return False
-            # An answered probe first, then the oldest idle connection.
-            victim = min(evictable, key=lambda t: t.stage)
+            else:
+                victim = self._fair_victim(idle, host)
         if victim is not None:
             self._end(victim, "evicted")
         return True
+
+    @staticmethod
+    def _fair_victim(idle: dict[str, list[Ticket]], host: str) -> Ticket:
+        """The idle ticket to evict for a newcomer from ``host``.
+
+        The oldest of the address that holds the most idle tickets (the newcomer counted
+        with its own); between addresses holding as many, the one with the oldest ticket.
+        Oldest-first alone lets a flood from a few addresses, each under its own limit,
+        evict an honest newcomer from another address before it can say hello; this way an
+        address with fewer idle connections than the others keeps them.
+        """
+
+        def share(address: str) -> tuple[int, int]:
+            count = len(idle[address]) + (address == host)
+            return count, -idle[address][0].arrival
+
+        return idle[max(idle, key=share)][0]
 
     def _holds(self, ticket: Ticket) -> bool:
         return ticket in self._tickets or ticket in self._busy
