@@ -275,7 +275,8 @@ the token checked out (both ways), the learner answers the check instead of admi
 its protocol and aps versions, the workers it expects and has, its autoreset mode and
 policy, and its observation and action spaces (known once a worker has joined). The check
 never takes a worker's slot. Prints these, the time to connect and one round trip (--json:
-one JSON object). Exits 0 when a worker with this token could join, 1 otherwise, saying why.
+one JSON object). Exits 0 when the learner took the token (whether it has room for one more
+worker shows in its worker count), 1 otherwise, saying why.
 """
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+import aps
+from aps.cli import _CHECK_HELP
+from aps.errors import ConfigError
 from aps.learner.rounds import REPORT_BACKLOG
+from tests.conftest import FAST, WorkerTasks
+from tests.test_cli_tools import aps_cli_async
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,3 +33,22 @@ def test_reliability_gives_the_report_backlog_the_learner_uses() -> None:
     )
     assert claims, "docs/reliability.md no longer says how many reports the learner buffers"
     assert [int(claim) for claim in claims] == [REPORT_BACKLOG]
+
+
+@pytest.mark.timeout(60)
+async def test_check_exits_0_for_a_full_learner_that_refuses_another_worker(
+    workers: WorkerTasks,
+) -> None:
+    """``aps check`` proves the token; it does not ask for a slot, so 0 is no promise of one."""
+    async with aps.Learner("tcp://127.0.0.1:0", num_workers=1, timeouts=FAST) as learner:
+        workers.start(learner.url, num_envs=1)
+        await learner.reset(seed=0)
+        code, out, err = await aps_cli_async("check", learner.url)
+        assert code == 0, err
+        assert "workers:      1 of 1 connected, 1 envs\n" in out
+        extra = workers.start(learner.url, num_envs=1, reconnect=False)
+        with pytest.raises(ConfigError, match="already has its 1 workers"):
+            await extra
+    help_text = " ".join(_CHECK_HELP.split())
+    assert "could join" not in help_text
+    assert "Exits 0 when the learner took the token" in help_text
