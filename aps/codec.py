@@ -783,10 +783,14 @@ def decode(
                 f"{'one' if obs is pending[0] else 'none'} of them its obs; only a rollout "
                 "chunk's obs may travel as one"
             )
-        body["obs"] = pending[0].rebuild()
+        if body.keys() == _CHUNK_KEYS:  # else _message names what is missing or extra
+            body["obs"] = pending[0].rebuild()
     if type(body) is dict and body.get("t") == Ready.TAG:
         _check_ready(body, max_frame_size)
     return _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+
+
+_CHUNK_KEYS = _SPECS_BY_TAG[RolloutChunk.TAG].names | {"t"}
 
 
 def _peek_tag(frame: Frame) -> str | None:

@@ -139,12 +139,12 @@ def split(obs: Any) -> Delta | None:
 def rebuild(delta: Delta) -> np.ndarray[Any, Any]:
     """The observations ``delta`` stands for (a new, writable array).
 
-    Vectorized, with no loop over steps: for each ``(t, e)`` the last step ``t0 <= t``
-    whose stack travelled whole is found with :func:`numpy.maximum.accumulate`; frame ``k``
-    of the stack at ``t`` is frame ``k + t - t0`` of that whole stack when that is below
-    ``K``, else the newest frame of step ``t0 + k + t - t0 - K + 1``. Every frame is then
-    gathered from the parts by one :func:`numpy.take`. Besides the result it allocates the
-    parts' bytes once (their concatenation) and :func:`scratch` bytes of indices.
+    Vectorized, with no loop over steps. Each env's frames are laid out as one sequence in
+    time order: a stack that travelled whole as its ``K`` frames, each delta-coded step as its
+    newest frame after them. Every stack is then ``K`` consecutive frames of that sequence
+    (those ending at its newest frame), so the result is one gather of windows, indexed per
+    ``(t, e)``. Besides the result it allocates the parts' bytes once (the sequence) and
+    :func:`scratch` bytes of indices.
 
     Raises:
         WireError: the parts disagree with the mask or the shape (see :func:`check`).
@@ -155,43 +155,40 @@ def rebuild(delta: Delta) -> np.ndarray[Any, Any]:
     frame_bytes = delta.dtype.itemsize
     for dim in shape[3:]:
         frame_bytes *= dim
-    out = np.empty((steps * envs * depth, frame_bytes), np.uint8)
-    if out.size == 0:
-        return out.view(delta.dtype).reshape(shape)
+    if steps * envs * frame_bytes == 0:
+        return np.empty(shape, delta.dtype)
     mask = delta.mask
-    whole = delta.whole.shape[0]
-    # Every frame of the parts, as rows of bytes: the whole stacks' frames, then the newest.
-    frames = np.concatenate(
-        (
-            np.ascontiguousarray(delta.whole).view(np.uint8).reshape(whole * depth, frame_bytes),
-            np.ascontiguousarray(delta.newest).view(np.uint8).reshape(-1, frame_bytes),
-        )
+    # Frames each (t, e) adds to its env's sequence, and where they start there: the
+    # sequences follow each other env by env, so the running sum goes in (e, t) order.
+    counts = np.where(mask, 1, depth).T.reshape(-1)
+    # One past each (t, e)'s last frame, in C order of (t, e) as the parts travel.
+    ends: np.ndarray[Any, Any] = np.cumsum(counts).reshape(envs, steps).T.reshape(-1)
+    coded = mask.reshape(-1)
+    sequence = np.empty((int(counts.sum()), frame_bytes), np.uint8)
+    whole = np.ascontiguousarray(delta.whole).view(np.uint8).reshape(-1, depth, frame_bytes)
+    sequence[(ends[~coded] - depth)[:, None] + np.arange(depth)] = whole
+    newest = np.ascontiguousarray(delta.newest).view(np.uint8).reshape(-1, frame_bytes)
+    sequence[ends[coded] - 1] = newest
+    # Every window of depth frames, as a view; each (t, e) takes the one ending at its end.
+    windows = np.lib.stride_tricks.as_strided(
+        sequence,
+        shape=(len(sequence) - depth + 1, depth, frame_bytes),
+        strides=(frame_bytes, frame_bytes, 1),
+        writeable=False,
     )
-    step = np.arange(steps, dtype=np.int64)[:, None]
-    # t0: the last step at or before t whose stack travelled whole (t = 0 always does).
-    t0 = np.maximum.accumulate(np.where(mask, -1, step), axis=0)
-    env = np.arange(envs, dtype=np.int64)[None, :]
-    flat = mask.reshape(-1)
-    # Each (t, e)'s index among the whole stacks, and among the newest frames (C order).
-    whole_at = (np.cumsum(~flat) - 1).reshape(steps, envs)[t0, env]
-    newest_at = (np.cumsum(flat) - 1).reshape(steps, envs)
-    shift = (step - t0)[:, :, None] + np.arange(depth, dtype=np.int64)  # k + t - t0
-    from_whole = shift < depth
-    source = np.where(
-        from_whole,
-        whole_at[:, :, None] * depth + shift,
-        # Clipped where unused: the where() evaluates both sides everywhere.
-        whole * depth
-        + newest_at[np.clip(t0[:, :, None] + shift - depth + 1, 0, steps - 1), env[:, :, None]],
-    )
-    np.take(frames, source.reshape(-1), axis=0, out=out)
+    out: np.ndarray[Any, Any] = windows[ends - depth]
     return out.view(delta.dtype).reshape(shape)
 
 
 def scratch(shape: tuple[int, ...]) -> int:
-    """An upper bound of the bytes :func:`rebuild` allocates for indices, for ``shape``."""
+    """An upper bound of the bytes of indices :func:`rebuild` allocates, for ``shape``.
+
+    A few int64 per ``(t, e)`` and per frame of a whole stack. The frame sequence (the
+    parts' frames, whose count the mask says) comes on top.
+    """
     steps, envs, depth = shape[:3]
-    return 64 * steps * envs * depth + 64 * steps * envs
+    cells = steps * envs
+    return 16 * cells * depth + 96 * cells
 
 
 def check(delta: Delta) -> None:
@@ -279,9 +276,8 @@ class Pending:
             WireError: the parts are malformed or disagree with the header (see the module).
         """
         payload, dtype, shape, end = self.payload, self.dtype, self.shape, self.end
-        self._allowance.take(
-            self.nbytes + scratch(shape), f"frame-delta array ({dtype}, shape {shape})"
-        )
+        what = f"frame-delta array ({dtype}, shape {shape})"
+        self._allowance.take(self.nbytes + scratch(shape), what)
         steps, envs = shape[:2]
         cells = steps * envs
         array_hook = self._array_hook
@@ -330,6 +326,13 @@ class Pending:
                     f"frame-delta {name} must be a numeric array, got {type(part).__qualname__}"
                 )
         mask = flat[:cells].reshape(steps, envs).astype(np.bool_)
+        # The rebuild lays the parts' frames out once more, in its frame sequence.
+        count = int(mask.sum())
+        self._allowance.take(
+            ((cells - count) * shape[2] + count) * (self.nbytes // (cells * shape[2])),
+            f"{what}'s frame sequence",
+        )
+        del parts
         out = rebuild(Delta(shape=shape, dtype=dtype, mask=mask, whole=whole, newest=newest))
         out.flags.writeable = False  # like every decoded array
         return out

@@ -10,6 +10,13 @@ frame's size, the outcome (the message type, or the ``WireError`` that refused t
 and the CPU seconds the decode (or refusal) took. Then the same for legitimate messages with
 many arrays. The goal is a peak under 3x the frame for every row; nothing asserts here
 (tests/test_decode_bound.py asserts it at a few MiB).
+
+With ``--attacks`` it measures instead the frames a token holder sent to stall or bloat the
+learner (tests/test_attacks_decode.py holds what each is refused by): each decoded as the
+learner's session decodes it (zstd, frame delta, its inflation rate), with the wall time,
+the tracemalloc peak and the outcome; the long frame-delta chunk also through the Python
+loop the rebuild used to run; and the share of a second of the event loop that a stream of
+64 KB/s of frames inflating as much as the rate lets through takes.
 """
 
 from __future__ import annotations
@@ -203,11 +210,243 @@ def peak(frame: bytes, *, timed: bool = True) -> tuple[float, str, float]:
     return top / len(frame), outcome, time.process_time() - start
 
 
+# --------------------------------------------------------------------------------------------
+# Attacks by a token holder
+
+
+def _raw_map(*pairs: tuple[Any, Any]) -> bytes:
+    """A msgpack map written pair by pair: keys may repeat."""
+    return bytes([0x80 | len(pairs)]) + b"".join(
+        msgpack.packb(key, use_bin_type=True) + msgpack.packb(value, use_bin_type=True)
+        for key, value in pairs
+    )
+
+
+def _long_delta(steps: int) -> tuple[bytes, Any]:
+    """A valid chunk whose obs are ``steps`` steps of one env, 2 frames of 1 byte each."""
+    from aps import frame_delta
+
+    frames = (np.arange(steps + 1) % 251).astype(np.uint8).reshape(-1, 1)
+    mask = np.ones((steps, 1), bool)
+    mask[0] = False
+    obs = np.lib.stride_tricks.sliding_window_view(frames, 2, axis=0).transpose(0, 2, 1)
+    obs = np.ascontiguousarray(obs).reshape(steps, 1, 2, 1)
+    delta = frame_delta.Delta(obs.shape, obs.dtype, mask, obs[:1, 0], frames[2:])
+    ext = frame_delta.pack(delta, codec._packb)
+    body = msgpack.unpackb(codec.encode(_chunk()), raw=False)
+    body["obs"] = ext
+    return msgpack.packb(body, use_bin_type=True), delta
+
+
+def _chunk() -> Any:
+    """A small honest chunk of 4 steps of 2 envs, whose fields the attacks replace."""
+    from aps.messages import RolloutChunk
+
+    zeros = np.zeros((4, 2), np.float32)
+    obs = np.zeros((4, 2, 2, 1), np.uint8)
+    return RolloutChunk(
+        version=1,
+        obs=obs,
+        actions=zeros,
+        logprob=zeros,
+        value=None,
+        reward=zeros,
+        terminated=zeros.astype(bool),
+        truncated=zeros.astype(bool),
+        next_obs=obs[-1],
+        episode_return=np.zeros(0),
+        episode_length=np.zeros(0, np.int64),
+        episode_env=np.zeros(0, np.int64),
+        truncated_obs=obs[:0, 0],
+        truncated_index=np.zeros((0, 2), np.int64),
+        seq=1,
+    )
+
+
+def _loop_rebuild(delta: Any) -> np.ndarray[Any, Any]:
+    """The rebuild as it was before it was vectorized: one Python iteration per step."""
+    out = np.empty(delta.shape, delta.dtype)
+    whole_at = newest_at = 0
+    for t in range(delta.shape[0]):
+        coded = delta.mask[t]
+        count = int(coded.sum())
+        rest = len(coded) - count
+        if rest:
+            out[t, ~coded] = delta.whole[whole_at : whole_at + rest]
+            whole_at += rest
+        if count:
+            out[t, coded, :-1] = out[t - 1, coded, 1:]
+            out[t, coded, -1] = delta.newest[newest_at : newest_at + count]
+            newest_at += count
+    return out
+
+
+def attacks() -> dict[str, Callable[[], bytes]]:
+    import gymnasium as gym
+
+    from aps import compression
+    from aps.messages import Ready
+
+    zstd = compression.compressor("zstd")
+    assert zstd is not None, "the attacks need zstandard"
+
+    def packed(array: np.ndarray[Any, Any]) -> Any:
+        ext = zstd.pack(array)
+        assert ext is not None
+        return ext
+
+    def delta_ext(shape: list[int], mask: bytes) -> msgpack.ExtType:
+        head = msgpack.packb(["|u1", shape]) + msgpack.packb(mask)
+        return msgpack.ExtType(5, head + b"\xc7\x00\x01" * 2)
+
+    def ready(space: Any, num_envs: int) -> bytes:
+        return codec.encode(
+            Ready(observation_space=space, action_space=gym.spaces.Discrete(2), num_envs=num_envs)
+        )
+
+    def bounds_bomb() -> bytes:
+        bomb = packed(np.zeros(2**25, np.float32))
+        body = msgpack.unpackb(ready(gym.spaces.Box(-1, 1, (4,)), 1), raw=False)
+        body["observation_space"] = {"type": "Box", "dtype": "float32", "low": bomb, "high": bomb}
+        return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+    def one_kib_delta() -> bytes:
+        # One stack of 2**22 frames of 16 bytes (64 MiB), its whole stack compressed.
+        from aps import frame_delta
+
+        shape = (2, 1, 2**22, 16)
+        mask = np.array([[False], [True]])
+        whole = np.zeros((1, *shape[2:]), np.uint8)
+        delta = frame_delta.Delta(
+            shape, np.dtype(np.uint8), mask, whole, np.zeros((1, 16), np.uint8)
+        )
+        body = msgpack.unpackb(codec.encode(_chunk()), raw=False)
+        body["obs"] = frame_delta.pack(delta, lambda a: codec._packb(a, compressor=zstd))
+        return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+    bomb = packed(np.zeros(2**28, np.uint8))
+    return {
+        "delta: T=2**40, zero-size axis": lambda: _raw_map(
+            ("t", "chunk"), ("obs", delta_ext([2**40, 0, 2, 1], b""))
+        ),
+        "delta: T=2**40, 1-byte frames": lambda: _raw_map(
+            ("t", "chunk"), ("obs", delta_ext([2**40, 1, 2, 1], b"\0" * 8))
+        ),
+        "delta: valid, T=2**20": lambda: _long_delta(2**20)[0],
+        "delta: in a heartbeat": lambda: _raw_map(
+            ("t", "heartbeat"), ("x", msgpack.ExtType(5, _long_delta(2**12)[0][-4200:]))
+        ),
+        "heartbeat: repeated key, 256 MiB zstd": lambda: _raw_map(
+            ("t", "heartbeat"), ("x", bomb), ("x", bomb)
+        ),
+        "weights: repeated key, 256 MiB zstd": lambda: _raw_map(
+            ("t", "weights"), ("version", 1), ("epsilon", None), ("arrays", bomb), ("arrays", bomb)
+        ),
+        "ready: Box(4,) x 100,000,000 envs": lambda: ready(
+            gym.spaces.Box(-1, 1, (4,)), 100_000_000
+        ),
+        "ready: Box(33554432,) zstd bounds": bounds_bomb,
+        "weights: under 1 KB, 31 MiB of zeros": lambda: codec.encode(
+            Weights(version=1, epsilon=None, arrays=np.zeros(2**25 - 2**20, np.uint8)),
+            compressor=zstd,
+        ),
+        "weights: 4 KB inflating all the burst": lambda: codec.encode(
+            Weights(version=1, epsilon=None, arrays=np.zeros(2**27 - 2**21, np.uint8)),
+            compressor=zstd,
+        ),
+        "chunk: 1 KB delta, K = 2**22": one_kib_delta,
+    }
+
+
+def measure_attack(frame: bytes) -> tuple[float, int, str]:
+    """Decode ``frame`` as a learner's session would: wall seconds, peak bytes, outcome."""
+    from aps._wire import InflationRate
+
+    def run() -> str:
+        rate = InflationRate()
+        rate.tokens = rate.burst  # a connection that has waited to fill its bucket
+        try:
+            return type(
+                codec.decode(frame, compression="zstd", frame_delta=True, rate=rate)
+            ).__name__
+        except WireError as exc:
+            return f"WireError: {exc}"
+
+    start = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - start
+    tracemalloc.start()
+    try:
+        outcome = run()
+        top = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return seconds, top, outcome
+
+
+def stolen_share(frame_bytes: int = 8192, rate_bytes: int = 64_000, seconds: float = 10.0) -> float:
+    """The share of the loop that ``rate_bytes`` per second of inflating frames take.
+
+    The attacker's frames arrive every ``frame_bytes / rate_bytes`` seconds (simulated) and
+    each asks for as much inflation as the connection's rate still allows; the decodes run
+    for real and their wall time is summed.
+    """
+    from aps import compression
+    from aps._wire import InflationRate
+    from aps.messages import Weights
+
+    zstd = compression.compressor("zstd")
+    assert zstd is not None, "the attacks need zstandard"
+    now = [0.0]
+    rate = InflationRate(clock=lambda: now[0])
+    rate.tokens = rate.burst
+    busy = 0.0
+    frames: dict[int, bytes] = {}
+    while now[0] < seconds:
+        rate.frame(frame_bytes)
+        allowed = max(rate.credit + int(rate.tokens) - 2**20, 0) // 2**20 * 2**20
+        if allowed:
+            frame = frames.get(allowed)
+            if frame is None:
+                arrays = {"a": np.zeros(allowed, np.uint8), "pad": b""}
+                size = len(
+                    codec.encode(Weights(version=1, epsilon=None, arrays=arrays), compressor=zstd)
+                )
+                arrays["pad"] = bytes(max(frame_bytes - size - 8, 0))  # the frame's own credit
+                weights = Weights(version=1, epsilon=None, arrays=arrays)
+                frame = frames[allowed] = codec.encode(weights, compressor=zstd)
+            start = time.perf_counter()
+            codec.decode(frame, compression="zstd", rate=rate)
+            busy += time.perf_counter() - start
+        now[0] += frame_bytes / rate_bytes
+    return busy / seconds
+
+
+def run_attacks() -> None:
+    print(f"{'attack':40s} {'frame B':>9s} {'wall ms':>8s} {'peak MiB':>8s}  outcome")
+    for name, build in attacks().items():
+        frame = build()
+        seconds, top, outcome = measure_attack(frame)
+        short = outcome if len(outcome) < 60 else outcome[:57] + "..."
+        print(f"{name:40s} {len(frame):9d} {seconds * 1e3:8.2f} {top / 2**20:8.2f}  {short}")
+    frame, delta = _long_delta(2**20)
+    start = time.perf_counter()
+    _loop_rebuild(delta)
+    print(f"{'delta: valid, T=2**20, the old loop':40s} {len(frame):9d} "
+          f"{(time.perf_counter() - start) * 1e3:8.2f}")  # fmt: skip
+    share = stolen_share()
+    print(f"64 KB/s of frames inflating all the rate allows take {share:.1%} of the loop")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mib", type=float, default=64.0, help="size of each frame, in MiB")
     parser.add_argument("--family", action="append", help="only these rows (repeatable)")
+    parser.add_argument("--attacks", action="store_true", help="measure the attack frames")
     args = parser.parse_args()
+    if args.attacks:
+        run_attacks()
+        return
     n = int(args.mib * 2**20)
     rows = {**families(n), **legitimate(n)}
     print(f"frames of about {args.mib:g} MiB; peak = tracemalloc peak / frame size")
