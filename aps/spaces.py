@@ -246,13 +246,16 @@ def _wire_dtype(value: object, allowed: frozenset[str], where: str) -> np.dtype[
     return np.dtype(value)
 
 
-def _wire_array(value: object, dtype: np.dtype[Any], where: str) -> np.ndarray[Any, Any]:
+def _wire_array(
+    value: object, dtype: np.dtype[Any], where: str, *, copy: bool = True
+) -> np.ndarray[Any, Any]:
     if not isinstance(value, np.ndarray) or value.dtype != dtype:
         got = f"array of {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
         raise WireError(f"{where} must be an array of {dtype}, got {got}")
     # A writable copy: Gymnasium keeps (and may edit) the arrays it is given, and decoded
-    # arrays are read-only views of the frame.
-    return np.array(value, copy=True)
+    # arrays are read-only views of the frame. A Box copies its bounds itself (astype), so
+    # they are passed as they are: one copy fewer of what may be most of the frame.
+    return np.array(value, copy=True) if copy else value
 
 
 def _wire_int(value: object, where: str) -> int:
@@ -263,8 +266,8 @@ def _wire_int(value: object, where: str) -> int:
 
 def _build_box(data: Mapping[str, Any], where: str, depth: int) -> gym.Space[Any]:
     dtype = _wire_dtype(data["dtype"], _BOX_DTYPES, where)
-    low = _wire_array(data["low"], dtype, f"{where}.low")
-    high = _wire_array(data["high"], dtype, f"{where}.high")
+    low = _wire_array(data["low"], dtype, f"{where}.low", copy=False)
+    high = _wire_array(data["high"], dtype, f"{where}.high", copy=False)
     if low.shape != high.shape:
         raise WireError(f"{where} has low of shape {low.shape} but high of shape {high.shape}")
     return gs.Box(low=low, high=high, dtype=dtype)
