@@ -795,7 +795,9 @@ _CHUNK_KEYS = _SPECS_BY_TAG[RolloutChunk.TAG].names | {"t"}
 
 def _peek_tag(frame: Frame) -> str | None:
     """The tag of ``frame``'s message when its map starts with it, as :func:`encode` writes."""
-    head = bytes(frame[:40])  # a map header, "t", and a tag of at most 32 bytes
+    head = frame[:40]  # a map header, "t", and a tag of at most 32 bytes
+    if type(head) is not bytes:
+        head = bytes(head)
     if not head:
         return None
     first = head[0]
@@ -831,7 +833,6 @@ def _inflating_hook(
     before any work is done.
     """
     arrays = _ARRAYS_BY_TAG.get(tag, -1) if tag is not None else -1
-    where = f"a {tag} message" if arrays >= 0 else "a frame that does not start with its tag"
     if arrays == _NO_ARRAYS:
 
         def refuse_all(code: int, data: bytes) -> Any:
@@ -842,6 +843,7 @@ def _inflating_hook(
 
         return refuse_all
     inflate: Callable[[bytes], Any] | None = None
+    where = f"a {tag} message" if arrays >= 0 else "a frame that does not start with its tag"
     if compression != "none":
         if arrays == _ANY_ARRAYS:
             inflate = inflater(compression, allowance)
