@@ -812,9 +812,11 @@ def _peek_tag(frame: Frame) -> str | None:
     return tag.decode("ascii", "replace") if len(tag) == kind & 0x1F else None
 
 
-def _refuse(problem: str) -> Callable[[bytes], Any]:
+def _refuse(problem: Callable[[], str]) -> Callable[[bytes], Any]:
+    """An ext payload handler that refuses every payload; the message is made on refusal."""
+
     def refuse(payload: bytes) -> Any:
-        raise WireError(problem)
+        raise WireError(problem())
 
     return refuse
 
@@ -843,19 +845,24 @@ def _inflating_hook(
 
         return refuse_all
     inflate: Callable[[bytes], Any] | None = None
-    where = f"a {tag} message" if arrays >= 0 else "a frame that does not start with its tag"
+
+    def where() -> str:  # called only where a frame is refused: most frames never are
+        return f"a {tag} message" if arrays >= 0 else "a frame that does not start with its tag"
+
     if compression != "none":
         if arrays == _ANY_ARRAYS:
             inflate = inflater(compression, allowance)
         else:
             inflate = _refuse(
-                f"compressed array in {where}; "
-                + (
-                    "a space description's arrays travel uncompressed"
-                    if arrays == _PLAIN_ARRAYS
-                    else "an aps peer writes the tag first"
+                lambda: (
+                    f"compressed array in {where()}; "
+                    + (
+                        "a space description's arrays travel uncompressed"
+                        if arrays == _PLAIN_ARRAYS
+                        else "an aps peer writes the tag first"
+                    )
+                    + ": the peer is not a compatible aps peer"
                 )
-                + ": the peer is not a compatible aps peer"
             )
     rebuild: Callable[[bytes], Any] | None = None
     if frame_delta:
@@ -869,7 +876,9 @@ def _inflating_hook(
 
         else:
             rebuild = _refuse(
-                f"frame-delta array in {where}; only a rollout chunk's obs may travel as one"
+                lambda: (
+                    f"frame-delta array in {where()}; only a rollout chunk's obs may travel as one"
+                )
             )
     return make_ext_hook(0, inflate, rebuild)
 
