@@ -271,10 +271,23 @@ def test_a_url_without_a_known_scheme_says_so_before_tokens(url: str, match: str
         ("no_such_module_here:make", "No module named 'no_such_module_here'"),
     ],
 )
-def test_a_worker_that_cannot_build_its_envs_is_quoted_in_the_error(env: str, words: str) -> None:
-    with pytest.raises(aps.WorkerLost) as caught:
+def test_envs_no_worker_could_build_are_refused_before_any_starts(env: str, words: str) -> None:
+    # The local workers share this interpreter's packages: what they would refuse, the
+    # caller hears at once, in its own process, with Gymnasium's or Python's words.
+    with pytest.raises(aps.ConfigError) as caught:
         aps.ClusterEnv.local(env, num_workers=1, transport="unix")
     assert words in str(caught.value)
+
+
+def broken_env() -> gym.Env[Any, Any]:
+    """An env factory that imports fine and raises when a worker builds it."""
+    raise RuntimeError("this env cannot be built here: no display")
+
+
+def test_a_worker_that_cannot_build_its_envs_is_quoted_in_the_error() -> None:
+    with pytest.raises(aps.WorkerLost) as caught:
+        aps.ClusterEnv.local(broken_env, num_workers=1, transport="unix")
+    assert "this env cannot be built here: no display" in str(caught.value)
     assert "could not build its envs" in str(caught.value)
 
 

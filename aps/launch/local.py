@@ -22,6 +22,7 @@ from aps.launch._thunks import ENV_SPEC, EnvFns, stdin_command
 from aps.launch.base import TOKEN_ENV, LaunchStatus, WorkerSpec, env_import_path
 from aps.session import Timeouts
 from aps.worker import EnvSpec, Worker
+from aps.worker.envs import check_registered
 
 __all__ = ["LocalWorkers", "env_import_path", "terminate"]
 
@@ -92,6 +93,10 @@ class LocalWorkers:
         if isinstance(env, list | tuple):
             self._env_fns = _check_env_fns(env, num_workers, envs_per_worker, env_kwargs, vector)
             spec_env = ENV_SPEC
+        elif vector != "envpool":
+            # The workers run here, with this interpreter's packages: an id they would refuse
+            # is refused now, in the caller's own process, before any worker starts.
+            check_registered(env)
         self._spec = WorkerSpec.of(
             spec_env,
             num_workers=num_workers,
