@@ -96,7 +96,7 @@ class LocalWorkers:
         elif vector != "envpool":
             # The workers run here, with this interpreter's packages: an id they would refuse
             # is refused now, in the caller's own process, before any worker starts.
-            check_registered(env)
+            check_registered(spec_env)
         self._spec = WorkerSpec.of(
             spec_env,
             num_workers=num_workers,
