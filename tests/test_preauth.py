@@ -606,12 +606,15 @@ def test_running_out_of_descriptors_pauses_accepting_and_logs_once() -> None:
     assert lines == 1  # and said so once
 
 
-@pytest.mark.parametrize("transport", ["tcp", "tls", "ws"])
-def test_the_flood_script_admits_a_worker_and_leaves_nothing_open(transport: str) -> None:
-    """benchmarks/preauth_flood.py on a small scale: 100 idle connections, 256 descriptors."""
-    if transport == "ws":
+@pytest.mark.parametrize(("transport", "sources"), [("tcp", 1), ("tls", 8), ("ws", 1), ("wss", 8)])
+def test_the_flood_script_admits_a_worker_and_leaves_nothing_open(
+    transport: str, sources: int
+) -> None:
+    """benchmarks/preauth_flood.py on a small scale: 100 idle connections from one address or
+    eight, 256 descriptors, the learner's garbage collector off."""
+    if transport in ("ws", "wss"):
         pytest.importorskip("websockets")
-    if transport == "tls":
+    if transport in ("tls", "wss"):
         pytest.importorskip("cryptography")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -619,7 +622,7 @@ def test_the_flood_script_admits_a_worker_and_leaves_nothing_open(transport: str
             sys.executable,
             str(ROOT / "benchmarks" / "preauth_flood.py"),
             *("--transport", transport, "--connections", "100", "--fd-limit", "256"),
-            *("--warmup", "1", "--deadline", "60"),
+            *("--sources", str(sources), "--warmup", "1", "--deadline", "60"),
         ],
         capture_output=True,
         text=True,
@@ -630,9 +633,14 @@ def test_the_flood_script_admits_a_worker_and_leaves_nothing_open(transport: str
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["admitted_s"] is not None  # the honest worker got in
     assert figures["dials"] > 100  # the flood was closed and dialed again
+    assert figures["gc"] == "off"
+    # While the flood ran: the budget's connections, the worker's, the listening socket.
+    assert figures["flood_established"] <= MAX_HANDSHAKES + 1
     assert figures["close_wait"] == 0
     # The listening socket and the worker's connection, give or take a closing one.
     assert figures["learner_sockets"] < 16
+    if transport == "ws":
+        assert figures["fragments_open"] == 0  # 16,000 fragments each closed them all
 
 
 async def test_a_plain_worker_dialing_a_tls_learner_says_why_once(
