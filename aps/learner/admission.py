@@ -84,9 +84,10 @@ __all__ = [
 MAX_HANDSHAKES = DEFAULT_LIMIT
 """The most handshakes a learner runs at once.
 
-A new connection beyond it takes the place of the oldest one that has not said hello yet (an
-honest worker says it one round trip after it connects, so a flood of idle connections
-cannot keep one out); when every handshake in progress is past its hello, the new
+A new connection beyond it takes the place of the oldest one that has not said hello yet
+from the address holding the most of those (an honest worker says hello one round trip
+after it connects, and a flood from a few addresses evicts its own first, so idle
+connections cannot keep one out); when every handshake in progress is past its hello, the new
 connection is told ``Reject(retry_after=...)`` and the worker dials again later."""
 
 MAX_HANDSHAKES_PER_HOST = DEFAULT_PER_HOST
