@@ -21,9 +21,14 @@ The receiving side refuses, as a :class:`~aps.errors.WireError` that its session
 a :class:`~aps.errors.ProtocolError` naming the peer: a codec the connection did not
 negotiate; a declared size that, with the arrays already inflated from the same frame, is
 more than the frame limit it configured (checked before anything is allocated, so nothing
-from the network makes a side allocate more than its limit per frame); a zstd frame that
-declares another size than the header; and data that does not decompress to exactly the
-declared size.
+from the network makes a side allocate more than its limit per frame); a declared size
+over what the connection may still inflate (:class:`~aps.codec.InflationRate`: 4096 bytes
+per byte received plus 64 MiB/s, so that small frames of zeros cannot keep a side
+inflating); a compressed array in a message none of whose fields holds arrays, or in a
+space description (a :class:`~aps.messages.Ready`'s Box bounds travel uncompressed, so that
+a space costs what its frame costs), both refused before anything is inflated; a zstd frame
+that declares another size than the header; and data that does not decompress to exactly
+the declared size.
 
 Frame delta (:mod:`aps.frame_delta`) is negotiated along with the codec, as one more name in
 the Hello's list (:data:`FRAME_DELTA`) and after the codec in the Welcome
