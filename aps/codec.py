@@ -944,6 +944,7 @@ def decode_handshake(frame: Frame, *, max_frame_size: int = HANDSHAKE_FRAME_SIZE
         body = msgpack.unpackb(
             frame,
             ext_hook=_refuse_ext,
+            object_pairs_hook=str_keys,
             use_list=False,
             raw=False,
             strict_map_key=True,

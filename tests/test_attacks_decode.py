@@ -283,6 +283,12 @@ def test_a_repeated_key_is_refused_at_every_depth() -> None:
         codec.decode(head + frame[1:] + msgpack.packb("info") + _ext(3, inner))
 
 
+def test_a_repeated_key_is_refused_before_the_handshake_too() -> None:
+    frame = raw_map(("t", "goodbye"), ("reason", "a"), ("reason", "b"))
+    with pytest.raises(aps.WireError, match="'reason' more than once"):
+        codec.decode_handshake(frame)
+
+
 def _ext(code: int, data: bytes) -> bytes:
     packed: bytes = msgpack.packb(msgpack.ExtType(code, data))
     return packed
