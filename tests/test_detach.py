@@ -538,3 +538,42 @@ def test_env_actions_clip_box_samples_and_pass_discrete_ones() -> None:
     discrete = Policy(Agent(Spaces("CartPole-v1")), *vars(Spaces("CartPole-v1")).values())
     actions = np.array([0, 1, 1])
     assert discrete.env_actions(actions) is actions
+
+
+class HangsOnce(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose fifth step hangs for ``seconds`` (an env stuck in a driver, say)."""
+
+    def __init__(self, seconds: float = 4.0) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps, self.seconds = 0, seconds
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == 5:
+            __import__("time").sleep(self.seconds)
+        return super().step(action)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_chunk_whose_env_hangs_is_due_a_steps_time_per_step_heartbeats_or_not(
+    workers: WorkerTasks, stream: bool
+) -> None:
+    # The worker acts in a thread of its own, and its loop heartbeats every 0.05 s all the
+    # while: only a deadline from the request catches the hang (2 steps x 0.5 s) before the
+    # env wakes up (4 s) and the chunk arrives, late but whole.
+    timeouts = dataclasses.replace(FAST, step=0.5, heartbeat_interval=0.05)
+    async with aps.Learner(
+        "memory://", num_workers=1, policy=POLICY, timeouts=timeouts, autoreset_mode="SameStep"
+    ) as learner:
+        workers.start(learner.url, env=HangsOnce, num_envs=1, timeouts=timeouts)
+        await learner.reset(seed=0)
+        await learner.publish(Agent(Spaces("CartPole-v1")))
+        await learner.rollout(2)  # steps 1-2 (3-4 follow)
+        with pytest.raises(aps.WorkerLost) as lost:
+            if stream:
+                async for _ in learner.chunks(2, max_in_flight=1):
+                    pass
+            else:
+                for _ in range(3):
+                    await asyncio.wait_for(learner.rollout(2), 30)
+        assert "heartbeats" in repr(lost.value.__cause__)

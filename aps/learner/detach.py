@@ -381,6 +381,7 @@ class Detach:
             before=self._before,
             after=self._after,
             check=self._check,
+            within=self._due(num_steps),
         )
         results = [expect(a, RolloutChunk) for a in answers]
         chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
@@ -406,8 +407,19 @@ class Detach:
             return answer
         pool.envs_reset(remote)
         await self._maybe_sync(remote)
-        chunk = await pool.requests.call(remote, request, operation, self._check)
+        assert isinstance(request, RolloutRequest)
+        due = self._due(request.num_steps)
+        chunk = await pool.requests.call(remote, request, operation, self._check, within=due)
         return chunk if chunk is not None else await self._redo(remote, request, operation)
+
+    def _due(self, num_steps: int) -> float:
+        """How long after its request a chunk of ``num_steps`` steps may take.
+
+        A step's time (``Timeouts.step``) per step. Heartbeats do not extend it: a worker
+        acts in a thread of its own while its loop keeps heartbeating, so only this catches
+        an env that hangs mid-chunk.
+        """
+        return num_steps * self._pool.timeouts.step
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
         """:meth:`Learner.chunks`."""
@@ -509,7 +521,9 @@ class Detach:
         (``None``: nothing to deliver yet).
         """
         operation = "chunks"
-        answer = await self._pool.requests.answer_from(remote, operation, self._check)
+        answer = await self._pool.requests.answer_from(
+            remote, operation, self._check, within=self._due(num_steps)
+        )
         if answer is None:
             await self._prepare(remote, operation)
             slot = self._slot(remote)

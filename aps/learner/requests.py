@@ -106,9 +106,10 @@ class Requests:
         ``within`` (seconds) makes it an answer deadline: the answer is due that long after
         the latest request sent on the connection (see :meth:`send_request`), and heartbeats
         do not extend it: a worker that stalls and keeps heartbeating is lost then. Lockstep
-        passes ``timeouts.step``: one reset, step or env call. ``None`` is a silence
-        deadline: the worker may be silent for at most ``timeouts.step``, and any frame
-        restarts it (for answers whose length the pool cannot bound, such as rollouts).
+        passes ``timeouts.step``: one reset, step or env call; DETACH ``num_steps`` times
+        it, for a chunk. ``None`` is a silence deadline: the worker may be silent for at
+        most ``timeouts.step``, and any frame restarts it (for waits whose length the pool
+        cannot bound).
 
         ``check`` looks at each fresh answer before it is returned and raises
         :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
