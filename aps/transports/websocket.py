@@ -740,7 +740,12 @@ class WebSocketListener:
 
             def data_received(self, data: bytes) -> None:
                 ticket = self.aps_ticket
-                if ticket is None or not ticket.held or len(data) <= _PREAUTH_READ:
+                if (
+                    ticket is None
+                    or not ticket.held
+                    or len(data) <= _PREAUTH_READ
+                    or self.protocol.state is not State.OPEN  # the opening is capped in bytes
+                ):
                     self._aps_data_received(data)
                     return
                 # Before the token is proved, websockets parses a read in small pieces: one
