@@ -453,11 +453,16 @@ def merge_infos(parts: Sequence[tuple[int, Info]], num_envs: int) -> Info:
         A new info dict; its arrays are fresh and writable (elements of object arrays, such
         as ``final_obs`` observations, are shared with the parts, not copied).
 
+    Workers that disagree on a key (a dict in one and an array in another, another per-env
+    shape, a dtype that cannot be cast to the first's) cannot be merged as one vector env
+    would, and none of them is wrong alone: that key becomes an object array holding each
+    env's own value (a dict of its values where its worker sent a dict), ``None`` where an
+    env has none, beside the usual mask.
+
     Raises:
         ProtocolError: a part is malformed: a value is neither an array with a leading axis
-            of its ``E`` envs nor a dict, a mask is missing or not a bool array, a worker's
-            envs fall outside ``num_envs``, or two workers sent the same key with
-            incompatible shapes or kinds.
+            of its ``E`` envs nor a dict, a mask is missing or not a bool array, or a
+            worker's envs fall outside ``num_envs``.
     """
     result: Info = {}
     for _, info in parts:
@@ -509,27 +514,27 @@ def _merge_into(out: Info, parts: Sequence[tuple[int, Any]], num_envs: int, wher
         mask_out = np.zeros(num_envs, dtype=np.bool_)
         for offset, count, _, mask in carriers:
             mask_out[offset : offset + count] = mask
-        first = carriers[0][2]
-        if isinstance(first, dict):
+        kinds = {isinstance(value, dict) for _, _, value, _ in carriers}
+        if kinds == {True}:
             nested: Info = {}
-            subparts = []
-            for offset, _, value, _ in carriers:
-                if not isinstance(value, dict):
-                    raise ProtocolError(
-                        f"{where}[{key!r}] is a dict for one worker but not for the worker at "
-                        f"env {offset}"
-                    )
-                subparts.append((offset, value))
+            subparts = [(offset, value) for offset, _, value, _ in carriers]
             _merge_into(nested, subparts, num_envs, f"{where}[{key!r}]")
             out[key] = nested
         else:
-            out[key] = _merge_array(key, carriers, num_envs, where)
+            merged = None if len(kinds) > 1 else _merge_array(carriers, num_envs)
+            # Workers that disagree on a key (a dict in one, an array in another, another
+            # per-env shape, dtypes that do not cast) cannot be merged as one vector env's
+            # would be, and no worker is wrong on its own: the key becomes an object array
+            # of each env's own value, so nothing is lost and no worker is blamed.
+            out[key] = merged if merged is not None else _per_env_values(carriers, num_envs)
         out["_" + key] = mask_out
 
 
-def _merge_array(
-    key: str, carriers: list[tuple[int, int, Any, Array]], num_envs: int, where: str
-) -> Array:
+def _merge_array(carriers: list[tuple[int, int, Any, Array]], num_envs: int) -> Array | None:
+    """The workers' arrays of one key as one array.
+
+    ``None`` where they disagree on its per-env shape or on a dtype one cannot be cast to.
+    """
     # The first worker in which some env has the key chooses the dtype, as its first such
     # env would have in one vector env.
     first: Array = next((c[2] for c in carriers if c[3].any()), carriers[0][2])
@@ -541,16 +546,8 @@ def _merge_array(
     else:
         out = np.zeros((num_envs, *first.shape[1:]), dtype=first.dtype)
     for offset, count, value, mask in carriers:
-        if not isinstance(value, np.ndarray):
-            raise ProtocolError(
-                f"{where}[{key!r}] is an array for one worker but not for the worker at env "
-                f"{offset}"
-            )
         if value.shape[1:] != out.shape[1:]:
-            raise ProtocolError(
-                f"{where}[{key!r}] has per-env shape {value.shape[1:]} at the worker at env "
-                f"{offset} but {out.shape[1:]} before; every env must give values of one shape"
-            )
+            return None
         block = out[offset : offset + count]
         try:
             if value.dtype == out.dtype:
@@ -560,9 +557,26 @@ def _merge_array(
                 # Gymnasium casts each later value into the first env's dtype; only envs that
                 # have the key are cast, the others keep this array's defaults.
                 block[mask] = value[mask]
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(
-                f"{where}[{key!r}] of dtype {value.dtype} at the worker at env {offset} cannot "
-                f"be cast to {out.dtype}, the dtype of the first env with that key: {exc}"
-            ) from exc
+        except (TypeError, ValueError):
+            return None
     return out
+
+
+def _per_env_values(carriers: list[tuple[int, int, Any, Array]], num_envs: int) -> Array:
+    """An object array of each env's own value of one key (``None`` where it has none)."""
+    out = np.full(num_envs, None, dtype=object)
+    for offset, count, value, mask in carriers:
+        for index in np.flatnonzero(mask[:count]):
+            out[offset + index] = _env_value(value, int(index))
+    return out
+
+
+def _env_value(value: Any, index: int) -> Any:
+    """Env ``index``'s own value in a worker's info value: an array's row, or a dict of them."""
+    if not isinstance(value, dict):
+        return value[index]
+    return {
+        key: _env_value(item, index)
+        for key, item in value.items()
+        if key[:1] != "_" and value["_" + key][index]
+    }

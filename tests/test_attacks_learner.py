@@ -17,6 +17,7 @@ import builtins
 import dataclasses
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -238,6 +239,44 @@ async def test_a_malformed_info_under_drop_is_that_workers_loss_not_the_learners
             await learner.step(ACTIONS)
         assert isinstance(caught.value.__cause__, aps.ProtocolError)
         assert "'_forged' mask" in str(caught.value.__cause__)
+
+
+def disagreeing(message: Message) -> bytes:
+    """A well-formed info whose key the honest worker also sends, in another shape."""
+    assert isinstance(message, StepResult)
+    info = {"shared": np.full((ENVS, 3), 7.0), "_shared": np.ones(ENVS, bool)}
+    return codec.encode(dataclasses.replace(message, info=info))
+
+
+def shares_a_key() -> Any:
+    """An honest CartPole whose step info holds ``shared``, one float."""
+
+    class SharesAKey(gym.Wrapper[Any, Any, Any, Any]):
+        def step(self, action: Any) -> Any:
+            obs, reward, terminated, truncated, _ = super().step(action)
+            return obs, reward, terminated, truncated, {"shared": 1.5}
+
+    return SharesAKey(gym.make("CartPole-v1"))
+
+
+@pytest.mark.timeout(60)
+async def test_a_key_that_workers_disagree_on_ends_neither_the_learner_nor_a_worker(
+    workers: WorkerTasks,
+) -> None:
+    # Well-formed on its own, but not mergeable with the honest worker's: the key becomes
+    # each env's own value, and every worker goes on stepping.
+    async with aps.Learner(TCP, num_workers=2, timeouts=FAST, on_worker_lost="raise") as learner:
+        workers.start(learner.url, env=shares_a_key, num_envs=ENVS)
+        await until(lambda: len(learner.workers) == 1)
+        start_altered(workers, learner.url, (StepResult,), disagreeing)
+        await learner.reset(seed=0)
+        for _ in range(3):
+            _, _, _, _, info = await learner.step(ACTIONS)
+            shared = info["shared"]
+            assert shared.dtype == object and shared[:ENVS].tolist() == [1.5] * ENVS
+            for value in shared[ENVS:]:
+                np.testing.assert_array_equal(value, np.full(3, 7.0))
+        assert len(learner.workers) == 2
 
 
 # 4. Only allow-listed exception types are rebuilt on the learner; the text is capped.
