@@ -9,6 +9,7 @@ addresses (127.0.0.2, 127.0.0.3, ...: bound before connect). After ``--warmup`` 
 honest worker (another child, from 127.0.0.1) dials in; the script reports:
 
 - ``admitted_s``: from the worker's start to the learner's ``wait_for_workers`` returning;
+- ``worker_failures``: the worker's failed attempts to join before that (evicted, say);
 - ``rss_growth_mb``: the learner's peak RSS during the flood minus its RSS before;
 - ``log_lines``: lines the learner logged during the run (refusals are summed up);
 - ``flood_sockets`` / ``flood_established``: the learner's sockets, and those established,
@@ -154,9 +155,15 @@ def learner_main(args: argparse.Namespace) -> None:
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    """Run an honest worker until the learner ends."""
+    """Run an honest worker until the learner ends, logging its failed attempts to a file."""
+    import logging
+
     import aps
     from aps._loop import run
+
+    logging.basicConfig(filename=args.log, level=logging.DEBUG, format="%(name)s %(message)s")
+    if args.worker_nice:
+        os.nice(args.worker_nice)  # a worker on a busy host: slow to say hello
 
     factory = _factory(args.transport, args.tls_dir, server=False)
     worker = aps.Worker(
@@ -419,8 +426,13 @@ async def attack(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.2)
             during = _sockets(learner.pid)  # while the flood runs
             worker_started = time.monotonic()
+            worker_log = Path(scratch) / "worker.log"
             worker = subprocess.Popen(  # noqa: ASYNC220
-                [sys.executable, str(here), "--worker", "--url", url, *common],
+                [
+                    *(sys.executable, str(here), "--worker", "--url", url),
+                    *("--log", str(worker_log), "--worker-nice", str(args.worker_nice)),
+                    *common,
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -436,6 +448,8 @@ async def attack(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(1.0)
             sockets, established, close_wait = _sockets(learner.pid)
             log_lines = len(log_path.read_text().splitlines()) if log_path.exists() else 0
+            worker_lines = worker_log.read_text() if worker_log.exists() else ""
+            failed = worker_lines.count("joining the learner failed")
             return {
                 "transport": args.transport,
                 "sources": args.sources,
@@ -444,6 +458,8 @@ async def attack(args: argparse.Namespace) -> dict[str, Any]:
                 "fd_limit": args.fd_limit,
                 "dials": dials,
                 "admitted_s": admitted_s,
+                "worker_failures": failed,
+                "worker_nice": args.worker_nice,
                 "rss_before_mb": round(baseline / 1024, 1),
                 "rss_growth_mb": round((peak - baseline) / 1024, 1),
                 "log_lines": log_lines,
@@ -480,6 +496,9 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=60.0)
     parser.add_argument("--handshake", type=float, default=5.0)
     parser.add_argument("--sources", type=int, default=1, help="attacker addresses")
+    parser.add_argument(
+        "--worker-nice", type=int, default=0, help="the worker's niceness (0-19): a busy host"
+    )
     parser.add_argument(
         "--gc", action="store_true", help="leave the learner's garbage collector on"
     )
