@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aps import codec, compression
 from aps.errors import (
@@ -42,7 +42,13 @@ from aps.messages import Goodbye, Heartbeat, Message
 from aps.protocol import Connection, Role, State
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport, is_local
 
-__all__ = ["Session", "Timeouts"]
+__all__ = ["OFF_LOOP_BYTES", "Session", "Timeouts"]
+
+OFF_LOOP_BYTES: Final = 4 * 2**20
+"""Frames of at least this many bytes are decoded in a thread, off the event loop: inflating
+or rebuilding one (a compressed or frame-delta chunk, a large weights version) takes tens of
+ms, which the loop spends serving the other connections meanwhile. Smaller frames decode on
+the loop, where a thread's hand-off would cost more than the decode."""
 
 log = logging.getLogger("aps.session")
 
@@ -116,6 +122,7 @@ class Session:
         self._frame_delta = False
         self._encoding = compression.accepted("none", False)
         self._inflation = codec.InflationRate()  # what the peer's arrays may inflate to, per s
+        self._decoding: asyncio.Future[Message] | None = None  # a large frame, in a thread
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -276,46 +283,55 @@ class Session:
         Cancellation: safe; no message is lost.
         """
         while True:
-            # The deadline's bookkeeping is written out here rather than in a coroutine of
-            # its own: this runs for every message at both ends.
-            # An answer deadline is armed again after a heartbeat, at the same instant.
-            wait = None if timeout is None else self._arm(timeout, since)
-            try:
-                frame = await self._transport.receive()
-            except asyncio.CancelledError:
-                if wait is not None and wait.expired and wait.task.uncancel() <= wait.cancelling:
-                    if since is not None:
+            decoding = self._decoding  # a large frame that a cancelled call left decoding
+            if decoding is None:
+                # The deadline's bookkeeping is written out here rather than in a coroutine of
+                # its own: this runs for every message at both ends.
+                # An answer deadline is armed again after a heartbeat, at the same instant.
+                wait = None if timeout is None else self._arm(timeout, since)
+                try:
+                    frame = await self._transport.receive()
+                except asyncio.CancelledError:
+                    if (
+                        wait is not None
+                        and wait.expired
+                        and wait.task.uncancel() <= wait.cancelling
+                    ):
+                        if since is not None:
+                            raise Timeout(
+                                f"no answer from {self.peer} within {timeout} s of the "
+                                f"request while waiting for {operation} (heartbeats do not "
+                                "count: the peer is connected but not answering); its env is "
+                                "stuck or slow (raise the matching Timeouts field if it is "
+                                "only slow)",
+                                operation=operation,
+                                seconds=timeout,
+                            ) from None
                         raise Timeout(
-                            f"no answer from {self.peer} within {timeout} s of the request "
-                            f"while waiting for {operation} (heartbeats do not count: the peer "
-                            "is connected but not answering); its env is stuck or slow (raise "
+                            f"nothing from {self.peer} for {timeout} s while waiting for "
+                            f"{operation}; the peer is stuck or the network is down (raise "
                             "the matching Timeouts field if it is only slow)",
                             operation=operation,
                             seconds=timeout,
                         ) from None
-                    raise Timeout(
-                        f"nothing from {self.peer} for {timeout} s while waiting for "
-                        f"{operation}; the peer is stuck or the network is down (raise the "
-                        "matching Timeouts field if it is only slow)",
-                        operation=operation,
-                        seconds=timeout,
-                    ) from None
-                raise
-            finally:
-                self._waiting = None
+                    raise
+                finally:
+                    self._waiting = None
+                if len(frame) >= OFF_LOOP_BYTES and self._authenticated:
+                    # Inflating or rebuilding a large frame would hold the loop for tens of
+                    # ms: a thread does it while the loop serves the other connections.
+                    loop = asyncio.get_running_loop()
+                    decoding = self._decoding = loop.run_in_executor(None, self._decode, frame)
             try:
-                if self._authenticated:
-                    message = codec.decode(
-                        frame,
-                        max_frame_size=self._max_frame_size,
-                        compression=self._compression,
-                        frame_delta=self._frame_delta,
-                        rate=self._inflation,
-                    )
+                if decoding is None:
+                    message = self._decode(frame)
                 else:
-                    message = codec.decode_handshake(frame)
+                    # Cancelled here, the decoding goes on and the next call takes its message.
+                    message = await asyncio.shield(decoding)
+                    self._decoding = None
                 self._connection.receive(message)
             except (WireError, ProtocolError) as exc:
+                self._decoding = None
                 await self._abort(f"protocol error: {exc}")
                 if isinstance(exc, ProtocolError):
                     raise
@@ -327,6 +343,18 @@ class Session:
                 await self.aclose()
                 raise EndOfStream(f"{self.peer} closed the session: {message.reason or 'bye'}")
             return message
+
+    def _decode(self, frame: bytes) -> Message:
+        """``frame`` as a message: no I/O and no loop, so that it may run in a thread."""
+        if self._authenticated:
+            return codec.decode(
+                frame,
+                max_frame_size=self._max_frame_size,
+                compression=self._compression,
+                frame_delta=self._frame_delta,
+                rate=self._inflation,
+            )
+        return codec.decode_handshake(frame)
 
     def _arm(self, timeout: float, since: float | None) -> _Wait:
         """Note the deadline of the receive() call that begins: ``timeout`` s from now.
@@ -413,6 +441,9 @@ class Session:
             self._watchdog.cancel()  # it holds this session alive until it fires
             self._watchdog = None
         self._wait = None  # the last receiving task, held by nothing else here
+        if self._decoding is not None:
+            self._decoding.cancel()  # a large frame no call will take any more
+            self._decoding = None
         try:
             if self._heartbeat_task is not None:
                 self._heartbeat_task.cancel()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
-from aps.errors import EndOfStream, Timeout
-from aps.messages import Challenge
+import aps.session
+from aps.errors import EndOfStream, ProtocolError, Timeout
+from aps.messages import Challenge, Weights
 from aps.protocol import PROTOCOL_VERSION, Role
-from aps.session import Session
+from aps.session import OFF_LOOP_BYTES, Session
 from aps.transports.memory import memory_transport_pair
+from tests.conftest import benchmark_module
 
 CHALLENGE = Challenge(protocol_version=PROTOCOL_VERSION, nonce=b"0123456789abcdef")
 
@@ -121,3 +124,63 @@ async def test_a_close_cancelled_halfway_still_closes_the_connection() -> None:
         with pytest.raises(EndOfStream):
             await asyncio.wait_for(dialed.receive(), 10)
         await dialed.aclose()
+
+
+async def authenticated_pair() -> tuple[Session, Session]:
+    """Two sessions past the handshake, whose protocol checks let anything through.
+
+    What these tests look at is how a frame is read and decoded, not which message the
+    protocol allows when: that is tests/test_protocol.py's part.
+    """
+    worker, learner = await pair()
+    for session in (worker, learner):
+        session.authenticated()
+        session._connection.receive = lambda message: None  # type: ignore[method-assign]
+        session._connection.send = lambda message: None  # type: ignore[method-assign]
+    return worker, learner
+
+
+def large_weights() -> Weights:
+    arrays = {"w": np.arange(OFF_LOOP_BYTES // 4 * 3, dtype=np.float32)}  # 12 MiB
+    return Weights(version=3, arrays=arrays, epsilon=None)
+
+
+async def test_a_large_frame_decodes_in_a_thread_and_a_cancelled_receive_loses_nothing() -> None:
+    worker, learner = await authenticated_pair()
+    sent = large_weights()
+    await learner.send(sent)
+    waiting = asyncio.create_task(worker.receive(timeout=60, operation="weights"))
+    while worker._decoding is None:  # noqa: ASYNC110 - waiting for the hand-off to a thread
+        await asyncio.sleep(0)
+    waiting.cancel()  # while the thread decodes
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await learner.send(CHALLENGE)  # behind it on the wire
+    got = await worker.receive(timeout=60, operation="weights")
+    assert isinstance(got, Weights) and got.version == 3
+    np.testing.assert_array_equal(got.arrays["w"], sent.arrays["w"])
+    assert await worker.receive(timeout=5, operation="the challenge") == CHALLENGE
+    assert worker._decoding is None
+
+
+async def test_a_malformed_large_frame_is_a_protocol_error_off_the_loop_too() -> None:
+    worker, learner = await authenticated_pair()
+    await learner._transport.send(b"\xc1" * (OFF_LOOP_BYTES + 1))  # 0xc1: never valid msgpack
+    with pytest.raises(ProtocolError, match="malformed frame"):
+        await worker.receive(timeout=60, operation="weights")
+    assert worker._decoding is None
+
+
+async def test_small_frames_decode_on_the_loop() -> None:
+    worker, learner = await authenticated_pair()
+    await learner.send(Weights(version=1, arrays={"w": np.zeros(4, np.float32)}, epsilon=None))
+    got = await worker.receive(timeout=5, operation="weights")
+    assert isinstance(got, Weights) and worker._decoding is None
+
+
+def test_the_loop_stall_benchmark_runs_both_ways() -> None:
+    with benchmark_module("loop_stall") as loop_stall:
+        rows = [asyncio.run(loop_stall.run(5.0, 1, "zstd", off)) for off in (True, False)]
+    assert [row["off_loop"] for row in rows] == [True, False]
+    assert all(row["longest_gap_ms"] > 0 for row in rows)
+    assert aps.session.OFF_LOOP_BYTES == OFF_LOOP_BYTES  # put back
