@@ -20,6 +20,7 @@ import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aps
 from aps._loop import run
@@ -31,6 +32,7 @@ from aps.launch.slurm import sbatch_script
 from aps.session import Timeouts
 from aps.vector import VECTOR_BACKENDS
 from aps.worker import Worker
+from aps.worker.envs import make_env
 
 __all__ = ["main"]
 
@@ -484,6 +486,26 @@ def _read_token(path: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
+def _build_one(env: str, env_kwargs: dict[str, Any]) -> None:
+    """Build one env and close it, before any dialing.
+
+    An env that cannot be built (a missing ROM, a factory that raises) fails here, in
+    seconds, rather than once the worker has found its learner, which may not be up yet.
+
+    Raises:
+        ConfigError: building the env raised; the message quotes why.
+    """
+    try:
+        make_env(env, env_kwargs).close()
+    except ApsError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"could not build the env {env!r} (before dialing the learner): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status.
 
@@ -548,6 +570,8 @@ def _main(argv: Sequence[str] | None) -> int:
             allow_private_env_calls=args.allow_private_env_calls,
             frame_delta=not args.no_frame_delta,
         )
+        if not args.env_fns_stdin and args.vector != "envpool":
+            _build_one(args.env, args.env_kwargs or {})
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:
         print(f"aps worker: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -211,3 +211,16 @@ def test_the_readme_installs_by_hand_what_make_installs() -> None:
     make = install((REPO / "Makefile").read_text())
     assert install((REPO / "README.md").read_text()) == make
     assert {"sb3", "envpool", "test"} <= make
+
+
+def test_aps_worker_builds_its_env_before_dialing(tmp_path: Path) -> None:
+    envs = tmp_path / "envs.py"
+    envs.write_text("def make():\n    raise RuntimeError('no ROM for this game here')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "aps", "worker", "tcp://127.0.0.1:9", "--env", f"{envs}:make",
+         "--connect-timeout", "300"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "could not build the env" in done.stderr
+    assert "RuntimeError: no ROM for this game here" in done.stderr
