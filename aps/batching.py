@@ -398,16 +398,9 @@ def check_info(info: Any, count: int, where: str = "info") -> None:
     if type(info) is not dict:
         raise ProtocolError(f"{where} must be a dict, got {_describe(info)}")
     for key, value in info.items():
-        if type(key) is not str:
-            raise ProtocolError(f"{where} has the non-str key {key!r:.80}; keys must be str")
-        mask_key = "_" + key
-        if mask_key not in info:
-            if key[:1] == "_" and key[1:] in info:
-                continue  # the mask of another key, checked with that key
-            raise ProtocolError(
-                f"{where}[{key!r:.80}] has no {mask_key!r:.80} mask; each key of a vector "
-                "env's info comes with a bool mask of the envs that have it"
-            )
+        mask_key = _mask_key(info, key, where)
+        if mask_key is None:
+            continue  # the mask of another key, checked with that key
         mask = info[mask_key]
         if not (
             type(mask) is np.ndarray
@@ -426,6 +419,25 @@ def check_info(info: Any, count: int, where: str = "info") -> None:
                 f"{where}[{key!r:.80}] must be a dict or an array with a leading axis of "
                 f"{count} envs, one per env of this worker, got {_describe(value)}"
             )
+
+
+def _mask_key(info: dict[Any, Any], key: Any, where: str) -> str | None:
+    """The key of ``key``'s mask in a vector env's ``info``; ``None`` if ``key`` is a mask.
+
+    Raises:
+        ProtocolError: ``key`` is not a str, or neither has a mask nor is one.
+    """
+    if type(key) is not str:
+        raise ProtocolError(f"{where} has the non-str key {key!r:.80}; keys must be str")
+    mask_key = "_" + key
+    if mask_key in info:
+        return mask_key
+    if key[:1] == "_" and key[1:] in info:
+        return None
+    raise ProtocolError(
+        f"{where}[{key!r:.80}] has no {mask_key!r:.80} mask; each key of a vector env's info "
+        "comes with a bool mask of the envs that have it"
+    )
 
 
 def merge_infos(parts: Sequence[tuple[int, Info]], num_envs: int) -> Info:
@@ -480,15 +492,9 @@ def _merge_into(out: Info, parts: Sequence[tuple[int, Any]], num_envs: int, wher
         if not isinstance(info, dict):
             raise ProtocolError(f"{where} of the worker at env {offset} is not a dict")
         for key, value in info.items():
-            if type(key) is not str:
-                raise ProtocolError(f"{where} has the non-str key {key!r:.80}")
-            mask_key = "_" + key
-            if mask_key not in info:
-                if key[:1] == "_" and key[1:] in info:
-                    continue  # the mask of another key, handled with that key
-                raise ProtocolError(
-                    f"{where}[{key!r}] of the worker at env {offset} has no {mask_key!r} mask"
-                )
+            mask_key = _mask_key(info, key, f"{where} of the worker at env {offset}")
+            if mask_key is None:
+                continue  # the mask of another key, handled with that key
             mask = info[mask_key]
             if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.ndim == 1):
                 raise ProtocolError(

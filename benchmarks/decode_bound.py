@@ -263,7 +263,7 @@ def _chunk() -> Any:
     )
 
 
-def _loop_rebuild(delta: Any) -> np.ndarray[Any, Any]:
+def loop_rebuild(delta: Any) -> np.ndarray[Any, Any]:
     """The rebuild as it was before it was vectorized: one Python iteration per step."""
     out = np.empty(delta.shape, delta.dtype)
     whole_at = newest_at = 0
@@ -431,7 +431,7 @@ def run_attacks() -> None:
         print(f"{name:40s} {len(frame):9d} {seconds * 1e3:8.2f} {top / 2**20:8.2f}  {short}")
     frame, delta = _long_delta(2**20)
     start = time.perf_counter()
-    _loop_rebuild(delta)
+    loop_rebuild(delta)
     print(f"{'delta: valid, T=2**20, the old loop':40s} {len(frame):9d} "
           f"{(time.perf_counter() - start) * 1e3:8.2f}")  # fmt: skip
     share = stolen_share()

@@ -30,7 +30,7 @@ from aps.frame_delta import EXT_FRAME_DELTA, Delta
 from aps.messages import Challenge, Hello, Ready, StepResult, Weights, Welcome
 from aps.protocol import worker_proof
 from aps.spaces import sample_nbytes, space_to_wire
-from tests.conftest import FAST
+from tests.conftest import FAST, benchmark_module
 from tests.test_frame_delta import chunk_of, pong_obs
 
 needs_zstd = pytest.mark.skipif(
@@ -85,22 +85,10 @@ def raw_map(*pairs: tuple[Any, Any]) -> bytes:
 
 
 def loop_rebuild(delta: Delta) -> np.ndarray:
-    """The rebuild as it was, one Python iteration per step: the reference."""
-    out = np.empty(delta.shape, delta.dtype)
-    mask = delta.mask
-    whole_at = newest_at = 0
-    for t in range(delta.shape[0]):
-        coded = mask[t]
-        count = int(coded.sum())
-        rest = len(coded) - count
-        if rest:
-            out[t, ~coded] = delta.whole[whole_at : whole_at + rest]
-            whole_at += rest
-        if count:
-            out[t, coded, :-1] = out[t - 1, coded, 1:]
-            out[t, coded, -1] = delta.newest[newest_at : newest_at + count]
-            newest_at += count
-    return out
+    """The rebuild as it was, one Python iteration per step: the reference (the benchmark's)."""
+    with benchmark_module("decode_bound") as decode_bound:
+        rebuilt: np.ndarray = decode_bound.loop_rebuild(delta)
+    return rebuilt
 
 
 @st.composite
