@@ -49,7 +49,10 @@ subprocess each (Gymnasium's AsyncVectorEnv, for hosts with more cores than work
 
 _ENV_HELP = """\
 what to run: a Gymnasium id (CartPole-v1), an import path 'package.module:factory',
-or a file path 'path/to/envs.py:factory' (the factory returns a new env)"""
+or a file path 'path/to/envs.py:factory' (the factory returns a new env). A factory
+that returns a PettingZoo ParallelEnv (mpe2.simple_spread_v3:parallel_env) hosts its
+agents: each agent of each copy is one env slot for the learner, with the live-agent mask
+info['agent_active'] (--vector sync only)"""
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -104,7 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         "never the network); --env defaults to them",
     )
     worker.add_argument(
-        "--num-envs", type=int, default=1, metavar="N", help="envs on this worker (default 1)"
+        "--num-envs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="envs on this worker (default 1); of a PettingZoo ParallelEnv, env copies: the "
+        "learner gets N x len(possible_agents) slots",
     )
     worker.add_argument("--vector", default="sync", choices=VECTOR_BACKENDS, help=_VECTOR_HELP)
     worker.add_argument(

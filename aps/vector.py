@@ -34,6 +34,7 @@ from gymnasium.vector.vector_env import VectorWrapper
 
 from aps._imports import names_a_module
 from aps.errors import ConfigError, MissingDependency
+from aps.multiagent import MultiAgentVectorEnv, is_parallel_env
 
 __all__ = [
     "VECTOR_BACKENDS",
@@ -82,8 +83,13 @@ def make_vector_env(
     autoreset_mode: AutoresetMode,
     env: object = None,
     env_kwargs: dict[str, Any] | None = None,
+    first_env: Any = None,
 ) -> AnyVectorEnv:
     """Build ``num_envs`` envs as one vector env of the chosen backend.
+
+    A PettingZoo ParallelEnv as ``first_env`` (what ``env_fn`` builds) makes the vector env
+    a :class:`~aps.multiagent.MultiAgentVectorEnv` of ``num_envs`` copies, one slot per
+    agent (``sync`` only).
 
     Args:
         vector: the backend, one of :data:`VECTOR_BACKENDS`.
@@ -94,15 +100,24 @@ def make_vector_env(
         env: the env spec the worker was given; envpool needs it to be an EnvPool id.
         env_kwargs: keyword arguments for ``envpool.make`` (envpool only; ``env_fn``
             carries them for the other backends).
+        first_env: the first env, already built by ``env_fn`` (sync only; the worker built
+            it to learn whether the env is multi-agent).
 
     Raises:
         ConfigError: the backend cannot run these envs in this mode.
         MissingDependency: envpool is not installed.
     """
     vector = check_backend(vector)
+    if first_env is not None and vector != "sync":
+        raise ConfigError(f"first_env is for vector='sync' only, got vector={vector!r}")
     if vector == "sync":
-        # copy=False: the worker encodes each result before the next step overwrites it.
-        return LeanSyncVectorEnv([env_fn] * num_envs, copy=False, autoreset_mode=autoreset_mode)
+        fns = [env_fn] * num_envs
+        if first_env is not None:
+            fns[0] = lambda: first_env
+        if is_parallel_env(first_env):
+            # copy=False: the worker encodes each result before the next step overwrites it.
+            return MultiAgentVectorEnv(fns, autoreset_mode=autoreset_mode, copy=False)
+        return LeanSyncVectorEnv(fns, copy=False, autoreset_mode=autoreset_mode)
     if vector == "async":
         return _RebuildOnError(lambda: _async_vector_env(env_fn, num_envs, autoreset_mode))
     return EnvPoolVectorEnv(

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aps.policy", "aps._agent_module", "aps._numpy_heads", "aps._nature_cnn"),
     (
         "aps.vector",
+        "aps.multiagent",
         "aps.worker",
         "aps.learner",
         "aps.collect",

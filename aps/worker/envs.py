@@ -24,7 +24,11 @@ __all__ = [
 
 EnvSpec = str | Callable[[], gym.Env[Any, Any]]
 """A Gymnasium id (``"CartPole-v1"``), an import path (``"pkg.mod:make_env"`` or
-``"path/to/file.py:make_env"``) or a callable that returns a new env."""
+``"path/to/file.py:make_env"``) or a callable that returns a new env.
+
+A factory (path or callable) may return a PettingZoo ``ParallelEnv`` instead
+(``"mpe2.simple_spread_v3:parallel_env"``): the worker then hosts its agents as env slots
+(:mod:`aps.multiagent`)."""
 
 
 def resolve_env(spec: EnvSpec, **env_kwargs: Any) -> Callable[[], gym.Env[Any, Any]]:
@@ -97,6 +101,8 @@ WRAPPER_CLASSES: Final = "_aps_wrapper_classes"
 
 def make_env(spec: EnvSpec, env_kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
     """A new env of ``spec``, carrying its wrapper classes in :data:`WRAPPER_CLASSES`.
+
+    A factory's PettingZoo ``ParallelEnv`` is returned as it is (no wrappers to note).
 
     An env in a subprocess (``vector="async"``) can be asked only for attributes, as data:
     noting its wrappers as it is built lets the worker answer ``is_wrapped`` (SB3's

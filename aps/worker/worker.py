@@ -35,7 +35,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from aps import transports
-from aps._imports import PolicyPin
+from aps._imports import PolicyPin, names_a_module
 from aps.compression import (
     check_setting as check_compression,
     offer as offer_compression,
@@ -67,6 +67,7 @@ from aps.messages import (
     Weights,
     Welcome,
 )
+from aps.multiagent import agents_per_env, is_parallel_env
 from aps.pg.sampling import GradientSampler
 from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
 from aps.session import Session, Timeouts
@@ -111,10 +112,18 @@ class _Retry(Exception):
 class Worker:
     """Hosts ``num_envs`` copies of an env and serves one learner.
 
+    A factory (an import path or a callable) that returns a PettingZoo ``ParallelEnv`` makes
+    the worker a host of agents (:mod:`aps.multiagent`): each agent of each of the
+    ``num_envs`` copies is one env slot for the learner, ``num_envs * len(possible_agents)``
+    in all, with the agents' shared spaces and the live-agent mask
+    ``info["agent_active"]``. The worker learns this by building its first env before it
+    first dials (and keeps that env as its first copy); ``vector="sync"`` only.
+
     Args:
         learner: the learner's URL (``"tcp://host:port"``), or a connected transport.
         env: what to run, see :data:`EnvSpec`.
-        num_envs: how many copies this worker hosts.
+        num_envs: how many copies this worker hosts (of a multi-agent env: env copies, each
+            with all its agents).
         seed: the seed of the first reset when the learner resets without one (env ``j``
             gets ``seed + j``); ``None`` leaves the envs unseeded.
         token: the learner's shared secret, if it has one.
@@ -242,6 +251,10 @@ class Worker:
         self._compute_delay = float(compute_delay)
         self._comm_delay = float(comm_delay)
         self._server: StepServer | None = None  # this session's envs; kept over resumes
+        # Agents per env copy of a multi-agent env (0: a Gymnasium env; None: not known yet),
+        # and the env built to learn it, kept as the first env of the first build.
+        self._agents: int | None = None
+        self._first_env: Any = None
         self._reconnect = reconnect
         self._session_id = b""
         self.worker_id: int | None = None
@@ -273,6 +286,9 @@ class Worker:
         outage: float | None = None  # when the current run of failed attempts began
         attempt = 0
         try:
+            # Before dialing: user code, perhaps slow, that the handshake deadline should
+            # not cover.
+            self._learn_agents()
             while True:
                 try:
                     session = await self._join()
@@ -326,6 +342,62 @@ class Worker:
                     await session.aclose(reason)
         finally:
             self._forget_session()
+            first, self._first_env = self._first_env, None
+            if first is not None:
+                first.close()
+
+    @property
+    def num_slots(self) -> int:
+        """The env slots this worker offers the learner.
+
+        ``num_envs``, times the agents per copy of a multi-agent env (known once :meth:`run`
+        has built the first env).
+        """
+        return self.num_envs * max(self._agents or 0, 1)
+
+    def _learn_agents(self) -> None:
+        """Build the first env, once, to learn whether it is a multi-agent env.
+
+        The Hello must say how many env slots this worker offers before the learner's
+        Welcome, and a factory's env says whether it is a ParallelEnv only once built. Ids
+        (never multi-agent) and EnvPool build nothing here. An env that fails to build is
+        left for the build after the Welcome, which tells the learner why.
+
+        Raises:
+            ConfigError: a multi-agent env with ``vector`` other than ``"sync"``, or whose
+                agents do not share their spaces.
+        """
+        if self._agents is not None:
+            return
+        spec = self._env
+        if self._vector == "envpool" or not (
+            callable(spec) or (isinstance(spec, str) and ":" in spec and names_a_module(spec))
+        ):
+            self._agents = 0
+            return
+        try:
+            env = self._env_fn()
+        except Exception:
+            self._agents = 0
+            return
+        if not is_parallel_env(env):
+            self._agents = 0
+            if self._vector == "sync":
+                self._first_env = env
+            else:
+                env.close()
+            return
+        try:
+            if self._vector != "sync":
+                raise ConfigError(
+                    f"{self._env_name!r} builds a PettingZoo ParallelEnv, whose agents a "
+                    f"worker hosts in its own process; use vector='sync', not {self._vector!r}"
+                )
+            self._agents = agents_per_env(env)
+        except BaseException:
+            env.close()
+            raise
+        self._first_env = env
 
     def _name(self) -> str:
         """This worker in log lines: its id once admitted, and its label."""
@@ -456,12 +528,13 @@ class Worker:
         # The proof covers our own nonce: a peer that relays it gains nothing it can replay.
         proof = b"" if token is None else worker_proof(token, challenge.nonce, nonce)
         offered = offer_compression(self.compression, frame_delta=self.frame_delta)
+        self._learn_agents()
         await session.send(
             Hello(
                 protocol_version=PROTOCOL_VERSION,
                 proof=proof,
                 env_id=self._env_name,
-                num_envs=self.num_envs,
+                num_envs=self.num_slots,
                 seed=self._seed,
                 host=socket.gethostname(),
                 pid=os.getpid(),
@@ -544,7 +617,7 @@ class Worker:
             Ready(
                 observation_space=envs.single_observation_space,
                 action_space=envs.single_action_space,
-                num_envs=self.num_envs,
+                num_envs=self.num_slots,
             )
         )
 
@@ -562,6 +635,7 @@ class Worker:
             mode = AutoresetMode(answer.autoreset_mode)
             # Building the envs is the user's code and may be slow: it is outside the
             # handshake deadline on purpose, bounded by the learner's wait instead.
+            first, self._first_env = self._first_env, None
             envs = make_vector_env(
                 self._vector,
                 self._env_fn,
@@ -569,6 +643,7 @@ class Worker:
                 autoreset_mode=mode,
                 env=self._env,
                 env_kwargs=self._env_kwargs,
+                first_env=first,
             )
             collector = (
                 None
