@@ -110,7 +110,7 @@ from aps._wire import (
 from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
 from aps.frame_delta import EXT_FRAME_DELTA
-from aps.messages import MESSAGE_TYPES, Message, Ready, RolloutChunk
+from aps.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, RolloutChunk
 from aps.spaces import sample_nbytes, space_from_wire, space_to_wire
 
 __all__ = [
@@ -413,6 +413,8 @@ class _Spec:
     # Per field, in order: its name, its packed name, its kind and its check (_pack_small's).
     plan: tuple[tuple[str, bytes, int, Callable[[Any], bool]], ...]
 
+    # Fields declared with OMIT_NONE: left out of the frame while None, None when absent.
+    omitted: frozenset[str] = frozenset()
 
 def _is_array(value: Any) -> bool:
     return type(value) is np.ndarray and not value.dtype.hasobject
@@ -482,7 +484,15 @@ def _spec_for(cls: type[Message]) -> _Spec:
     head = bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
     head += _packb("t") + _packb(cls.TAG)
     plan = tuple((f.name, _packb(f.name), f.kind, f.check) for f in fields)
-    return _Spec(cls, cls.TAG, fields, names, head, plan)
+    omitted = frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(OMIT_NONE))
+    return _Spec(cls, cls.TAG, fields, names, head, plan, omitted)
+
+
+def _head(spec: _Spec, message: Message) -> bytes:
+    """The map header, "t" and tag of a message whose ``OMIT_NONE`` fields may be left out."""
+    count = len(spec.fields) + 1 - sum(getattr(message, n) is None for n in spec.omitted)
+    head = bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
+    return head + _packb("t") + _packb(spec.tag)
 
 
 _SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
@@ -634,9 +644,11 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
     for byte what :func:`_pack_frame` makes of the message's body (the tests compare them);
     for anything else, including every value that fails its check or that msgpack or
     :func:`_check_tree` would refuse, ``None`` leaves the work and the error to the generic
+        if value is None and field.name in spec.omitted:
+            continue
     path.
     """
-    parts = [spec.head]
+    parts = [_head(spec, message) if spec.omitted else spec.head]
     append = parts.append
     for name, key, field_kind, check in spec.plan:
         value = getattr(message, name)
@@ -701,6 +713,8 @@ def decode(
     whatever msgpack or numpy raise is chained as ``__cause__``. Every field is checked
     against its annotation (``int`` excludes ``bool``, ``float`` accepts ``int``, arrays of
     the ``Array`` fields have a numeric or bool dtype). Arrays in the message are read-only
+        if value is None and name in spec.omitted:
+            continue
     views of the frame's payload.
 
     What decoding costs is bounded by the frame before it is spent: see
@@ -777,13 +791,14 @@ def decode(
         # Only a chunk's hook makes placeholders: where they are is all that is left to check
         # before the work of rebuilding one.
         obs = body.get("obs") if type(body) is dict else None
+_CHUNK_OMITTED = _SPECS_BY_TAG[RolloutChunk.TAG].omitted
         if len(pending) != 1 or obs is not pending[0]:
             raise WireError(
                 f"{RolloutChunk.TAG} message holds {len(pending)} frame-delta arrays, "
                 f"{'one' if obs is pending[0] else 'none'} of them its obs; only a rollout "
                 "chunk's obs may travel as one"
             )
-        if body.keys() == _CHUNK_KEYS:  # else _message names what is missing or extra
+        if _CHUNK_KEYS - _CHUNK_OMITTED <= body.keys() <= _CHUNK_KEYS:  # else _message names it
             body["obs"] = pending[0].rebuild()
     if type(body) is dict and body.get("t") == Ready.TAG:
         _check_ready(body, max_frame_size)
@@ -1009,3 +1024,6 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
         return spec.cls(**body)
     except Exception as exc:  # a message type with its own __post_init__ checks
         raise WireError(f"{spec.tag} message is invalid: {exc}") from exc
+    if spec.omitted and spec.names - spec.omitted <= body.keys() <= spec.names:
+        for name in spec.omitted:
+            body.setdefault(name, None)

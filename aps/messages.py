@@ -50,7 +50,7 @@ gradients locally and reports only its count, until ``CollectGradients`` asks fo
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -60,6 +60,7 @@ from aps._typing import Array
 __all__ = [
     "ENV_CALL_KINDS",
     "MESSAGE_TYPES",
+    "OMIT_NONE",
     "Answer",
     "Request",
     "PROTOCOL_VERSION",
@@ -111,6 +112,14 @@ Version 7 added compression negotiated in the handshake (``Hello.compression``,
 ``Welcome.compression``) and the compressed array extension of :mod:`aps.compression`, and
 carries spaces, env specs and numpy Generators in :class:`EnvCallResult` as tagged maps
 (:func:`aps.spaces.value_to_wire`), which a version 6 learner would hand on unread."""
+
+
+OMIT_NONE = "aps.omit_none"
+"""Field metadata key of an optional field added to a message type without a protocol bump.
+
+A field declared ``field(default=None, metadata={OMIT_NONE: True})`` is left out of the frame
+while it is ``None`` and read as ``None`` when a frame lacks it, so frames that do not use it
+are byte for byte those of the release before it, and both releases decode them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,6 +338,15 @@ class RolloutChunk(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GradientRound(Message):
+    initial_state: Any = field(default=None, metadata={OMIT_NONE: True})
+    """A recurrent policy's state before the chunk's first step: a list of float arrays with
+    the env axis at axis 1 (``[layers, E, hidden]``; an LSTM's ``h`` and ``c``), as the worker
+    held it after zeroing the envs whose episode starts at that step. ``None`` (and absent
+    from the frame) for a feed-forward policy."""
+    episode_start: Array | None = field(default=None, metadata={OMIT_NONE: True})
+    """``[T, E]`` bools of a recurrent policy's chunk: true where that step's observation is
+    the first of an episode, so the state was zeroed before acting on it (the ``done`` the
+    policy's ``get_states`` was given). ``None`` (and absent) for a feed-forward policy."""
     """Start (or replace) a policy-gradient round at the point ``arrays``.
 
     The worker drops unfinished trajectories, loads ``arrays`` (parameters by name), resets
