@@ -26,6 +26,27 @@ parameter dtype and device), so agents whose heads expect a shared trunk's outpu
 supported as is. The module's train/eval mode is left alone: put agents with dropout or batch
 norm in eval mode for acting.
 
+
+A *recurrent* agent (an LSTM or GRU, shaped like CleanRL's ``ppo_atari_lstm.py`` ``Agent``) has a
+``get_states(x, state, done)`` method; :attr:`Policy.recurrent` is then true and the heads
+(``actor``, or ``actor_mean`` and ``actor_logstd``, and an optional ``critic``) are called on the
+features it returns, not on the observations. The contract, which CleanRL's agent meets as it
+is:
+
+- ``get_states(x, state, done) -> (features, new_state)``: ``x`` holds ``T * B`` observations,
+  step-major (``[T * B, *obs_shape]``; ``T = 1`` when acting), ``done`` ``[T * B]`` floats, 1.0
+  where that observation is the first of an episode (the agent zeroes the state before it),
+  ``state`` the state before the first of the ``T`` steps. ``features`` is ``[T * B, F]``.
+- The state is a tensor or a tuple of tensors whose batch axis is axis 1 (``[layers, B,
+  hidden]``, torch's RNN convention). Its zero state comes from ``initial_state(batch_size)``
+  when the agent has that method, else from an ``nn.LSTM`` attribute named ``lstm`` (a tuple
+  ``(h, c)``) or an ``nn.GRU`` attribute named ``gru`` (a tensor).
+- The state is never part of the module (not a parameter, not a buffer): it is kept per env by
+  whoever acts (:meth:`Policy.act_recurrent` takes and returns it), so it never travels with
+  the weights.
+
+Recurrent Q-networks and :meth:`Policy.log_prob` (gradient rounds) are not supported.
+
 :meth:`Policy.act` runs on every env step of a worker that acts itself (DETACH, APS), where
 torch's cost per operation, not the arithmetic, dominates a small MLP's forward pass: each
 of the ten or so operations of a 64-64 actor-critic costs several microseconds of dispatch.
@@ -176,6 +197,14 @@ class Policy:
         self._action_space = action_space
         self._obs_shape: tuple[int, ...] = tuple(observation_space.shape or ())
         self._kind: PolicyKind = _detect_kind(module, action_space)
+        self._recurrent = callable(getattr(module, "get_states", None))
+        self._single_state = False  # the agent's state is one tensor, not a tuple (a GRU's)
+        if self._recurrent and self._kind == "q":
+            raise ConfigError(
+                f"{type(module).__name__} has get_states but no actor head; a recurrent policy "
+                "needs actor (logits) or actor_mean and actor_logstd, recurrent Q-networks are "
+                "not supported"
+            )
         self._has_critic = self._kind != "q" and callable(getattr(module, "critic", None))
         self._exploration: Exploration = exploration
         self._epsilon = _check_fraction("epsilon", epsilon)
@@ -247,6 +276,15 @@ class Policy:
     def action_space(self) -> gym.Space[Any]:
         """The action space of one env."""
         return self._action_space
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the agent has a state (``get_states``, see the module doc).
+
+        A recurrent policy acts with :meth:`act_recurrent`, and its :meth:`kl` replays a
+        chunk's steps from the chunk's initial state.
+        """
+        return self._recurrent
 
     @property
     def has_critic(self) -> bool:
@@ -374,10 +412,18 @@ class Policy:
             ConfigError: ``obs`` has the wrong shape, or the actor gave NaN action
                 probabilities (NaN or inf in the weights or observations).
         """
+        if self._recurrent:
+            raise ConfigError(
+                f"{type(self._module).__name__} is recurrent: act with act_recurrent(obs, "
+                "state, episode_start), which takes and returns its state"
+            )
         heads = self._numpy_heads()
         if heads is not None:
             return heads.act(self._checked(obs, leading=1), self._rng)
-        x = self._observations(obs, leading=1)
+        return self._sample(self._observations(obs, leading=1))
+
+    def _sample(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`act`'s torch path on the heads' inputs ``x`` (observations or features)."""
         with torch.no_grad():
             if self._kind == "gaussian":
                 mean, log_std = self._gaussian(x)
@@ -398,6 +444,48 @@ class Policy:
                 values = self._values(x).numpy()
         return actions, log_prob.to(torch.float32).numpy(), values
 
+    def initial_state(self, batch_size: int) -> tuple[np.ndarray, ...]:
+        """The zero state of a recurrent policy for ``batch_size`` envs, as float arrays.
+
+        Each array has the batch axis at axis 1 (``[layers, batch_size, hidden]`` for an
+        ``nn.LSTM``'s ``h`` and ``c``); a GRU's single tensor is a tuple of one array.
+
+        Raises:
+            ConfigError: the policy is not recurrent, or the agent's zero state is not a
+                tensor or tuple of float tensors with the batch on axis 1.
+        """
+        if not self._recurrent:
+            raise ConfigError(f"{type(self._module).__name__} is not recurrent: it has no state")
+        return tuple(t.to(torch.float32).cpu().numpy() for t in self._zero_state(batch_size))
+
+    def act_recurrent(
+        self, obs: np.ndarray, state: tuple[np.ndarray, ...], episode_start: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, ...]]:
+        """:meth:`act` for a recurrent policy: one step from ``state``, without gradients.
+
+        Args:
+            obs: observations ``[B, *observation_space.shape]``.
+            state: the state before this step, as :meth:`initial_state` shapes it for ``B``.
+            episode_start: ``[B]`` bools, true where ``obs`` is the first observation of an
+                episode: the agent zeroes those envs' state before acting (``done`` of
+                ``get_states``).
+
+        Returns:
+            ``(actions, log_probs, values, new_state)``: the first three as :meth:`act` returns
+            them, ``new_state`` float32 arrays shaped like ``state``.
+
+        Raises:
+            ConfigError: the policy is not recurrent, or shapes that do not fit.
+        """
+        if not self._recurrent:
+            raise ConfigError(f"{type(self._module).__name__} is not recurrent: act with act()")
+        x = self._observations(obs, leading=1)
+        with torch.no_grad():
+            features, new_state = self._features(x, state, np.asarray(episode_start))
+        actions, log_prob, values = self._sample(features)
+        new = tuple(t.to(torch.float32).cpu().numpy() for t in new_state)
+        return actions, log_prob, values, new
+
     def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> torch.Tensor:
         """Log-probabilities of ``actions`` at ``obs`` under this policy, WITH gradients.
 
@@ -412,8 +500,13 @@ class Policy:
             A float tensor ``[B]`` (summed over action dimensions for Box).
 
         Raises:
-            ConfigError: shapes that do not fit.
+            ConfigError: shapes that do not fit, or a recurrent policy (not supported).
         """
+        if self._recurrent:
+            raise ConfigError(
+                f"log_prob of the recurrent {type(self._module).__name__} needs its state: "
+                "gradient rounds take feed-forward policies only"
+            )
         x = self._observations(obs, leading=1)
         batch = x.shape[0]
         if self._kind == "gaussian":
@@ -447,7 +540,15 @@ class Policy:
 
     # -- comparing -------------------------------------------------------------------------
 
-    def kl(self, other: Policy, obs: np.ndarray, *, max_states: int | None = 1024) -> float:
+    def kl(
+        self,
+        other: Policy,
+        obs: np.ndarray,
+        *,
+        max_states: int | None = 1024,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+    ) -> float:
         """Mean over states of ``KL(self(.|s) || other(.|s))``, in nats, in closed form.
 
         ``self`` is the behaviour policy (the version a worker acted with) and ``other`` the
@@ -466,18 +567,34 @@ class Policy:
         When there are more states than that, an evenly spaced, deterministic subsample of
         ``max_states`` of them (the first and the last included) is used.
 
+        A recurrent policy's action distribution depends on its state, so the states are the
+        steps of a chunk: ``obs`` ``[T, E, ...]``, ``episode_start`` ``[T, E]`` and ``state``
+        (the chunk's initial state, batch axis 1 = ``E``) are replayed through each policy's
+        ``get_states`` from that same initial state, and the KL is averaged over the ``T x E``
+        steps. Subsampling keeps whole envs (an evenly spaced ``max(1, max_states // T)`` of
+        them), so at most ``max(max_states, T)`` steps are evaluated. Both policies start from
+        the state the worker's policy had: the learner's newest version never acted there, and
+        the state it would have reached cannot be known without replaying from each episode's
+        start.
+
         Args:
             other: a policy of the same kind over the same spaces.
             obs: observations ``[..., *observation_space.shape]`` with at least one state;
-                leading dimensions (``[T, E]`` for a chunk) are flattened.
+                leading dimensions (``[T, E]`` for a chunk) are flattened. Exactly ``[T, E,
+                ...]`` for a recurrent policy.
             max_states: the most states to evaluate; ``None`` for all of them.
+            state: a recurrent policy's state before the first step, for the ``E`` envs
+                (required for a recurrent policy, refused otherwise).
+            episode_start: ``[T, E]`` bools, where the state was zeroed (recurrent only).
 
         Returns:
             The mean KL, ``>= 0``; ``0.0`` for identical policies; may be ``inf``.
 
         Raises:
             ConfigError: ``other`` is of another kind or over other spaces, ``obs`` has the
-                wrong shape or no state, or ``max_states`` is not ``None`` or an int >= 1.
+                wrong shape or no state, ``max_states`` is not ``None`` or an int >= 1, or
+                ``state`` and ``episode_start`` are missing for a recurrent policy (or given
+                for another).
         """
         if not isinstance(other, Policy):
             raise ConfigError(f"kl compares two Policy objects, got {type(other).__name__}")
@@ -495,12 +612,28 @@ class Policy:
                 f"{other._kind} policy over {other._action_space}; KL needs two versions of "
                 "the same agent"
             )
-        flat = self._flatten(obs)
-        if max_states is not None and flat.shape[0] > max_states:
-            flat = flat[np.linspace(0, flat.shape[0] - 1, num=max_states).astype(np.int64)]
+        if (
+            self._recurrent != other._recurrent
+            or self._recurrent != (state is not None)
+            or ((state is None) != (episode_start is None))
+        ):
+            raise ConfigError(
+                "kl of recurrent policies needs state= and episode_start= (a chunk's initial "
+                "state and episode starts), and those of feed-forward policies takes neither; "
+                f"got a {'recurrent' if self._recurrent else 'feed-forward'} policy, a "
+                f"{'recurrent' if other._recurrent else 'feed-forward'} one, state "
+                f"{'given' if state is not None else 'None'} and episode_start "
+                f"{'given' if episode_start is not None else 'None'}"
+            )
         with torch.no_grad():
-            x0 = self._to_tensor(flat)
-            x1 = other._to_tensor(flat)
+            if state is not None and episode_start is not None:
+                x0, x1 = self._replayed(other, obs, state, episode_start, max_states)
+            else:
+                flat = self._flatten(obs)
+                if max_states is not None and flat.shape[0] > max_states:
+                    flat = flat[np.linspace(0, flat.shape[0] - 1, num=max_states).astype(np.int64)]
+                x0 = self._to_tensor(flat)
+                x1 = other._to_tensor(flat)
             if self._kind == "gaussian":
                 m0, l0 = (t.double() for t in self._gaussian(x0))
                 m1, l1 = (t.double() for t in other._gaussian(x1))
@@ -663,6 +796,8 @@ class Policy:
         return torch.device("cpu"), torch.float32
 
     def _build_heads(self) -> NumpyHeads | None:
+        if self._recurrent:
+            return None  # the heads take the state's features: torch runs get_states anyway
         return NumpyHeads.of(
             self._module,
             self._kind,
@@ -722,6 +857,113 @@ class Policy:
         device, dtype = self._placement()
         return torch.tensor(array, dtype=dtype, device=device)  # a copy: inputs may be read-only
 
+    def _zero_state(self, batch: int, *, cpu: bool = False) -> tuple[torch.Tensor, ...]:
+        """The agent's zero state for ``batch`` envs (see the module doc), checked."""
+        module, what = self._module, type(self._module).__name__
+        make = getattr(module, "initial_state", None)
+        if callable(make):
+            state: Any = make(batch)
+        elif isinstance(getattr(module, "lstm", None), nn.LSTM):
+            lstm: nn.LSTM = module.lstm  # type: ignore[assignment]
+            layers = lstm.num_layers * (2 if lstm.bidirectional else 1)
+            out = lstm.proj_size or lstm.hidden_size
+            device, dtype = self._placement()
+            state = (
+                torch.zeros(layers, batch, out, device=device, dtype=dtype),
+                torch.zeros(layers, batch, lstm.hidden_size, device=device, dtype=dtype),
+            )
+        elif isinstance(getattr(module, "gru", None), nn.GRU):
+            gru: nn.GRU = module.gru  # type: ignore[assignment]
+            layers = gru.num_layers * (2 if gru.bidirectional else 1)
+            device, dtype = self._placement()
+            state = torch.zeros(layers, batch, gru.hidden_size, device=device, dtype=dtype)
+        else:
+            raise ConfigError(
+                f"{what} has get_states but aps cannot tell its zero state: give it an "
+                "initial_state(batch_size) method, or an nn.LSTM attribute named lstm or an "
+                "nn.GRU attribute named gru"
+            )
+        self._single_state = isinstance(state, torch.Tensor)
+        tensors = (state,) if isinstance(state, torch.Tensor) else tuple(state)
+        for tensor in tensors:
+            if (
+                not isinstance(tensor, torch.Tensor)
+                or not tensor.is_floating_point()
+                or tensor.ndim < 2
+                or tensor.shape[1] != batch
+            ):
+                raise ConfigError(
+                    f"{what}'s zero state for {batch} envs holds "
+                    f"{_describe(tensor)}; a state is a float tensor or tuple of float tensors "
+                    f"with the batch on axis 1 ([layers, {batch}, hidden])"
+                )
+        return tuple(t.cpu() for t in tensors) if cpu else tensors
+
+    def _features(
+        self, x: torch.Tensor, state: tuple[np.ndarray, ...], episode_start: np.ndarray
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``get_states`` on ``x`` ``[T * B, ...]`` from ``state``; features and new state."""
+        device, dtype = self._placement()
+        batch = len(state[0][0]) if state and np.ndim(state[0]) >= 2 else -1
+        done = np.asarray(episode_start).reshape(-1)
+        if batch < 1 or done.shape[0] != x.shape[0] or x.shape[0] % batch:
+            raise ConfigError(
+                f"a recurrent step needs a state with the batch on axis 1 and one episode-start "
+                f"flag per observation; got {x.shape[0]} observations, {done.shape[0]} flags "
+                f"and a state of shapes {[np.shape(s) for s in state]}"
+            )
+        tensors = tuple(torch.tensor(np.asarray(s), dtype=dtype, device=device) for s in state)
+        given: Any = tensors[0] if self._single_state and len(tensors) == 1 else tensors
+        flags = torch.tensor(done, dtype=dtype, device=device)
+        out = _attr(self._module, "get_states")(x, given, flags)
+        what = type(self._module).__name__
+        if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[0], torch.Tensor):
+            raise ConfigError(
+                f"{what}.get_states returned {_describe(out)}, not (features, new_state)"
+            )
+        features, new_state = out
+        new = (new_state,) if isinstance(new_state, torch.Tensor) else tuple(new_state)
+        if [tuple(t.shape) for t in new] != [tuple(t.shape) for t in tensors]:
+            raise ConfigError(
+                f"{what}.get_states returned a state of shapes "
+                f"{[tuple(t.shape) for t in new]} for one of shapes "
+                f"{[tuple(t.shape) for t in tensors]}; the state must keep its shapes"
+            )
+        return features.reshape(x.shape[0], -1), new
+
+    def _replayed(
+        self,
+        other: Policy,
+        obs: np.ndarray,
+        state: tuple[np.ndarray, ...],
+        episode_start: np.ndarray,
+        max_states: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both policies' features over a chunk's steps, replayed from its initial state."""
+        array = np.asarray(obs)
+        starts = np.asarray(episode_start)
+        if (
+            array.ndim != 2 + len(self._obs_shape)
+            or array.shape[2:] != self._obs_shape
+            or starts.shape != array.shape[:2]
+            or array.shape[0] == 0
+            or array.shape[1] == 0
+        ):
+            raise ConfigError(
+                f"a recurrent kl replays a chunk: observations of shape {array.shape} and "
+                f"episode starts of shape {starts.shape} do not match [T, E, "
+                f"*{self._obs_shape}] and [T, E] with T, E >= 1"
+            )
+        steps, envs = starts.shape
+        keep = envs if max_states is None else max(1, min(envs, max_states // steps))
+        index = np.linspace(0, envs - 1, num=keep).round().astype(np.int64)
+        x = array[:, index].reshape(steps * keep, *self._obs_shape)
+        done = starts[:, index].reshape(-1)
+        initial = tuple(np.asarray(s)[:, index] for s in state)
+        f0, _ = self._features(self._to_tensor(x), initial, done)
+        f1, _ = other._features(other._to_tensor(x), initial, done)
+        return f0, f1
+
     def _gaussian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Means and log-stds ``[B, D]`` on the CPU."""
         mean = _call(self._module, "actor_mean", x)
@@ -753,6 +995,9 @@ class Policy:
             self._module.eval()
             x = self._to_tensor(batch)
             with torch.no_grad():
+                if self._recurrent:
+                    zeros = tuple(t.numpy() for t in self._zero_state(_PROBE_BATCH, cpu=True))
+                    x, _ = self._features(x, zeros, np.ones(_PROBE_BATCH, dtype=bool))
                 outputs = self._probe_outputs(x)
         except ConfigError:
             raise
@@ -851,6 +1096,12 @@ def _call(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
             f"{type(module).__name__}.{name} returned {type(out).__name__}, not a tensor"
         )
     return out
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def _names(names: list[str], limit: int = 8) -> str:
