@@ -6,10 +6,14 @@ from typing import Any
 
 import numpy.typing as npt
 
-__all__ = ["Array", "Frame", "Info"]
+__all__ = ["Array", "ArrayTree", "Frame", "Info"]
 
 Array = npt.NDArray[Any]
 """A numpy array of any dtype."""
+
+ArrayTree = Array | dict[str, Any] | tuple[Any, ...]
+"""A numpy array, or a dict (``str`` keys) or tuple of array trees: a batch of a ``Dict`` or
+``Tuple`` observation space (nested) holds its arrays so, in the space's structure."""
 
 Frame = bytes | bytearray | memoryview
 """What a transport accepts to send; it always receives ``bytes``."""

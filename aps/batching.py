@@ -30,7 +30,10 @@ __all__ = [
     "check_batch",
     "check_info",
     "check_part",
+    "check_space",
     "concat",
+    "empty_batch",
+    "map_arrays",
     "merge_infos",
     "misfit",
     "split",
@@ -136,22 +139,37 @@ def _concat(
     raise _unsupported(space)
 
 
-def batch_layout(space: gym.Space[Any], count: int) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+def batch_layout(
+    space: gym.Space[Any], count: int | tuple[int, ...]
+) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
     """The shape and dtype of a batch of ``count`` envs of an array space (``None``: not one).
 
     What :func:`check_part` requires of such a batch, for a caller on a hot path to test
     an ndarray against first (and call :func:`check_part` for anything else, or its error).
+    ``count`` may be a tuple of leading axes (``(T, E)`` for a chunk's observations).
     """
     if not isinstance(space, _ARRAY_SPACES):
         return None
-    return (count, *_shape(space)), _batch_dtype(space)
+    leading = count if isinstance(count, tuple) else (count,)
+    return (*leading, *_shape(space)), _batch_dtype(space)
 
 
-def check_part(space: gym.Space[Any], part: Any, count: int, where: str) -> None:
+def check_part(
+    space: gym.Space[Any],
+    part: Any,
+    count: int | tuple[int, ...],
+    where: str,
+    *,
+    exact_dtype: bool = True,
+) -> None:
     """Check that ``part`` is a batch of ``count`` envs of ``space`` (one worker's, say).
 
     What :func:`concat` checks of each part, without joining anything: the structure, and
     each array's shape and dtype. ``where`` names the part in the error (``"obs"``).
+    ``count`` may be a tuple of leading axes: a DETACH chunk's observations are checked
+    with ``(T, E)``, its ``next_obs`` with ``(E,)`` and its truncated observations with
+    ``(K,)``, by this same rule. ``exact_dtype=False`` accepts any numeric or bool dtype
+    (what a policy converts to floats anyway).
 
     Raises:
         ProtocolError: ``part`` does not fit; the message says where, what was expected
@@ -161,10 +179,14 @@ def check_part(space: gym.Space[Any], part: Any, count: int, where: str) -> None
     layout = batch_layout(space, count)
     if layout is not None:
         shape, dtype = layout
-        if not (isinstance(part, np.ndarray) and part.shape == shape and part.dtype == dtype):
+        if not (
+            isinstance(part, np.ndarray)
+            and part.shape == shape
+            and (part.dtype == dtype or (not exact_dtype and part.dtype.kind in "biuf"))
+        ):
+            wanted = f"dtype {dtype}" if exact_dtype else "a numeric dtype"
             raise ProtocolError(
-                f"{where} is {_describe(part)}, expected an array of shape {shape} and dtype "
-                f"{dtype}"
+                f"{where} is {_describe(part)}, expected an array of shape {shape} and {wanted}"
             )
     elif isinstance(space, gs.Dict):
         if not isinstance(part, Mapping) or set(part.keys()) != set(space.spaces):
@@ -173,16 +195,87 @@ def check_part(space: gym.Space[Any], part: Any, count: int, where: str) -> None
                 f"{where} must be a dict with keys {list(space.spaces)}, got {_describe(got)}"
             )
         for key, sub in space.spaces.items():
-            check_part(sub, part[key], count, f"{where}[{key!r}]")
+            check_part(sub, part[key], count, f"{where}[{key!r}]", exact_dtype=exact_dtype)
     elif isinstance(space, gs.Tuple):
         if not isinstance(part, tuple | list) or len(part) != len(space.spaces):
             raise ProtocolError(
                 f"{where} must be a tuple of {len(space.spaces)} batches, got {_describe(part)}"
             )
         for index, sub in enumerate(space.spaces):
-            check_part(sub, part[index], count, f"{where}[{index}]")
+            check_part(sub, part[index], count, f"{where}[{index}]", exact_dtype=exact_dtype)
     else:
         raise _unsupported(space)
+
+
+def check_space(space: gym.Space[Any], what: str) -> bool:
+    """Whether batches of ``space`` are structured (``Dict`` or ``Tuple``) rather than one array.
+
+    ``what`` names the use in the error (``"worker-side inference"``).
+
+    Raises:
+        ConfigError: ``space`` is, or holds, a space type other than ``Box``, ``Discrete``,
+            ``MultiDiscrete``, ``MultiBinary``, ``Dict`` and ``Tuple``.
+    """
+    if isinstance(space, _ARRAY_SPACES):
+        return False
+    if isinstance(space, gs.Dict | gs.Tuple):
+        subspaces = space.spaces.values() if isinstance(space, gs.Dict) else space.spaces
+        if not subspaces:
+            raise ConfigError(
+                f"{what} cannot take the empty space {space!r:.120}: it holds no array; give "
+                "it at least one subspace"
+            )
+        for sub in subspaces:
+            if not isinstance(sub, (*_ARRAY_SPACES, gs.Dict, gs.Tuple)):
+                raise ConfigError(
+                    f"{what} cannot take the {type(sub).__qualname__} space {sub!r:.80} inside "
+                    f"{space!r:.120}; supported spaces: {_SUPPORTED}; wrap the env so its "
+                    "observations use these types, or step it in lockstep mode"
+                )
+            check_space(sub, what)
+        return True
+    raise ConfigError(
+        f"{what} cannot take the {type(space).__qualname__} space {space!r:.120}; supported "
+        f"spaces: {_SUPPORTED}; wrap the env so its observations use these types, or step it "
+        "in lockstep mode"
+    )
+
+
+def empty_batch(space: gym.Space[Any], leading: tuple[int, ...]) -> Any:
+    """Uninitialised arrays ``(*leading, *shape)`` of ``space``'s dtypes, in its structure.
+
+    A dict (the space's key order) for ``Dict``, a tuple for ``Tuple``, nested as the space.
+
+    Raises:
+        ConfigError: ``space`` is of an unsupported type.
+    """
+    layout = batch_layout(space, leading)
+    if layout is not None:
+        return np.empty(*layout)
+    if isinstance(space, gs.Dict):
+        return {key: empty_batch(sub, leading) for key, sub in space.spaces.items()}
+    if isinstance(space, gs.Tuple):
+        return tuple(empty_batch(sub, leading) for sub in space.spaces)
+    raise _unsupported(space)
+
+
+def map_arrays(function: Any, batch: Any, *others: Any) -> Any:
+    """Apply ``function`` to each array of ``batch`` and those at the same place in ``others``.
+
+    The result has ``batch``'s structure (dicts and tuples, nested; an array is its own one
+    leaf); the others must hold at least its keys and items.
+    """
+    if type(batch) is dict:
+        return {
+            key: map_arrays(function, item, *(other[key] for other in others))
+            for key, item in batch.items()
+        }
+    if type(batch) is tuple:
+        return tuple(
+            map_arrays(function, item, *(other[index] for other in others))
+            for index, item in enumerate(batch)
+        )
+    return function(batch, *others)
 
 
 def split(space: gym.Space[Any], batch: Any, counts: Sequence[int]) -> list[Any]:

@@ -28,7 +28,8 @@ numpy values are msgpack extension types:
 - :data:`~aps.frame_delta.EXT_FRAME_DELTA`: a rollout chunk's ``obs`` whose frame stacks
   travel as their newest frames (see :mod:`aps.frame_delta`); only :func:`encode` with
   ``frame_delta`` writes it, and only :func:`decode` with ``frame_delta`` reads it, as a
-  :class:`~aps.messages.RolloutChunk`'s ``obs`` and nowhere else.
+  :class:`~aps.messages.RolloutChunk`'s ``obs`` (or an array of an ``obs`` that is a dict or
+  tuple of arrays, each delta-coded on its own) and nowhere else.
 
 Decoded arrays are read-only views over the received payload: copy them (``np.array(x)``)
 before writing to them.
@@ -75,7 +76,7 @@ from aps._fast_pack import (
     pack_object_array,
     pack_tree,
 )
-from aps._typing import Frame
+from aps._typing import ArrayTree, Frame
 from aps._unpack import (
     SCAN_FROM,
     TOP_HOOK,
@@ -412,12 +413,31 @@ class _Spec:
     head: bytes  # the packed map header, "t" and the tag: how every frame of the type starts
     # Per field, in order: its name, its packed name, its kind and its check (_pack_small's).
     plan: tuple[tuple[str, bytes, int, Callable[[Any], bool]], ...]
-
     # Fields declared with OMIT_NONE: left out of the frame while None, None when absent.
     omitted: frozenset[str] = frozenset()
 
+
 def _is_array(value: Any) -> bool:
     return type(value) is np.ndarray and not value.dtype.hasobject
+
+
+def _is_array_tree(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is an :data:`~aps._typing.ArrayTree`.
+
+    A numeric array, or dicts and tuples of them nested at most :data:`MAX_OBJECT_DEPTH` levels.
+    """
+    kind = type(value)
+    if kind is np.ndarray:
+        return not value.dtype.hasobject
+    if depth >= MAX_OBJECT_DEPTH:
+        return False
+    if kind is dict:
+        return all(
+            type(key) is str and _is_array_tree(item, depth + 1) for key, item in value.items()
+        )
+    if kind is tuple:
+        return all(_is_array_tree(item, depth + 1) for item in value)
+    return False
 
 
 _ATOMS: dict[object, tuple[Callable[[Any], bool], str]] = {
@@ -446,6 +466,14 @@ def _origin(hint: object) -> object:
 def _field_for(name: str, hint: object) -> _Field:
     if hint is Any:
         return _Field(name, _ANY, lambda v: True, "any plain data")
+    if hint is ArrayTree or hint == ArrayTree:
+        # An array first: the one test a plain array's field costs.
+        return _Field(
+            name,
+            _PLAIN,
+            lambda v: (type(v) is np.ndarray and not v.dtype.hasobject) or _is_array_tree(v),
+            "a numpy array, or a dict or tuple of them (nested)",
+        )
     options = (
         typing.get_args(hint)
         if typing.get_origin(hint) in (typing.Union, types.UnionType)
@@ -537,8 +565,9 @@ def encode(
             :func:`decode` is given its codec.
         frame_delta: the connection negotiated frame delta: a
             :class:`~aps.messages.RolloutChunk` whose ``obs`` are frame stacks sends them
-            as newest frames (see :mod:`aps.frame_delta`); a frame made so decodes only
-            where :func:`decode` is told.
+            as newest frames (see :mod:`aps.frame_delta`), and so does each array of an
+            ``obs`` that is a dict or tuple of arrays that is a frame stack; a frame made so
+            decodes only where :func:`decode` is told.
 
     Returns:
         The frame, a msgpack map.
@@ -559,7 +588,9 @@ def encode(
     if compressor is not None and _ARRAYS_BY_TAG[spec.tag] == _PLAIN_ARRAYS:
         compressor = None  # a space's bounds travel uncompressed: the decoder refuses them so
     if frame_delta and type(message) is RolloutChunk:
-        delta = _frame_delta.split(message.obs)
+        obs = message.obs
+        # Each array of a structured obs (a Dict or Tuple space's) is split on its own.
+        delta = _frame_delta.split(obs) if type(obs) is np.ndarray else _split_leaves(obs)
         if delta is not None:
             body = _body(spec, message)
             body["obs"] = delta
@@ -578,11 +609,43 @@ def encode(
         raise _locate(spec, body, exc) from exc
 
 
+def _split_leaves(obs: Any) -> Any:
+    """``obs`` (a dict or tuple of arrays) with each frame stack in it as a Delta, or ``None``.
+
+    ``None`` when none of its arrays is a frame stack (see :func:`aps.frame_delta.split`).
+    """
+    found = False
+
+    def split(array: Any) -> Any:
+        nonlocal found
+        delta = _frame_delta.split(array)
+        found = found or delta is not None
+        return array if delta is None else delta
+
+    tree = _map_tree(split, obs, 0)
+    return tree if found else None
+
+
+def _map_tree(function: Callable[[Any], Any], value: Any, depth: int) -> Any:
+    """Apply ``function`` to each leaf of dicts and tuples nested at most MAX_OBJECT_DEPTH deep.
+
+    Deeper containers are handed to ``function`` whole, for the field's check to refuse.
+    """
+    if depth < MAX_OBJECT_DEPTH:
+        if type(value) is dict:
+            return {key: _map_tree(function, item, depth + 1) for key, item in value.items()}
+        if type(value) is tuple:
+            return tuple(_map_tree(function, item, depth + 1) for item in value)
+    return function(value)
+
+
 def _body(spec: _Spec, message: Message) -> dict[str, Any]:
     """The map ``{"t": tag, field: value, ...}`` that encodes ``message``, its fields checked."""
     body: dict[str, Any] = {"t": spec.tag}
     for field in spec.fields:
         value = getattr(message, field.name)
+        if value is None and field.name in spec.omitted:
+            continue
         if field.kind == _ANY:
             if type(value) not in _LEAVES and not _is_array(value):
                 try:
@@ -644,14 +707,14 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
     for byte what :func:`_pack_frame` makes of the message's body (the tests compare them);
     for anything else, including every value that fails its check or that msgpack or
     :func:`_check_tree` would refuse, ``None`` leaves the work and the error to the generic
-        if value is None and field.name in spec.omitted:
-            continue
     path.
     """
     parts = [_head(spec, message) if spec.omitted else spec.head]
     append = parts.append
     for name, key, field_kind, check in spec.plan:
         value = getattr(message, name)
+        if value is None and name in spec.omitted:
+            continue
         if field_kind != _ANY and not check(value):
             return None  # a space to describe, or a value of the wrong type: _body's work
         append(key)
@@ -713,8 +776,6 @@ def decode(
     whatever msgpack or numpy raise is chained as ``__cause__``. Every field is checked
     against its annotation (``int`` excludes ``bool``, ``float`` accepts ``int``, arrays of
     the ``Array`` fields have a numeric or bool dtype). Arrays in the message are read-only
-        if value is None and name in spec.omitted:
-            continue
     views of the frame's payload.
 
     What decoding costs is bounded by the frame before it is spent: see
@@ -732,8 +793,9 @@ def decode(
             is refused); see :mod:`aps.compression`.
         frame_delta: whether the connection negotiated frame delta; without it a
             frame-delta array is refused, and with it one is accepted only as a
-            :class:`~aps.messages.RolloutChunk`'s ``obs`` (see :mod:`aps.frame_delta`),
-            rebuilt only once it is known to be there. Rebuilt and inflated arrays share
+            :class:`~aps.messages.RolloutChunk`'s ``obs`` or as an array of an ``obs`` that
+            is a dict or tuple of arrays (see :mod:`aps.frame_delta`), rebuilt only once it
+            is known to be there. Rebuilt and inflated arrays share
             ``max_frame_size``.
         rate: the connection's :class:`InflationRate`, which inflated and rebuilt bytes are
             charged to as well (``None``: no rate, only the per-frame limit).
@@ -789,23 +851,49 @@ def decode(
         raise WireError(f"frame of {size} bytes is not valid msgpack: {exc}") from exc
     if pending:
         # Only a chunk's hook makes placeholders: where they are is all that is left to check
-        # before the work of rebuilding one.
+        # before the work of rebuilding one. They may sit at the obs, or at leaves of an obs
+        # that is a dict or tuple of arrays (a structured observation space's), each its own
+        # frame stack; nowhere else.
         obs = body.get("obs") if type(body) is dict else None
-_CHUNK_OMITTED = _SPECS_BY_TAG[RolloutChunk.TAG].omitted
-        if len(pending) != 1 or obs is not pending[0]:
+        placed = [obs] if type(obs) is _frame_delta.Pending else _pending_leaves(obs)
+        if len(placed) != len(pending) or not all(
+            a is b for a, b in zip(placed, pending, strict=False)
+        ):
+            inside = {0: "none", 1: "one"}.get(len(placed), str(len(placed)))
             raise WireError(
                 f"{RolloutChunk.TAG} message holds {len(pending)} frame-delta arrays, "
-                f"{'one' if obs is pending[0] else 'none'} of them its obs; only a rollout "
-                "chunk's obs may travel as one"
+                f"{inside} of them its obs or an array of its obs; only a rollout chunk's obs "
+                "(or an array of its dict or tuple) may travel as one"
             )
         if _CHUNK_KEYS - _CHUNK_OMITTED <= body.keys() <= _CHUNK_KEYS:  # else _message names it
-            body["obs"] = pending[0].rebuild()
+            body["obs"] = _map_tree(_rebuilt, obs, 0)
     if type(body) is dict and body.get("t") == Ready.TAG:
         _check_ready(body, max_frame_size)
     return _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
 
 
 _CHUNK_KEYS = _SPECS_BY_TAG[RolloutChunk.TAG].names | {"t"}
+_CHUNK_OMITTED = _SPECS_BY_TAG[RolloutChunk.TAG].omitted
+
+
+def _pending_leaves(obs: Any) -> list[_frame_delta.Pending]:
+    """The frame-delta placeholders at the leaves of a decoded chunk's ``obs``.
+
+    In the order msgpack decoded them: depth first, as the tree is laid out in the frame.
+    """
+    found: list[_frame_delta.Pending] = []
+
+    def visit(leaf: Any) -> Any:
+        if type(leaf) is _frame_delta.Pending:
+            found.append(leaf)
+        return leaf
+
+    _map_tree(visit, obs, 0)
+    return found
+
+
+def _rebuilt(leaf: Any) -> Any:
+    return leaf.rebuild() if type(leaf) is _frame_delta.Pending else leaf
 
 
 def _peek_tag(frame: Frame) -> str | None:
@@ -995,6 +1083,9 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
     spec = specs.get(tag) if type(tag) is str else None
     if spec is None:
         raise WireError(f"unknown message tag {tag!r:.80}; known tags: {known}")
+    if spec.omitted and spec.names - spec.omitted <= body.keys() <= spec.names:
+        for name in spec.omitted:
+            body.setdefault(name, None)
     if body.keys() != spec.names:
         missing = sorted(spec.names - body.keys())
         extra = sorted(repr(k)[:80] for k in body.keys() - spec.names)
@@ -1024,6 +1115,3 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
         return spec.cls(**body)
     except Exception as exc:  # a message type with its own __post_init__ checks
         raise WireError(f"{spec.tag} message is invalid: {exc}") from exc
-    if spec.omitted and spec.names - spec.omitted <= body.keys() <= spec.names:
-        for name in spec.omitted:
-            body.setdefault(name, None)

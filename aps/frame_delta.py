@@ -23,9 +23,11 @@ The extension's payload is:
 The receiver refuses, as a :class:`~aps.errors.WireError` that its session turns into a
 :class:`~aps.errors.ProtocolError` naming the peer: the extension on a connection that did
 not negotiate frame delta, or anywhere but a :class:`~aps.messages.RolloutChunk`'s ``obs``
-(see :func:`aps.codec.decode`: found there before any part is inflated or anything
-rebuilt); a shape that :func:`split` never sends (fewer than 4 dimensions, ``K < 2``, a
-zero-size dimension, under :data:`THRESHOLD` bytes) and a mask of more bits than the payload
+or an array of an ``obs`` that is a dict or tuple of arrays (a ``Dict`` or ``Tuple``
+observation space's: each array that is a frame stack is split on its own; see
+:func:`aps.codec.decode`: found there before any part is inflated or anything rebuilt); a
+shape that :func:`split` never sends (fewer than 4 dimensions, ``K < 2``, a zero-size
+dimension, under :data:`THRESHOLD` bytes) and a mask of more bits than the payload
 has bytes for, both from the header alone; a rebuilt size (with the rebuild's index scratch)
 over what is left of its frame limit or of the connection's inflation rate (checked before
 anything is allocated); a mask of the wrong length, with padding bits set or with a bit set at

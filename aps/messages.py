@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from aps._typing import Array
+from aps._typing import Array, ArrayTree
 
 __all__ = [
     "ENV_CALL_KINDS",
@@ -316,28 +316,28 @@ class RolloutChunk(Message):
     ``episode_length`` and ``episode_env`` describe the episodes that ended in the chunk.
     ``truncated_obs`` ``[K, ...]`` holds the last observation of each of the ``K`` truncated
     steps, at ``truncated_index`` ``[K, 2]`` (step, env), for bootstrapping.
+
+    For a ``Dict`` or ``Tuple`` observation space (nested), ``obs``, ``next_obs`` and
+    ``truncated_obs`` hold the space's structure, a dict (the space's key order) or tuple
+    of arrays, each array with the leading axes above.
     """
 
     TAG: ClassVar[str] = "chunk"
     version: int
-    obs: Array
+    obs: ArrayTree
     actions: Array
     logprob: Array
     value: Array | None
     reward: Array
     terminated: Array
     truncated: Array
-    next_obs: Array
+    next_obs: ArrayTree
     episode_return: Array
     episode_length: Array
     episode_env: Array
-    truncated_obs: Array
+    truncated_obs: ArrayTree
     truncated_index: Array
     seq: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GradientRound(Message):
     initial_state: Any = field(default=None, metadata={OMIT_NONE: True})
     """A recurrent policy's state before the chunk's first step: a list of float arrays with
     the env axis at axis 1 (``[layers, E, hidden]``; an LSTM's ``h`` and ``c``), as the worker
@@ -347,6 +347,10 @@ class GradientRound(Message):
     """``[T, E]`` bools of a recurrent policy's chunk: true where that step's observation is
     the first of an episode, so the state was zeroed before acting on it (the ``done`` the
     policy's ``get_states`` was given). ``None`` (and absent) for a feed-forward policy."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientRound(Message):
     """Start (or replace) a policy-gradient round at the point ``arrays``.
 
     The worker drops unfinished trajectories, loads ``arrays`` (parameters by name), resets

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from aps import codec
+from aps._typing import ArrayTree
 from aps.codec import DTYPES, EXT_NDARRAY, EXT_OBJECT_ARRAY, EXT_SCALAR, MAX_OBJECT_DEPTH
 from aps.errors import ConfigError, FrameTooLarge, WireError
 from aps.messages import (
@@ -208,6 +209,15 @@ _spaces = st.sampled_from(
 def _strategy_for(hint: Any) -> st.SearchStrategy[Any]:
     if hint is Any:
         return plain_data
+    if hint == ArrayTree:  # a chunk's observations: an array, or dicts and tuples of them
+        return st.recursive(
+            arrays(),
+            lambda children: st.one_of(
+                st.dictionaries(st.text(max_size=4), children, max_size=3),
+                st.lists(children, max_size=3).map(tuple),
+            ),
+            max_leaves=6,
+        )
     if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType):
         return st.one_of([_strategy_for(h) for h in typing.get_args(hint)])
     if hint is type(None):
