@@ -23,9 +23,12 @@ env (:class:`VectorEnvSpaces`).
 
 The heads are called on the observations directly (as float tensors of the module's
 parameter dtype and device), so agents whose heads expect a shared trunk's output are not
-supported as is. The module's train/eval mode is left alone: put agents with dropout or batch
-norm in eval mode for acting.
-
+supported as is. For a ``Dict`` or ``Tuple`` observation space (nested, its leaves ``Box``,
+``Discrete``, ``MultiDiscrete`` or ``MultiBinary``) the heads receive the observation in the
+space's structure: a dict (the space's key order) or tuple of such float tensors, each
+``[B, *leaf.shape]``, as SB3's ``MultiInputPolicy`` and CleanRL-style agents over dict
+observations take them; such heads always act through torch. The module's train/eval mode
+is left alone: put agents with dropout or batch norm in eval mode for acting.
 
 A *recurrent* agent (an LSTM or GRU, shaped like CleanRL's ``ppo_atari_lstm.py`` ``Agent``) has a
 ``get_states(x, state, done)`` method; :attr:`Policy.recurrent` is then true and the heads
@@ -84,7 +87,8 @@ from aps._agent_module import (
 )
 from aps._nature_cnn import NatureCNN
 from aps._numpy_heads import LOG_SQRT_2PI, NumpyHeads, check_no_nan, numpy_dtype
-from aps.errors import ConfigError
+from aps.batching import check_part, check_space, empty_batch, map_arrays
+from aps.errors import ConfigError, ProtocolError
 
 __all__ = [
     "Exploration",
@@ -113,6 +117,7 @@ everything else with torch; ``"torch"`` always uses torch."""
 
 
 _OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
+_STRUCTURED_SPACES = (spaces.Dict, spaces.Tuple)
 _PROBE_BATCH = 2
 
 
@@ -147,7 +152,9 @@ class Policy:
     Args:
         module: the agent; its kind is detected from its attributes (see the module doc).
         observation_space: the observation space of one env (``Box``, ``Discrete``,
-            ``MultiBinary`` or ``MultiDiscrete``; observations become float tensors).
+            ``MultiBinary`` or ``MultiDiscrete``; observations become float tensors), or a
+            ``Dict`` or ``Tuple`` of these, nested (observations become a dict or tuple of
+            float tensors, in the space's structure).
         action_space: the action space of one env: ``Discrete`` or a float ``Box``.
         exploration: for Q-networks, ``"epsilon"`` (epsilon-greedy) or ``"boltzmann"``
             (softmax of ``Q / temperature``). Ignored for actor policies.
@@ -182,11 +189,15 @@ class Policy:
     ) -> None:
         if not isinstance(module, nn.Module):
             raise ConfigError(f"a policy wraps a torch.nn.Module, got {type(module).__name__}")
-        if not isinstance(observation_space, _OBSERVATION_SPACES):
+        if not isinstance(observation_space, _OBSERVATION_SPACES + _STRUCTURED_SPACES):
             raise ConfigError(
                 f"observation space {observation_space} is not supported; a policy takes "
-                "Box, Discrete, MultiBinary or MultiDiscrete observations"
+                "Box, Discrete, MultiBinary or MultiDiscrete observations, or Dict and Tuple "
+                "spaces of them"
             )
+        # A dict or tuple of arrays: its leaves are checked once, here.
+        self._structured = check_space(observation_space, "a policy")
+        self._first_ndim = len(_first_space(observation_space).shape or ())
         if exploration not in ("epsilon", "boltzmann"):
             raise ConfigError(f"exploration must be 'epsilon' or 'boltzmann', got {exploration!r}")
         if inference not in ("auto", "torch"):
@@ -508,7 +519,7 @@ class Policy:
                 "gradient rounds take feed-forward policies only"
             )
         x = self._observations(obs, leading=1)
-        batch = x.shape[0]
+        batch = _first_leaf(x).shape[0]
         if self._kind == "gaussian":
             mean, log_std = self._gaussian(x)
             a = torch.as_tensor(np.asarray(actions), dtype=mean.dtype).reshape(batch, -1)
@@ -606,6 +617,7 @@ class Policy:
             other._kind != self._kind
             or other._action_space != self._action_space
             or other._obs_shape != self._obs_shape
+            or (self._structured and other._observation_space != self._observation_space)
         ):
             raise ConfigError(
                 f"cannot compare a {self._kind} policy over {self._action_space} with a "
@@ -630,8 +642,11 @@ class Policy:
                 x0, x1 = self._replayed(other, obs, state, episode_start, max_states)
             else:
                 flat = self._flatten(obs)
-                if max_states is not None and flat.shape[0] > max_states:
-                    flat = flat[np.linspace(0, flat.shape[0] - 1, num=max_states).astype(np.int64)]
+                states = _first_leaf(flat).shape[0]
+                if max_states is not None and states > max_states:
+                    index = np.linspace(0, states - 1, num=max_states).astype(np.int64)
+                    # A structured observation is subsampled array by array, at one index.
+                    flat = map_arrays(lambda a: a[index], flat)
                 x0 = self._to_tensor(flat)
                 x1 = other._to_tensor(flat)
             if self._kind == "gaussian":
@@ -803,7 +818,7 @@ class Policy:
             self._kind,
             has_critic=self.has_critic,
             action_space=self.action_space,
-            flat_obs=bool(self._obs_shape),
+            flat_obs=bool(self._obs_shape) and not self._structured,
         )
 
     def _numpy_heads(self) -> NumpyHeads | None:
@@ -823,7 +838,9 @@ class Policy:
                 return None
         return None if heads.hooked() else heads
 
-    def _observations(self, obs: np.ndarray, *, leading: int) -> torch.Tensor:
+    def _observations(self, obs: Any, *, leading: int) -> Any:
+        if self._structured:  # never on the NumPy heads' path, which only arrays take
+            return self._to_tensor(self._checked_tree(obs, leading=leading))
         return self._to_tensor(self._checked(obs, leading=leading))
 
     def _checked(self, obs: np.ndarray, *, leading: int) -> np.ndarray:
@@ -838,7 +855,39 @@ class Policy:
             )
         return array
 
-    def _flatten(self, obs: np.ndarray) -> np.ndarray:
+    def _checked_tree(self, obs: Any, *, leading: int | None) -> Any:
+        """``obs`` as arrays in the space's structure, each ``[*lead, *shape]``, one ``lead``.
+
+        ``lead`` is ``leading`` axes long (``None``: as many as the first array has beyond its
+        space's shape) and holds at least one state.
+        """
+        if type(obs) is not dict and type(obs) is not tuple:
+            kind = "dict" if isinstance(self._observation_space, spaces.Dict) else "tuple"
+            raise ConfigError(
+                f"observations for {self._observation_space} must be a {kind} of arrays in "
+                f"the space's structure, got {type(obs).__qualname__}"
+            )
+        tree = map_arrays(np.asarray, obs)
+        first = _first_leaf(tree)
+        depth = first.ndim - self._first_ndim if leading is None else leading
+        lead = tuple(first.shape[: max(depth, 0)])
+        try:
+            if depth < 1 or len(lead) < depth or 0 in lead:
+                raise ProtocolError(f"its first array has shape {first.shape}")
+            check_part(self._observation_space, tree, lead, "observations", exact_dtype=False)
+        except ProtocolError as exc:
+            raise ConfigError(
+                f"observations do not match {self._observation_space} with leading axes "
+                f"{lead} (at least one state): {exc}; pass one array per subspace, each "
+                "[batch, *subspace.shape]"
+            ) from None
+        return tree
+
+    def _flatten(self, obs: Any) -> Any:
+        if self._structured:
+            tree = self._checked_tree(obs, leading=None)
+            depth = _first_leaf(tree).ndim - self._first_ndim
+            return map_arrays(lambda a: a.reshape((-1, *a.shape[depth:])), tree)
         array = np.asarray(obs)
         depth = len(self._obs_shape)
         if array.ndim <= depth or array.shape[array.ndim - depth :] != self._obs_shape:
@@ -853,8 +902,10 @@ class Policy:
             )
         return flat
 
-    def _to_tensor(self, array: np.ndarray) -> torch.Tensor:
+    def _to_tensor(self, array: Any) -> Any:
         device, dtype = self._placement()
+        if self._structured:  # a dict or tuple of tensors, in the space's structure
+            return map_arrays(lambda a: torch.tensor(a, dtype=dtype, device=device), array)
         return torch.tensor(array, dtype=dtype, device=device)  # a copy: inputs may be read-only
 
     def _zero_state(self, batch: int, *, cpu: bool = False) -> tuple[torch.Tensor, ...]:
@@ -989,7 +1040,12 @@ class Policy:
     def _probe(self) -> None:
         """Run the heads once on zeros and check the output shapes; modes are restored."""
         modes = [(m, m.training) for m in self._module.modules()]
-        batch = np.zeros((_PROBE_BATCH, *self._obs_shape), dtype=np.float32)
+        batch: Any = np.zeros((_PROBE_BATCH, *self._obs_shape), dtype=np.float32)
+        if self._structured:
+            batch = map_arrays(
+                lambda a: np.zeros(a.shape, np.float32),
+                empty_batch(self._observation_space, (_PROBE_BATCH,)),
+            )
         what = type(self._module).__name__
         try:
             self._module.eval()
@@ -1078,6 +1134,19 @@ def _detect_kind(module: nn.Module, action_space: gym.Space[Any]) -> PolicyKind:
             f"needs both actor_mean and actor_logstd; {supported}"
         )
     raise ConfigError(f"the action space {action_space} is not supported; {supported}")
+
+
+def _first_leaf(tree: Any) -> Any:
+    """The first array (or tensor) of a dict or tuple of them, nested; a leaf is its own."""
+    while type(tree) is dict or type(tree) is tuple:
+        tree = next(iter(tree.values())) if type(tree) is dict else tree[0]
+    return tree
+
+
+def _first_space(space: gym.Space[Any]) -> gym.Space[Any]:
+    while isinstance(space, _STRUCTURED_SPACES):
+        space = next(iter(space.spaces.values())) if isinstance(space, spaces.Dict) else space[0]
+    return space
 
 
 def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
