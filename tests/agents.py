@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -68,3 +69,53 @@ class WideAgent(Agent):
         super().__init__(envs)
         size = int(np.prod(envs.single_observation_space.shape))
         self.critic = nn.Sequential(nn.Linear(size, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def _leaf_sizes(space: Any) -> int:
+    """Numbers per observation of a (nested) Dict or Tuple space, as FlattenObs lays them out."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_leaf_sizes(sub) for sub in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(_leaf_sizes(sub) for sub in space.spaces)
+    return int(np.prod(space.shape))
+
+
+class FlattenObs(nn.Module):
+    """A dict or tuple of ``[B, ...]`` tensors (nested) to one ``[B, features]`` tensor."""
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        leaves: list[torch.Tensor] = []
+
+        def walk(value: Any) -> None:
+            if isinstance(value, dict):
+                for item in value.values():
+                    walk(item)
+            elif isinstance(value, tuple):
+                for item in value:
+                    walk(item)
+            else:
+                leaves.append(value.reshape(value.shape[0], -1))
+
+        walk(obs)
+        return torch.cat(leaves, dim=-1)
+
+
+class DictAgent(nn.Module):
+    """A categorical actor-critic over Dict (or Tuple) observations: ``DictAgent(envs)``.
+
+    Its heads take the observation as the policy hands it over, a dict (or tuple) of float
+    tensors in the space's structure, and flatten it first.
+    """
+
+    def __init__(self, envs: Any) -> None:
+        super().__init__()
+        size = _leaf_sizes(envs.single_observation_space)
+        self.critic = nn.Sequential(
+            FlattenObs(), layer_init(nn.Linear(size, 16)), nn.Tanh(), layer_init(nn.Linear(16, 1))
+        )
+        self.actor = nn.Sequential(
+            FlattenObs(),
+            layer_init(nn.Linear(size, 16)),
+            nn.Tanh(),
+            layer_init(nn.Linear(16, int(envs.single_action_space.n)), std=0.01),
+        )

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import numpy as np
 
 from aps import codec
-from aps._typing import Array
+from aps._typing import Array, ArrayTree
+from aps.batching import map_arrays
 from aps.compression import CODECS, compressor
 from aps.errors import ConfigError
 from aps.messages import RolloutChunk, Weights
@@ -50,9 +51,12 @@ class Chunk:
     views of the frame, never copied), with what the learner adds: the worker, its envs' global
     offset and the policy lag. Build one with :meth:`of`.
 
-    Arrays lead with ``[T, E]`` (``next_obs`` with ``[E]``). Under the ``NextStep`` autoreset
-    mode, a step right after an episode ended only reset that env: its action was ignored and
-    its reward is 0. Use ``SameStep`` for algorithms that treat every step as a transition.
+    Arrays lead with ``[T, E]`` (``next_obs`` with ``[E]``). For a ``Dict`` or ``Tuple``
+    observation space (nested), ``obs``, ``next_obs`` and ``truncated_obs`` are a dict (in the
+    space's key order) or tuple of such arrays, in the space's structure. Under the
+    ``NextStep`` autoreset mode, a step right after an episode ended only reset that env: its
+    action was ignored and its reward is 0. Use ``SameStep`` for algorithms that treat every
+    step as a transition.
 
     The arrays (``obs``, ``actions``, ``logprob``, ``value``, ``reward``, ``terminated``,
     ``truncated``, ``next_obs``, ``episode_return``, ``episode_length``, ``truncated_obs``)
@@ -100,7 +104,7 @@ class Chunk:
         return self.wire.version
 
     @property
-    def obs(self) -> Array:
+    def obs(self) -> ArrayTree:
         """The observation each action was chosen on."""
         return self.wire.obs
 
@@ -135,7 +139,7 @@ class Chunk:
         return self.wire.truncated
 
     @property
-    def next_obs(self) -> Array:
+    def next_obs(self) -> ArrayTree:
         """Observations after the last step, to bootstrap from."""
         return self.wire.next_obs
 
@@ -150,7 +154,7 @@ class Chunk:
         return self.wire.episode_length
 
     @property
-    def truncated_obs(self) -> Array:
+    def truncated_obs(self) -> ArrayTree:
         """The last observation of every truncated step, ``[K, ...]``.
 
         The observation that ``obs`` does not show because the env reset, to bootstrap from.
@@ -175,22 +179,27 @@ class Rollout:
     The fields are those of :class:`Chunk` concatenated along the env axis (the episode and
     truncation lists one after the other, with global env indices), plus the policy version
     and lag of every transition (workers may hold different versions).
+
+    For a ``Dict`` or ``Tuple`` observation space (nested), ``obs`` ``[T, num_envs, ...]``,
+    ``next_obs`` ``[num_envs, ...]`` and ``truncated_obs`` ``[K, ...]`` are a dict (in the
+    space's key order) or tuple of arrays with those leading axes, in the space's structure,
+    as Gymnasium batches such a space: ``rollout.obs["position"][t, env]``.
     """
 
-    obs: Array
+    obs: ArrayTree
     actions: Array
     logprob: Array
     value: Array | None
     reward: Array
     terminated: Array
     truncated: Array
-    next_obs: Array
+    next_obs: ArrayTree
     policy_version: Array
     lag: Array
     episode_return: Array
     episode_length: Array
     episode_env: Array
-    truncated_obs: Array
+    truncated_obs: ArrayTree
     truncated_index: Array
 
     @classmethod
@@ -199,6 +208,16 @@ class Rollout:
 
         def cat(name: str, axis: int = 1) -> Array:
             return np.concatenate([getattr(c, name) for c in chunks], axis=axis)
+
+        def cat_obs(name: str, axis: int = 1) -> ArrayTree:
+            # A structured observation (a Dict or Tuple space's) is joined array by array.
+            parts = [getattr(c, name) for c in chunks]
+            if type(parts[0]) is np.ndarray:
+                return np.concatenate(parts, axis=axis)
+            joined: ArrayTree = map_arrays(
+                lambda *arrays: np.concatenate(arrays, axis=axis), *parts
+            )
+            return joined
 
         steps = chunks[0].num_steps
 
@@ -209,20 +228,20 @@ class Rollout:
             )
 
         return cls(
-            obs=cat("obs"),
+            obs=cat_obs("obs"),
             actions=cat("actions"),
             logprob=cat("logprob"),
             value=cat("value") if all(c.value is not None for c in chunks) else None,
             reward=cat("reward"),
             terminated=cat("terminated"),
             truncated=cat("truncated"),
-            next_obs=cat("next_obs", axis=0),
+            next_obs=cat_obs("next_obs", axis=0),
             policy_version=per_transition("version"),
             lag=per_transition("lag"),
             episode_return=cat("episode_return", axis=0),
             episode_length=cat("episode_length", axis=0),
             episode_env=cat("episode_env", axis=0),
-            truncated_obs=cat("truncated_obs", axis=0),
+            truncated_obs=cat_obs("truncated_obs", axis=0),
             truncated_index=cat("truncated_index", axis=0),
         )
 
@@ -474,7 +493,7 @@ class PolicyVersions:
         """Bytes of ``version``'s arrays."""
         return self._nbytes[version]
 
-    def divergence(self, version: int, obs: Array) -> float:
+    def divergence(self, version: int, obs: ArrayTree) -> float:
         """Mean over ``obs`` of KL(pi_version(.|s) || pi_current(.|s)); 0 for the current one."""
         if version == self.current:
             return 0.0
@@ -503,12 +522,16 @@ class PolicyVersions:
         return len(self._weights)
 
 
-def sample_states(obs: Array, max_states: int) -> Array:
+def sample_states(obs: ArrayTree, max_states: int) -> ArrayTree:
     """Flatten ``[T, E, ...]`` observations to states and keep at most ``max_states``.
 
     The sample is evenly spaced (deterministic) and copied, so it outlives the frame it came
-    from.
+    from. A structured observation (a dict or tuple of arrays, nested) is sampled at the same
+    states in each of its arrays, and keeps its structure.
     """
+    if type(obs) is not np.ndarray:
+        sampled: ArrayTree = map_arrays(lambda array: sample_states(array, max_states), obs)
+        return sampled
     states = obs.reshape(-1, *obs.shape[2:])
     if states.shape[0] > max_states:
         index = np.linspace(0, states.shape[0] - 1, max_states).round().astype(np.int64)

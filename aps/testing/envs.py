@@ -26,11 +26,14 @@ __all__ = [
     "ALL_ENVS",
     "BoxEnv",
     "DictEnv",
+    "DictObsEnv",
     "DiscreteEnv",
     "MultiBinaryEnv",
     "MultiDiscreteEnv",
+    "NestedObsEnv",
     "TinyEnv",
     "TupleEnv",
+    "TupleObsEnv",
 ]
 
 
@@ -210,6 +213,61 @@ class TupleEnv(TinyEnv):
                 )
             ),
             spaces.Tuple((spaces.Discrete(2), spaces.Box(-1.0, 1.0, (1,), np.float32))),
+            max_steps=max_steps,
+            rich_info=rich_info,
+        )
+
+
+class DictObsEnv(TinyEnv):
+    """:class:`DictEnv`'s nested Dict observations with ``Discrete(3)`` actions.
+
+    Structured observations and an action space a worker's own policy acts in (DETACH).
+    """
+
+    def __init__(self, *, max_steps: int = 5, rich_info: bool = True) -> None:
+        super().__init__(
+            DictEnv().observation_space,
+            spaces.Discrete(3),
+            max_steps=max_steps,
+            rich_info=rich_info,
+        )
+
+
+class TupleObsEnv(TinyEnv):
+    """:class:`TupleEnv`'s nested Tuple observations with ``Discrete(3)`` actions (as above)."""
+
+    def __init__(self, *, max_steps: int = 5, rich_info: bool = True) -> None:
+        super().__init__(
+            TupleEnv().observation_space,
+            spaces.Discrete(3),
+            max_steps=max_steps,
+            rich_info=rich_info,
+        )
+
+
+class NestedObsEnv(TinyEnv):
+    """A Dict holding a Tuple that holds a Dict, every leaf type once, ``Discrete(2)`` actions."""
+
+    def __init__(self, *, max_steps: int = 5, rich_info: bool = True) -> None:
+        super().__init__(
+            spaces.Dict(
+                {
+                    "image": spaces.Box(0, 255, (2, 3, 3), np.uint8),
+                    "parts": spaces.Tuple(
+                        (
+                            spaces.Discrete(3, start=1),
+                            spaces.Dict(
+                                {
+                                    "velocity": spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                    "gears": spaces.MultiDiscrete([2, 4]),
+                                }
+                            ),
+                            spaces.MultiBinary(3),
+                        )
+                    ),
+                }
+            ),
+            spaces.Discrete(2),
             max_steps=max_steps,
             rich_info=rich_info,
         )

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from aps.batching import check_space, empty_batch, map_arrays
 from aps.errors import ConfigError, InvalidState, ProtocolError
 from aps.messages import RolloutChunk, Weights
 from aps.vector import AnyVectorEnv
@@ -43,21 +44,18 @@ class Collector:
 
         policy.limit_threads(1)  # many workers share few cores; one thread each is fastest
         self._envs = envs
+        # A Dict or Tuple space (nested) is recorded array by array; anything else is refused.
+        self._structured = check_space(envs.single_observation_space, "worker-side inference")
         self._policy = policy.Policy.load(
             policy_path,
             envs.single_observation_space,
             envs.single_action_space,
             factory_kwargs=policy_kwargs,
         )
-        if not isinstance(envs.observation_space.sample(), np.ndarray):
-            raise ConfigError(
-                f"worker-side inference needs array observations, got "
-                f"{envs.single_observation_space}; use lockstep stepping for dict or tuple spaces"
-            )
         self._next_step_reset = mode is AutoresetMode.NEXT_STEP
         self.version = -1
         num_envs = envs.num_envs
-        self._obs: np.ndarray[Any, Any] | None = None
+        self._obs: Any = None  # an array, or a dict or tuple of arrays (structured)
         self._pending_reset = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
@@ -127,7 +125,12 @@ class Collector:
         version = self.version  # the one version this chunk is acted with, and stamped with
         num_envs = envs.num_envs
         obs = self._obs
-        obs_buf = np.empty((num_steps, *obs.shape), dtype=obs.dtype)
+        structured = self._structured
+        obs_buf: Any = (
+            _Steps(envs.single_observation_space, (num_steps, num_envs))
+            if structured
+            else np.empty((num_steps, *obs.shape), dtype=obs.dtype)
+        )
         reward = np.empty((num_steps, num_envs), dtype=np.float64)
         terminated = np.empty((num_steps, num_envs), dtype=np.bool_)
         truncated = np.empty((num_steps, num_envs), dtype=np.bool_)
@@ -151,6 +154,9 @@ class Collector:
             for env in np.flatnonzero(truncated[t]):
                 # SameStep: obs already holds the reset observation, the last one is in the
                 # info; NextStep: obs is still the last one (the reset comes next step).
+                if structured:
+                    cut.append((t, int(env), _env_obs(info, obs, int(env))))
+                    continue
                 last = info["final_obs"][env] if "final_obs" in info else obs[env]
                 cut.append((t, int(env), np.array(last)))
         assert actions_buf is not None
@@ -158,23 +164,35 @@ class Collector:
         returns, lengths, env_ids = zip(*ended, strict=True) if ended else ((), (), ())
         return RolloutChunk(
             version=version,
-            obs=obs_buf,
+            obs=obs_buf.arrays if structured else obs_buf,
             actions=actions_buf,
             logprob=logprob,
             value=value,
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            next_obs=np.array(obs),
+            next_obs=map_arrays(np.array, obs) if structured else np.array(obs),
             episode_return=np.array(returns, dtype=np.float64),
             episode_length=np.array(lengths, dtype=np.int64),
             episode_env=np.array(env_ids, dtype=np.int64),
             truncated_obs=(
-                np.stack([c[2] for c in cut]) if cut else np.empty((0, *obs.shape[1:]), obs.dtype)
+                self._stack_cut(cut)
+                if structured
+                else np.stack([c[2] for c in cut])
+                if cut
+                else np.empty((0, *obs.shape[1:]), obs.dtype)
             ),
             truncated_index=np.array([c[:2] for c in cut], dtype=np.int64).reshape(-1, 2),
             seq=seq,
         )
+
+    def _stack_cut(self, cut: list[tuple[int, int, Any]]) -> Any:
+        """The truncated steps' last observations of a structured space, ``[K, ...]`` each."""
+        # Written into buffers of the space's dtypes: info values may come in others.
+        steps = _Steps(self._envs.single_observation_space, (len(cut),))
+        for index, (_, _, last) in enumerate(cut):
+            steps[index] = last
+        return steps.arrays
 
     def _count_episodes(
         self,
@@ -193,3 +211,62 @@ class Collector:
             self._episode_length[done] = 0
         if self._next_step_reset:
             self._pending_reset = done.copy()
+
+
+class _Steps:
+    """A chunk's observations of a ``Dict`` or ``Tuple`` space, one buffer per array.
+
+    ``steps[t] = obs`` writes each array of one step's batch into its own ``[T, E, ...]``
+    buffer, as ``obs_buf[t] = obs`` does for an array space (whose loop stays as it is).
+    """
+
+    __slots__ = ("_leaves", "arrays")
+
+    def __init__(self, space: Any, leading: tuple[int, ...]) -> None:
+        self.arrays = empty_batch(space, leading)
+        # Each buffer with the keys that lead to it in a step's batch, listed once.
+        self._leaves: list[tuple[tuple[Any, ...], np.ndarray[Any, Any]]] = []
+        self._collect(self.arrays, ())
+
+    def _collect(self, tree: Any, path: tuple[Any, ...]) -> None:
+        if type(tree) is dict:
+            for key, item in tree.items():
+                self._collect(item, (*path, key))
+        elif type(tree) is tuple:
+            for index, item in enumerate(tree):
+                self._collect(item, (*path, index))
+        else:
+            self._leaves.append((path, tree))
+
+    def __setitem__(self, step: int, obs: Any) -> None:
+        for path, buffer in self._leaves:
+            value = obs
+            for key in path:
+                value = value[key]
+            buffer[step] = value
+
+
+def _env_obs(info: dict[str, Any], obs: Any, env: int) -> Any:
+    """Env ``env``'s last observation of a truncated step, a copy in the space's structure.
+
+    Under SameStep it is the info's ``final_obs``; under NextStep the batch ``obs`` still
+    holds it (in buffers the next step overwrites: hence the copy).
+    """
+    last = _pick(obs, info["final_obs"] if "final_obs" in info else obs, env)
+    return map_arrays(np.array, last)
+
+
+def _pick(batch: Any, final: Any, env: int) -> Any:
+    """Env ``env``'s part of ``final``, walked in the structure of the batch ``batch``.
+
+    Gymnasium's info batching keeps a dict's values as a dict of per-env arrays (with mask
+    keys beside them, which the batch's structure skips), and anything else (a tuple) per
+    env in an object array, whose element is then that env's whole value.
+    """
+    if type(final) is np.ndarray and final.dtype.hasobject:
+        return final[env]
+    if type(batch) is dict:
+        return {key: _pick(item, final[key], env) for key, item in batch.items()}
+    if type(batch) is tuple:
+        return tuple(_pick(item, final[index], env) for index, item in enumerate(batch))
+    return final[env]
