@@ -45,6 +45,7 @@ from aps.learner.rollouts import (
     PolicyVersions,
     Rollout,
     WeightPrecision,
+    sample_sequences,
     sample_states,
 )
 from aps.messages import (
@@ -62,6 +63,15 @@ __all__ = ["Detach"]
 
 log = logging.getLogger(__name__)
 
+MAX_STATE_ARRAYS = 16
+"""The most arrays a recurrent chunk's initial state may hold (an LSTM's is two)."""
+
+MAX_STATE_MAGNITUDE = 1e6
+"""The largest magnitude a recurrent state's value may have. An LSTM's ``h`` is within 1 and
+its ``c`` grows by at most 1 a step, so this is an episode of a million steps; larger or
+non-finite values are a broken worker, refused before they reach a replay or a training
+step."""
+
 
 @dataclass(slots=True)
 class _SlotSync:
@@ -71,6 +81,8 @@ class _SlotSync:
     synced_at: float = 0.0
     last_chunk_version: int = 0
     acted_on: ArrayTree | None = None  # the observations of its latest chunk
+    # A recurrent policy's chunk: its initial state and episode starts, to replay acted_on.
+    acted_recurrent: tuple[tuple[np.ndarray[Any, Any], ...], np.ndarray[Any, Any]] | None = None
     preparing: bool = False  # its reset is outstanding: chunk requests wait (counted in lost)
     lost: int = 0  # chunks its predecessor owed the stream, to ask of it
     declined_all: bool = True  # every decision since its last sync measured and declined
@@ -143,6 +155,7 @@ class Detach:
         slot.lost += sum(isinstance(r, RolloutRequest) for r in void)
         slot.steps_since_sync = slot.last_chunk_version = 0
         slot.acted_on = None
+        slot.acted_recurrent = None
         slot.declined_all = True
 
     async def rejoined(self, remote: Remote) -> None:
@@ -192,13 +205,20 @@ class Detach:
         def divergence() -> float:
             # Measured once per decision: the context keeps the value (SyncContext.divergence
             # calls this at most once), the metrics record it.
-            acted_on = slot.acted_on
+            acted_on, recurrent = slot.acted_on, slot.acted_recurrent
             # No chunk yet: nothing to measure on, so treat the worker as far away.
-            value = (
-                math.inf
-                if acted_on is None
-                else versions.divergence(held, sample_states(acted_on, versions.max_states))
-            )
+            if acted_on is None:
+                value = math.inf
+            elif recurrent is not None:
+                # The action distribution depends on the state: replay the chunk's steps
+                # through both versions from the state the worker started it with.
+                acted: Any = acted_on  # an array: recurrent policies take array observations
+                obs, starts, state = sample_sequences(
+                    acted, recurrent[1], recurrent[0], versions.max_states
+                )
+                value = versions.divergence(held, obs, state=state, episode_start=starts)
+            else:
+                value = versions.divergence(held, sample_states(acted_on, versions.max_states))
             remote.metrics.divergences.append(value)
             return value
 
@@ -349,6 +369,7 @@ class Detach:
                 f"worker {info.worker_id} sent truncated observations at (step, env) indices "
                 "that are not its truncated steps; the worker is not a compatible aps worker"
             )
+        self._check_recurrent(remote, message, steps)
         slot = self._slot(remote)
         if not slot.last_chunk_version <= message.version <= remote.metrics.version:
             raise ProtocolError(
@@ -379,6 +400,53 @@ class Detach:
                 "compatible aps worker"
             ) from None
 
+    def _check_recurrent(self, remote: Remote, message: RolloutChunk, steps: int) -> None:
+        """Refuse a recurrent state that does not fit the policy and the worker's envs.
+
+        A feed-forward policy's chunk has neither ``initial_state`` nor ``episode_start``; a
+        recurrent one's has both: ``episode_start`` bools ``[T, E]``, and 1 to
+        :data:`MAX_STATE_ARRAYS` finite float arrays with ``E`` on axis 1, of at most
+        :data:`MAX_STATE_MAGNITUDE`, shaped as the published policy's state for ``E`` envs.
+        """
+        info = remote.info
+        envs = info.num_envs
+        state, starts = message.initial_state, message.episode_start
+        versions = self.versions
+        expected = None if versions is None else versions.state_shapes(envs)
+        problem: str | None = None
+        if state is None and starts is None:
+            if expected:
+                problem = (
+                    f"initial_state is missing, but the policy is recurrent (a state of "
+                    f"shapes {expected} for {envs} envs)"
+                )
+        elif state is None or starts is None:
+            problem = (
+                f"initial_state is {_described(state)} and episode_start is "
+                f"{_described(starts)}: a recurrent chunk has both, a feed-forward one neither"
+            )
+        elif expected == []:
+            problem = "initial_state is set, but the policy is feed-forward (it has no state)"
+        elif type(starts) is not np.ndarray or starts.dtype != np.bool_ or (
+            starts.shape != (steps, envs)
+        ):
+            problem = (
+                f"episode_start is {_described(starts)}, expected a bool array of shape "
+                f"{(steps, envs)}"
+            )
+        elif type(state) not in (list, tuple) or not 1 <= len(state) <= MAX_STATE_ARRAYS:
+            problem = (
+                f"initial_state is {_described(state)}, expected a list of 1 to "
+                f"{MAX_STATE_ARRAYS} float arrays"
+            )
+        else:
+            problem = _state_problem(state, envs, expected)
+        if problem is not None:
+            raise ProtocolError(
+                f"worker {info.worker_id} sent a chunk whose {problem}; the worker is not a "
+                "compatible aps worker (workers and learner must run the same policy)"
+            )
+
     def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
         """Account for a chunk that passed :meth:`_check`; the learner's view of it."""
         info = remote.info
@@ -396,6 +464,8 @@ class Detach:
         metrics.lag_max = max(metrics.lag_max, lag)
         slot.steps_since_sync += transitions
         slot.acted_on = message.obs  # sampled only if a divergence is measured on it
+        state, starts = message.initial_state, message.episode_start
+        slot.acted_recurrent = None if state is None or starts is None else (tuple(state), starts)
         return Chunk.of(message, worker_id=info.worker_id, env_offset=info.env_offset, lag=lag)
 
     async def rollout(self, num_steps: int) -> Rollout:
@@ -613,3 +683,37 @@ class Detach:
         if self._stream is not None:
             with contextlib.suppress(ApsError):
                 await self._stream.aclose()
+
+
+def _described(value: object) -> str:
+    if type(value) is np.ndarray:
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _state_problem(
+    state: Sequence[Any], envs: int, expected: list[tuple[int, ...]] | None
+) -> str | None:
+    """What is wrong with a recurrent chunk's initial state arrays, or ``None``."""
+    if expected is not None and len(state) != len(expected):
+        return f"initial_state holds {len(state)} arrays, the policy's state {len(expected)}"
+    for i, array in enumerate(state):
+        if type(array) is not np.ndarray or array.dtype.kind != "f":
+            return f"initial_state[{i}] is {_described(array)}, expected a float array"
+        if array.ndim < 2 or array.shape[1] != envs:
+            return (
+                f"initial_state[{i}] has shape {array.shape}, expected the worker's {envs} "
+                "envs on axis 1 ([layers, envs, hidden])"
+            )
+        if expected is not None and array.shape != expected[i]:
+            return f"initial_state[{i}] has shape {array.shape}, the policy's is {expected[i]}"
+        if array.size and not (
+            np.isfinite(array).all() and np.abs(array).max() <= MAX_STATE_MAGNITUDE
+        ):
+            return (
+                f"initial_state[{i}] holds values that are not finite or exceed "
+                f"{MAX_STATE_MAGNITUDE:g} in magnitude"
+            )
+    return None
