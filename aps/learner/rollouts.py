@@ -27,6 +27,7 @@ __all__ = [
     "Rollout",
     "WeightPrecision",
     "WorkerMetrics",
+    "sample_sequences",
     "sample_states",
 ]
 
@@ -162,6 +163,28 @@ class Chunk:
         return self.wire.truncated_obs
 
     @property
+    def initial_state(self) -> tuple[Array, ...] | None:
+        """A recurrent policy's state before the chunk's first step, or ``None``.
+
+        Float arrays with the env axis at axis 1 (``[layers, E, hidden]``: an LSTM's ``h``
+        and ``c``), as the worker held them after zeroing the envs whose episode starts at
+        step 0: the state truncated backpropagation through time starts the chunk from.
+        ``None`` for a feed-forward policy.
+        """
+        state = self.wire.initial_state
+        return None if state is None else tuple(state)
+
+    @property
+    def episode_start(self) -> Array | None:
+        """``[T, E]`` bools of a recurrent policy: where an observation starts an episode.
+
+        The worker zeroed an env's state before acting on such an observation (the ``done``
+        it gave the agent's ``get_states``, CleanRL's ``dones`` buffer). ``None`` for a
+        feed-forward policy.
+        """
+        return self.wire.episode_start
+
+    @property
     def num_steps(self) -> int:
         """``T``."""
         return int(self.reward.shape[0])
@@ -201,6 +224,14 @@ class Rollout:
     episode_env: Array
     truncated_obs: ArrayTree
     truncated_index: Array
+    initial_state: tuple[Array, ...] | None = None
+    """A recurrent policy's state before the rollout's first step, per env: float arrays
+    ``[layers, num_envs, hidden]`` (see :attr:`Chunk.initial_state`); ``None`` for a
+    feed-forward policy. Replay ``obs`` from it with ``episode_start`` as ``done`` to get the
+    features every step was acted on (truncated BPTT over the rollout)."""
+    episode_start: Array | None = None
+    """``[T, num_envs]`` bools of a recurrent policy: where the state was zeroed before a
+    step (see :attr:`Chunk.episode_start`); ``None`` for a feed-forward policy."""
 
     @classmethod
     def from_chunks(cls, chunks: list[Chunk]) -> Rollout:
@@ -243,7 +274,22 @@ class Rollout:
             episode_env=cat("episode_env", axis=0),
             truncated_obs=cat_obs("truncated_obs", axis=0),
             truncated_index=cat("truncated_index", axis=0),
+            **_recurrent_parts(chunks),
         )
+
+
+def _recurrent_parts(chunks: list[Chunk]) -> dict[str, Any]:
+    """A rollout's ``initial_state`` and ``episode_start``, joined along the env axis."""
+    states = [c.initial_state for c in chunks if c.initial_state is not None]
+    starts = [c.episode_start for c in chunks if c.episode_start is not None]
+    if len(states) != len(chunks) or len(starts) != len(chunks):
+        return {}
+    return {
+        "initial_state": tuple(
+            np.concatenate(parts, axis=1) for parts in zip(*states, strict=True)
+        ),
+        "episode_start": np.concatenate(starts, axis=1),
+    }
 
 
 @dataclass(slots=True)
@@ -493,8 +539,20 @@ class PolicyVersions:
         """Bytes of ``version``'s arrays."""
         return self._nbytes[version]
 
-    def divergence(self, version: int, obs: ArrayTree) -> float:
-        """Mean over ``obs`` of KL(pi_version(.|s) || pi_current(.|s)); 0 for the current one."""
+    def divergence(
+        self,
+        version: int,
+        obs: ArrayTree,
+        *,
+        state: tuple[Array, ...] | None = None,
+        episode_start: Array | None = None,
+    ) -> float:
+        """Mean over ``obs`` of KL(pi_version(.|s) || pi_current(.|s)); 0 for the current one.
+
+        For a recurrent policy, ``obs`` ``[T, E, ...]`` are a chunk's steps, replayed through
+        both versions from the chunk's initial ``state`` with its ``episode_start`` flags
+        (see :meth:`aps.policy.Policy.kl`; :func:`sample_sequences` picks them).
+        """
         if version == self.current:
             return 0.0
         if self._live_version != self.current:
@@ -505,7 +563,29 @@ class PolicyVersions:
             self._probe.set_weights(self._weights[version], widen=True)
             self._probe.set_behaviour_params(self._behaviour[version])
             self._probe_version = version
+        if state is not None:
+            return float(
+                self._probe.kl(
+                    self._live,
+                    obs,
+                    max_states=self.max_states,
+                    state=state,
+                    episode_start=episode_start,
+                )
+            )
         return float(self._probe.kl(self._live, obs, max_states=self.max_states))
+
+    def state_shapes(self, num_envs: int) -> list[tuple[int, ...]] | None:
+        """The shapes of the published policy's state for ``num_envs`` envs.
+
+        ``[]`` for a feed-forward policy; ``None`` before the first publish (not known yet).
+        """
+        policy = self._wrapped if self._wrapped is not None else self._live
+        if policy is None:
+            return None
+        if not policy.recurrent:
+            return []
+        return [array.shape for array in policy.initial_state(num_envs)]
 
     def prune(self, held: set[int]) -> None:
         """Forget every version but the current one and those in ``held``."""
@@ -520,6 +600,21 @@ class PolicyVersions:
 
     def __len__(self) -> int:
         return len(self._weights)
+
+
+def sample_sequences(
+    obs: Array, episode_start: Array, state: tuple[Array, ...], max_states: int
+) -> tuple[Array, Array, tuple[Array, ...]]:
+    """A recurrent chunk's whole steps of at most ``max(1, max_states // T)`` of its envs.
+
+    ``obs`` ``[T, E, ...]``, ``episode_start`` ``[T, E]`` and the initial ``state`` (env axis
+    1) of the same evenly spaced envs, copied so that they outlive the frame they came from.
+    A recurrent policy's states are replayed step by step, so envs are sampled, not steps.
+    """
+    steps, envs = episode_start.shape
+    keep = max(1, min(envs, max_states // max(steps, 1)))
+    index = np.linspace(0, envs - 1, keep).round().astype(np.int64)
+    return obs[:, index], episode_start[:, index], tuple(s[:, index] for s in state)
 
 
 def sample_states(obs: ArrayTree, max_states: int) -> ArrayTree:

@@ -28,6 +28,13 @@ class Collector:
     ``NextStep`` autoreset mode the step after an episode's end only resets that env; it is
     recorded like any other (reward 0, not done) and not counted in episode lengths.
 
+    A recurrent policy's state (see :mod:`aps.policy`) is kept per env between chunks and
+    zeroed before an env acts on the first observation of an episode: the step after the one
+    that ended it under ``SameStep``, the step after the reset step under ``NextStep``, and
+    every env after a reset. Each chunk carries the state before its first step (after that
+    zeroing) and the episode-start flags of its steps. Lockstep steps (the learner's actions)
+    do not advance the state; they only mark where episodes start.
+
     :meth:`collect_async` acts in a thread of its own, so the worker's event loop keeps
     reading frames (a new version on its way, heartbeats) while a chunk is acted; the caller
     loads a new version only between chunks.
@@ -59,6 +66,11 @@ class Collector:
         self._pending_reset = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        # A recurrent policy's state per env, and where the next observation starts an episode.
+        self._state: tuple[np.ndarray[Any, Any], ...] | None = (
+            self._policy.initial_state(num_envs) if self._policy.recurrent else None
+        )
+        self._episode_start = np.ones(num_envs, dtype=bool)
         # One thread, always the same: torch's per-thread state (grad mode) stays put, and
         # chunks cannot overlap.
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -83,6 +95,11 @@ class Collector:
     def observe(self, obs: Any, done: np.ndarray[Any, Any] | None) -> None:
         """Track observations produced by a lockstep reset (``done=None``) or step."""
         self._obs = obs
+        if done is None:
+            self._episode_start[:] = True
+        else:
+            # NextStep: an episode starts after the reset step, i.e. where this step was one.
+            self._episode_start = (self._pending_reset if self._next_step_reset else done).copy()
         if done is None:
             self._pending_reset[:] = False
             self._episode_return[:] = 0.0
@@ -139,9 +156,22 @@ class Collector:
         value = np.empty((num_steps, num_envs), dtype=np.float32) if policy.has_critic else None
         ended: list[tuple[float, int, int]] = []
         cut: list[tuple[int, int, np.ndarray[Any, Any]]] = []  # truncated: step, env, last obs
+        starts = None if self._state is None else np.empty((num_steps, num_envs), dtype=np.bool_)
+        initial: list[np.ndarray[Any, Any]] | None = None
         for t in range(num_steps):
             obs_buf[t] = obs
-            actions, logprob[t], values = policy.act(obs)
+            if starts is None or self._state is None:
+                actions, logprob[t], values = policy.act(obs)
+            else:
+                starts[t] = start = self._episode_start
+                if start.any():
+                    for array in self._state:  # our own arrays: the policy returns new ones
+                        array[:, start] = 0.0
+                if t == 0:
+                    initial = list(self._state)  # never written again: the next are new arrays
+                actions, logprob[t], values, self._state = policy.act_recurrent(
+                    obs, self._state, start
+                )
             if actions_buf is None:
                 actions_buf = np.empty((num_steps, *actions.shape), dtype=actions.dtype)
             actions_buf[t] = actions
@@ -150,6 +180,13 @@ class Collector:
             # The chunk keeps the raw samples; the env gets them within its bounds.
             stepped = policy.env_actions(actions)
             obs, reward[t], terminated[t], truncated[t], info = envs.step(stepped)
+            if starts is not None:
+                # Read before _count_episodes moves _pending_reset on (see observe).
+                self._episode_start = (
+                    self._pending_reset.copy()
+                    if self._next_step_reset
+                    else terminated[t] | truncated[t]
+                )
             self._count_episodes(reward[t], terminated[t] | truncated[t], ended)
             for env in np.flatnonzero(truncated[t]):
                 # SameStep: obs already holds the reset observation, the last one is in the
@@ -184,6 +221,8 @@ class Collector:
             ),
             truncated_index=np.array([c[:2] for c in cut], dtype=np.int64).reshape(-1, 2),
             seq=seq,
+            initial_state=initial,
+            episode_start=starts,
         )
 
     def _stack_cut(self, cut: list[tuple[int, int, Any]]) -> Any:
