@@ -320,3 +320,26 @@ def test_dqn_async_sized_q_network(tmp_path: Path) -> None:
     assert result["bytes_per_version"] == 4 * mlp_params([4, 40, 40, 40, 2])
     assert result["syncs"] >= 2  # the workers loaded the sized Q-network's weights
     assert result["curve"][-1]["global_step"] == result["global_step"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", [[], ["--backend", "gym-sync"], ["--no-lstm"]])
+def test_ppo_lstm(tmp_path: Path, variant: list[str]) -> None:
+    out = tmp_path / "result.json"
+    tiny = ["--total-timesteps", "256", "--num-steps", "16", "--envs-per-worker", "4"]
+    stdout = run("ppo_lstm.py", *tiny, *variant, "--json", str(out), cwd=tmp_path)
+    assert "summary: final mean return" in stdout
+    result = json.loads(out.read_text())
+    assert result["global_step"] == 256  # 2 rollouts of 16 steps x 8 envs
+    assert result["lstm"] == ("--no-lstm" not in variant)
+
+
+def test_ppo_lstm_help_shows_defaults() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ppo_lstm.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    assert "(default: 100000)" in proc.stdout and "(default: gym-sync)" not in proc.stdout
