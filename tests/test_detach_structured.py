@@ -428,3 +428,59 @@ def test_gym_spaces_are_used_as_the_batch_layout() -> None:
         "['parts'][1]['velocity']",
         "['parts'][2]",
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# The SB3 adapter over the same kind of observations (SB3 takes flat Dict spaces only)
+
+
+class FlatDictObsEnv(test_envs.TinyEnv):
+    """A flat Dict of every leaf type (SB3's VecEnvs refuse nested spaces), Discrete actions."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            spaces.Dict(
+                {
+                    "position": spaces.Box(-2.0, 2.0, (2,), np.float64),
+                    "count": spaces.Discrete(4),
+                    "flags": spaces.MultiBinary(2),
+                    "gears": spaces.MultiDiscrete([2, 3]),
+                }
+            ),
+            spaces.Discrete(3),
+            rich_info=False,
+        )
+
+
+def test_sb3_adapter_equals_dummy_vec_env_on_dict_observations() -> None:
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from aps.integrations.sb3 import ClusterVecEnv
+
+    actual = ClusterVecEnv.local(
+        FlatDictObsEnv, num_workers=2, envs_per_worker=2, transport="memory"
+    )
+    expected = DummyVecEnv([FlatDictObsEnv] * 4)
+    try:
+        assert actual.observation_space == expected.observation_space
+        for vec in (actual, expected):
+            vec.seed(3)
+        assert_trees_equal(actual.reset(), expected.reset(), "reset obs")
+        rng = np.random.default_rng(0)
+        ended = 0
+        for t in range(40):
+            actions = rng.integers(0, 3, 4)
+            got, want = actual.step(actions), expected.step(actions)
+            assert_trees_equal(got[0], want[0], f"obs at step {t}")
+            np.testing.assert_array_equal(got[1], want[1], err_msg=f"rewards at step {t}")
+            np.testing.assert_array_equal(got[2], want[2], err_msg=f"dones at step {t}")
+            for env in np.flatnonzero(want[2]):
+                final_got = got[3][env]["terminal_observation"]
+                final_want = want[3][env]["terminal_observation"]
+                assert_trees_equal(final_got, final_want, f"terminal obs at step {t}")
+                ended += 1
+        assert ended > 0
+    finally:
+        actual.close()
+        expected.close()
