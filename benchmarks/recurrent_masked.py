@@ -78,6 +78,28 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def merge(folders: list[Path], out: Path) -> None:
+    """Join the reports in ``folders`` (same budget) into one, with its summary and plot."""
+    reports = [json.loads((folder / "recurrent_masked.json").read_text()) for folder in folders]
+    budgets = {report["total_timesteps"] for report in reports}
+    if len(budgets) != 1:
+        raise SystemExit(f"the reports ran different budgets: {sorted(budgets)}")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for report in reports:
+        for name, variant_runs in report["runs"].items():
+            runs.setdefault(name, []).extend(variant_runs)
+    summary = summarize(runs)
+    commands = [report["command"] for report in reports]
+    merged = {"command": commands, "total_timesteps": budgets.pop(), "summary": summary}
+    (out / "recurrent_masked.json").write_text(json.dumps({**merged, "runs": runs}, indent=2))
+    seeds = sorted({run["seed"] for variant in runs.values() for run in variant})
+    title = (
+        f"masked CartPole-v1, {merged['total_timesteps']} steps, 8 envs, seeds {seeds}; "
+        "95% bootstrap CI"
+    )
+    plot(summary, out / "recurrent_masked.png", title)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -87,8 +109,19 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=int, default=100_000)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: join the recurrent_masked.json of these folders (variants run as "
+        "separate processes) into --out's, with the plot",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.variants}
     title = (
         f"masked CartPole-v1, {args.total_timesteps} steps, 8 envs, seeds {args.seeds}; "

@@ -427,8 +427,10 @@ class Detach:
             )
         elif expected == []:
             problem = "initial_state is set, but the policy is feed-forward (it has no state)"
-        elif type(starts) is not np.ndarray or starts.dtype != np.bool_ or (
-            starts.shape != (steps, envs)
+        elif (
+            type(starts) is not np.ndarray
+            or starts.dtype != np.bool_
+            or (starts.shape != (steps, envs))
         ):
             problem = (
                 f"episode_start is {_described(starts)}, expected a bool array of shape "
