@@ -347,6 +347,11 @@ class RolloutChunk(Message):
     """``[T, E]`` bools of a recurrent policy's chunk: true where that step's observation is
     the first of an episode, so the state was zeroed before acting on it (the ``done`` the
     policy's ``get_states`` was given). ``None`` (and absent) for a feed-forward policy."""
+    agent_active: Array | None = field(default=None, metadata={OMIT_NONE: True})
+    """``[T, E]`` bools of a multi-agent env (:mod:`aps.multiagent`): true where the slot's
+    observation was a live agent's, so its action was used and its reward, ``terminated`` and
+    ``truncated`` are that agent's; false where the slot held no agent (reward 0, no flags,
+    the action ignored). ``None`` (and absent) for any other env."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

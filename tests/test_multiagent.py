@@ -382,10 +382,17 @@ def test_detach_the_workers_policy_acts_for_every_slot(transport: str) -> None:
     # A slot without a live agent earns nothing; a live agent earns its action plus 10
     # times its index, so a reward shows whose action the env took.
     assert not active.all() and active.any()
+    # The chunks carry the mask: the learner knows which steps were an agent's transition.
+    assert rollout.agent_active is not None
+    np.testing.assert_array_equal(rollout.agent_active, active)
     assert (rollout.reward[~active] == 0).all()
     index = np.tile(np.arange(4), 2)
     expected = rollout.actions + 10.0 * index
     np.testing.assert_array_equal(rollout.reward[active], expected[active])
+    # An agent's episode is as long as the steps it was live: slots without an agent count
+    # in no episode (a0 lives 3 steps, a1 5, a2 7, a3 from step 2 to 6).
+    lengths = dict(zip(rollout.episode_env.tolist(), rollout.episode_length.tolist(), strict=False))
+    assert {env % 4: length for env, length in lengths.items()} == {0: 3, 1: 5, 2: 7, 3: 4}
 
 
 @pytest.mark.timeout(180)

@@ -370,6 +370,17 @@ class Detach:
                 "that are not its truncated steps; the worker is not a compatible aps worker"
             )
         self._check_recurrent(remote, message, steps)
+        active = message.agent_active
+        if active is not None and not (
+            type(active) is np.ndarray
+            and active.dtype == np.bool_
+            and active.shape == (steps, info.num_envs)
+        ):
+            raise ProtocolError(
+                f"worker {info.worker_id} sent a chunk whose agent_active is "
+                f"{_described(active)}, expected a bool array of shape "
+                f"{(steps, info.num_envs)}; the worker is not a compatible aps worker"
+            )
         slot = self._slot(remote)
         if not slot.last_chunk_version <= message.version <= remote.metrics.version:
             raise ProtocolError(

@@ -185,6 +185,15 @@ class Chunk:
         return self.wire.episode_start
 
     @property
+    def agent_active(self) -> Array | None:
+        """``[T, E]`` bools of a multi-agent env: where a slot held a live agent.
+
+        False where the slot held none (reward 0, no flags, the action ignored): leave
+        those steps out of a loss. ``None`` for any other env. See :mod:`aps.multiagent`.
+        """
+        return self.wire.agent_active
+
+    @property
     def num_steps(self) -> int:
         """``T``."""
         return int(self.reward.shape[0])
@@ -232,6 +241,10 @@ class Rollout:
     episode_start: Array | None = None
     """``[T, num_envs]`` bools of a recurrent policy: where the state was zeroed before a
     step (see :attr:`Chunk.episode_start`); ``None`` for a feed-forward policy."""
+    agent_active: Array | None = None
+    """``[T, num_envs]`` bools of a multi-agent env: where a slot held a live agent (see
+    :attr:`Chunk.agent_active`; a worker of another env counts as all live); ``None`` when
+    no worker runs a multi-agent env."""
 
     @classmethod
     def from_chunks(cls, chunks: list[Chunk]) -> Rollout:
@@ -274,8 +287,24 @@ class Rollout:
             episode_env=cat("episode_env", axis=0),
             truncated_obs=cat_obs("truncated_obs", axis=0),
             truncated_index=cat("truncated_index", axis=0),
+            agent_active=_agent_active(chunks),
             **_recurrent_parts(chunks),
         )
+
+
+def _agent_active(chunks: list[Chunk]) -> Array | None:
+    """A rollout's live-agent mask, joined along the env axis (``None``: no multi-agent env)."""
+    if all(c.agent_active is None for c in chunks):
+        return None
+    return np.concatenate(
+        [
+            np.ones((c.num_steps, c.num_envs), np.bool_)
+            if c.agent_active is None
+            else c.agent_active
+            for c in chunks
+        ],
+        axis=1,
+    )
 
 
 def _recurrent_parts(chunks: list[Chunk]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from gymnasium.vector import AutoresetMode
 from aps.batching import check_space, empty_batch, map_arrays
 from aps.errors import ConfigError, InvalidState, ProtocolError
 from aps.messages import RolloutChunk, Weights
+from aps.multiagent import AGENT_ACTIVE
 from aps.vector import AnyVectorEnv
 
 __all__ = ["MAX_ROLLOUT_STEPS", "Collector"]
@@ -71,6 +72,8 @@ class Collector:
             self._policy.initial_state(num_envs) if self._policy.recurrent else None
         )
         self._episode_start = np.ones(num_envs, dtype=bool)
+        # A multi-agent env's live-agent mask of the current observations (None: not one).
+        self._active: np.ndarray[Any, Any] | None = None
         # One thread, always the same: torch's per-thread state (grad mode) stays put, and
         # chunks cannot overlap.
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -92,9 +95,15 @@ class Collector:
             self._policy.epsilon = weights.epsilon
         self.version = weights.version
 
-    def observe(self, obs: Any, done: np.ndarray[Any, Any] | None) -> None:
-        """Track observations produced by a lockstep reset (``done=None``) or step."""
+    def observe(
+        self, obs: Any, done: np.ndarray[Any, Any] | None, info: dict[str, Any] | None = None
+    ) -> None:
+        """Track observations produced by a lockstep reset (``done=None``) or step.
+
+        ``info``: theirs, for a multi-agent env's live-agent mask (:mod:`aps.multiagent`).
+        """
         self._obs = obs
+        self._active = _active_of(info)
         if done is None:
             self._episode_start[:] = True
         else:
@@ -157,6 +166,7 @@ class Collector:
         ended: list[tuple[float, int, int]] = []
         cut: list[tuple[int, int, np.ndarray[Any, Any]]] = []  # truncated: step, env, last obs
         starts = None if self._state is None else np.empty((num_steps, num_envs), dtype=np.bool_)
+        active = None if self._active is None else np.empty((num_steps, num_envs), dtype=np.bool_)
         initial: list[np.ndarray[Any, Any]] | None = None
         for t in range(num_steps):
             obs_buf[t] = obs
@@ -180,6 +190,9 @@ class Collector:
             # The chunk keeps the raw samples; the env gets them within its bounds.
             stepped = policy.env_actions(actions)
             obs, reward[t], terminated[t], truncated[t], info = envs.step(stepped)
+            if active is not None:
+                active[t] = self._active
+                self._active = _active_of(info)
             if starts is not None:
                 # Read before _count_episodes moves _pending_reset on (see observe).
                 self._episode_start = (
@@ -187,7 +200,12 @@ class Collector:
                     if self._next_step_reset
                     else terminated[t] | truncated[t]
                 )
-            self._count_episodes(reward[t], terminated[t] | truncated[t], ended)
+            self._count_episodes(
+                reward[t],
+                terminated[t] | truncated[t],
+                ended,
+                None if active is None else active[t],
+            )
             for env in np.flatnonzero(truncated[t]):
                 # SameStep: obs already holds the reset observation, the last one is in the
                 # info; NextStep: obs is still the last one (the reset comes next step).
@@ -223,6 +241,7 @@ class Collector:
             seq=seq,
             initial_state=initial,
             episode_start=starts,
+            agent_active=active,
         )
 
     def _stack_cut(self, cut: list[tuple[int, int, Any]]) -> Any:
@@ -238,9 +257,13 @@ class Collector:
         reward: np.ndarray[Any, Any],
         done: np.ndarray[Any, Any],
         ended: list[tuple[float, int, int]],
+        active: np.ndarray[Any, Any] | None = None,
     ) -> None:
         self._episode_return += reward
-        self._episode_length += ~self._pending_reset
+        # A step counts in an episode's length where it was one: not the reset step of
+        # NextStep, nor a slot of a multi-agent env that held no agent.
+        counted = ~self._pending_reset
+        self._episode_length += counted if active is None else counted & active
         if done.any():
             for env in np.flatnonzero(done):
                 ended.append(
@@ -309,3 +332,9 @@ def _pick(batch: Any, final: Any, env: int) -> Any:
     if type(batch) is tuple:
         return tuple(_pick(item, final[index], env) for index, item in enumerate(batch))
     return final[env]
+
+
+def _active_of(info: dict[str, Any] | None) -> np.ndarray[Any, Any] | None:
+    """A multi-agent env's live-agent mask in ``info`` (a copy), or ``None`` for other envs."""
+    mask = None if info is None else info.get(AGENT_ACTIVE)
+    return None if mask is None else np.array(mask, dtype=np.bool_)

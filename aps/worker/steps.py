@@ -285,7 +285,7 @@ class StepServer:
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
         if self.collector is not None:
-            self.collector.observe(obs, terminated | truncated)
+            self.collector.observe(obs, terminated | truncated, info)
         return StepResult(
             obs=obs,
             reward=reward,
@@ -308,7 +308,7 @@ class StepServer:
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
         if self.collector is not None:
-            self.collector.observe(obs, None)
+            self.collector.observe(obs, None, info)
             first = seed[0] if isinstance(seed, list) else seed
             if first is not None:
                 # Seeded resets make the worker's action sampling reproducible too.
