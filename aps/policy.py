@@ -216,6 +216,14 @@ class Policy:
                 "needs actor (logits) or actor_mean and actor_logstd, recurrent Q-networks are "
                 "not supported"
             )
+        if self._recurrent and self._structured:
+            # The replay of a chunk from its state (APS's KL) takes one array per step.
+            raise ConfigError(
+                f"{type(module).__name__} has get_states, and the observation space "
+                f"{observation_space!r:.120} is a Dict or Tuple: recurrent policies take array "
+                "observations; flatten the observations first (gymnasium.wrappers."
+                "FlattenObservation) or use a feed-forward policy"
+            )
         self._has_critic = self._kind != "q" and callable(getattr(module, "critic", None))
         self._exploration: Exploration = exploration
         self._epsilon = _check_fraction("epsilon", epsilon)

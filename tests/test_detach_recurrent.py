@@ -261,3 +261,9 @@ async def test_a_malformed_state_is_that_workers_protocol_error(
             await learner.rollout(5)
         assert "worker 0 sent a chunk whose" in str(caught.value)
         assert named in str(caught.value)
+
+
+def test_a_recurrent_policy_on_structured_observations_is_refused_with_the_fix() -> None:
+    space = gym.spaces.Dict({"position": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)})
+    with pytest.raises(aps.ConfigError, match="recurrent policies take array observations"):
+        Policy(LSTMAgent(CARTPOLE), space, gym.spaces.Discrete(2))
