@@ -39,7 +39,13 @@ ENVS: dict[str, type[test_envs.TinyEnv]] = {
     "dict": test_envs.DictObsEnv,
     "tuple": test_envs.TupleObsEnv,
     "nested": test_envs.NestedObsEnv,
+    # Every array space too, through the same agent and the same reference.
+    "box": test_envs.ArrayObsEnv,
+    "discrete": test_envs.DiscreteObsEnv,
+    "multidiscrete": test_envs.MultiDiscreteObsEnv,
+    "multibinary": test_envs.MultiBinaryObsEnv,
 }
+BATCH_TYPES = {"dict": dict, "tuple": tuple, "nested": dict}
 NUM_WORKERS, NUM_ENVS, STEPS, SEED = 2, 3, 12, 7
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,7 +183,7 @@ async def test_detach_rollouts_equal_the_same_policy_in_process(
     env_cls = ENVS[kind]
     learner, agent, batch = await acted(workers, env_cls, mode)
     async with learner:
-        assert type(batch.obs) is (dict if kind != "tuple" else tuple)
+        assert type(batch.obs) is BATCH_TYPES.get(kind, np.ndarray)
         autoreset = AutoresetMode.SAME_STEP if mode == "SameStep" else AutoresetMode.NEXT_STEP
         assert_rollout_is_the_reference(batch, expected_rollout(env_cls, agent, autoreset))
         # Lockstep, with the actions the workers chose, steps through the same observations.

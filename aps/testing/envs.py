@@ -24,12 +24,16 @@ from gymnasium import spaces
 
 __all__ = [
     "ALL_ENVS",
+    "ArrayObsEnv",
     "BoxEnv",
     "DictEnv",
     "DictObsEnv",
     "DiscreteEnv",
+    "DiscreteObsEnv",
     "MultiBinaryEnv",
+    "MultiBinaryObsEnv",
     "MultiDiscreteEnv",
+    "MultiDiscreteObsEnv",
     "NestedObsEnv",
     "TinyEnv",
     "TupleEnv",
@@ -231,6 +235,39 @@ class DictObsEnv(TinyEnv):
             max_steps=max_steps,
             rich_info=rich_info,
         )
+
+
+class ArrayObsEnv(TinyEnv):
+    """Observations of one array space (``Box`` here) with ``Discrete(3)`` actions.
+
+    What a DETACH worker's own policy acts in, for each array space: the subclasses pick
+    the others.
+    """
+
+    OBSERVATION_SPACE: spaces.Space[Any] = spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def __init__(self, *, max_steps: int = 5, rich_info: bool = True) -> None:
+        super().__init__(
+            self.OBSERVATION_SPACE, spaces.Discrete(3), max_steps=max_steps, rich_info=rich_info
+        )
+
+
+class DiscreteObsEnv(ArrayObsEnv):
+    """:class:`DiscreteEnv`'s observations (``Discrete(5, start=2)``), ``Discrete(3)`` actions."""
+
+    OBSERVATION_SPACE = spaces.Discrete(5, start=2)
+
+
+class MultiDiscreteObsEnv(ArrayObsEnv):
+    """``MultiDiscrete([3, 4])`` (int32) observations, ``Discrete(3)`` actions."""
+
+    OBSERVATION_SPACE = spaces.MultiDiscrete([3, 4], dtype=np.int32)
+
+
+class MultiBinaryObsEnv(ArrayObsEnv):
+    """``MultiBinary((2, 3))`` observations, ``Discrete(3)`` actions."""
+
+    OBSERVATION_SPACE = spaces.MultiBinary((2, 3))
 
 
 class TupleObsEnv(TinyEnv):
