@@ -185,7 +185,8 @@ def test_drop_is_refused_before_any_worker_starts() -> None:
 
 
 def test_worker_that_cannot_start_fails_fast() -> None:
-    with pytest.raises(aps.WorkerLost, match="exited with status"):
+    # An id no local worker could build is refused in this process, before any starts.
+    with pytest.raises(aps.ConfigError, match="no Gymnasium env 'NoSuchEnv-v0'"):
         aps.ClusterEnv.local("NoSuchEnv-v0", num_workers=1, transport="tcp")
 
 
