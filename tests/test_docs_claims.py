@@ -52,3 +52,23 @@ async def test_check_exits_0_for_a_full_learner_that_refuses_another_worker(
     help_text = " ".join(_CHECK_HELP.split())
     assert "could join" not in help_text
     assert "Exits 0 when the learner took the token" in help_text
+
+
+def test_every_test_the_envs_page_names_exists() -> None:
+    # docs/envs.md holds each cell of its tables by naming a test: the name must be real.
+    import ast
+
+    page = (ROOT / "docs" / "envs.md").read_text()
+    named = set(re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", page))
+    assert len(named) >= 15, named
+    missing = []
+    for path, name in sorted(named):
+        tree = ast.parse((ROOT / path).read_text())
+        defined = {
+            node.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        if name not in defined:
+            missing.append(f"{path}::{name}")
+    assert not missing, missing
