@@ -95,7 +95,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Bumped on every incompatible change of the wire format; the handshake checks it.
 
 Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
@@ -111,7 +111,14 @@ Version 6 added the all-reduce aggregation of gradient rounds (:class:`ReduceGra
 Version 7 added compression negotiated in the handshake (``Hello.compression``,
 ``Welcome.compression``) and the compressed array extension of :mod:`aps.compression`, and
 carries spaces, env specs and numpy Generators in :class:`EnvCallResult` as tagged maps
-(:func:`aps.spaces.value_to_wire`), which a version 6 learner would hand on unread."""
+(:func:`aps.spaces.value_to_wire`), which a version 6 learner would hand on unread.
+
+Version 8 made decoding stricter where a version 7 peer could send what is now refused: a
+space description's arrays travel uncompressed (a version 7 worker compressed large Box
+bounds in its Ready), a map's tag comes first and no key twice, and a ``Ready`` whose
+``num_envs`` could never fit a frame is refused; it also added the optional chunk fields
+``initial_state``, ``episode_start`` (recurrent policies) and ``agent_active`` (multi-agent
+envs). The bump names the mismatch at the Challenge rather than as a refused Ready."""
 
 
 OMIT_NONE = "aps.omit_none"
