@@ -591,6 +591,27 @@ async def test_idle_websocket_connections_are_capped_before_the_upgrade() -> Non
 # EnvCall reaches public names only, unless the worker's operator allows more.
 
 
+async def refused_env_call(
+    kind: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None, match: str
+) -> None:
+    """Make an env call on a worker that allows no private names; it must be refused."""
+    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
+    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
+        worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
+        task = asyncio.create_task(worker.run())
+        try:
+            await learner.wait_for_workers(30)
+            with pytest.raises(aps.WorkerError, match=match):
+                values = [0] if kind == "set_attr" else None
+                call = learner.env_call(kind, name, args=args, kwargs=kwargs, values=values)
+                await asyncio.wait_for(call, 30)
+            # The worker goes on: public names still answer.
+            assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
+        finally:
+            await learner.aclose()
+            await asyncio.wait_for(task, 30)
+
+
 @pytest.mark.parametrize(
     ("kind", "name", "args", "kwargs"),
     [
@@ -609,27 +630,12 @@ async def test_idle_websocket_connections_are_capped_before_the_upgrade() -> Non
 async def test_env_calls_by_private_or_dunder_names_are_refused_by_the_worker(
     kind: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None
 ) -> None:
-    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
-    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
-        worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
-        task = asyncio.create_task(worker.run())
-        try:
-            await learner.wait_for_workers(30)
-            refused = name
-            if kind == "call" and kwargs:
-                refused = kwargs["name"]
-            elif kind == "call" and args:
-                refused = args[0]
-            pattern = rf"{refused}.*--allow-private-env-calls"
-            with pytest.raises(aps.WorkerError, match=pattern):
-                values = [0] if kind == "set_attr" else None
-                call = learner.env_call(kind, name, args=args, kwargs=kwargs, values=values)
-                await asyncio.wait_for(call, 30)
-            # The worker goes on: public names still answer.
-            assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
-        finally:
-            await learner.aclose()
-            await asyncio.wait_for(task, 30)
+    refused = name
+    if kind == "call" and kwargs:
+        refused = kwargs["name"]
+    elif kind == "call" and args:
+        refused = args[0]
+    await refused_env_call(kind, name, args, kwargs, rf"{refused}.*--allow-private-env-calls")
 
 
 @pytest.mark.parametrize(
@@ -645,19 +651,7 @@ async def test_env_calls_by_private_or_dunder_names_are_refused_by_the_worker(
 async def test_a_lookup_by_name_whose_name_is_not_one_str_is_refused(
     args: tuple[Any, ...], kwargs: dict[str, Any] | None
 ) -> None:
-    timeouts = aps.Timeouts(connect=10, handshake=5, step=30)
-    async with aps.Learner(TCP, num_workers=1, token=TOKEN, timeouts=timeouts) as learner:
-        worker = aps.Worker(learner.url, "CartPole-v1", token=TOKEN, timeouts=timeouts)
-        task = asyncio.create_task(worker.run())
-        try:
-            await learner.wait_for_workers(30)
-            with pytest.raises(aps.WorkerError, match="exactly one name, a str"):
-                call = learner.env_call("call", "get_wrapper_attr", args=args, kwargs=kwargs)
-                await asyncio.wait_for(call, 30)
-            assert await asyncio.wait_for(learner.get_attr("gravity"), 30) == (9.8,)
-        finally:
-            await learner.aclose()
-            await asyncio.wait_for(task, 30)
+    await refused_env_call("call", "get_wrapper_attr", args, kwargs, "exactly one name, a str")
 
 
 async def test_a_worker_that_allows_private_env_calls_answers_them() -> None:
