@@ -42,13 +42,18 @@ from aps.messages import Goodbye, Heartbeat, Message
 from aps.protocol import Connection, Role, State
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport, is_local
 
-__all__ = ["OFF_LOOP_BYTES", "Session", "Timeouts"]
+__all__ = ["OFF_LOOP_BYTES", "OFF_LOOP_INFLATING_BYTES", "Session", "Timeouts"]
 
 OFF_LOOP_BYTES: Final = 4 * 2**20
-"""Frames of at least this many bytes are decoded in a thread, off the event loop: inflating
-or rebuilding one (a compressed or frame-delta chunk, a large weights version) takes tens of
-ms, which the loop spends serving the other connections meanwhile. Smaller frames decode on
-the loop, where a thread's hand-off would cost more than the decode."""
+"""Frames of at least this many bytes are decoded in a thread, off the event loop: decoding
+one (a large weights version, a chunk of pixels) takes milliseconds, which the loop spends
+serving the other connections meanwhile. Smaller frames decode on the loop, where a thread's
+hand-off (tens of µs) would cost more than the decode."""
+
+OFF_LOOP_INFLATING_BYTES: Final = 64 * 2**10
+"""The same threshold on a connection that negotiated compression or frame delta, where a
+small frame may inflate or rebuild to far more than its size (a 47 KB Pong chunk with zstd
+and frame delta is 27.6 MiB of observations: about 14 ms of work)."""
 
 log = logging.getLogger("aps.session")
 
@@ -123,6 +128,7 @@ class Session:
         self._encoding = compression.accepted("none", False)
         self._inflation = codec.InflationRate()  # what the peer's arrays may inflate to, per s
         self._decoding: asyncio.Future[Message] | None = None  # a large frame, in a thread
+        self._off_loop = OFF_LOOP_BYTES  # frames this large decode in a thread
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_send = time.monotonic()
@@ -194,6 +200,8 @@ class Session:
         self._compression = name
         self._frame_delta = frame_delta
         self._encoding = compression.accepted(name, frame_delta)
+        inflates = name != "none" or frame_delta
+        self._off_loop = OFF_LOOP_INFLATING_BYTES if inflates else OFF_LOOP_BYTES
 
     def encode(self, message: Message) -> bytes:
         """``message`` as this session sends it: compressed as negotiated.
@@ -317,9 +325,9 @@ class Session:
                     raise
                 finally:
                     self._waiting = None
-                if len(frame) >= OFF_LOOP_BYTES and self._authenticated:
-                    # Inflating or rebuilding a large frame would hold the loop for tens of
-                    # ms: a thread does it while the loop serves the other connections.
+                if len(frame) >= self._off_loop and self._authenticated:
+                    # Decoding a large frame (or inflating a smaller one) would hold the loop
+                    # for ms: a thread does it while the loop serves the other connections.
                     loop = asyncio.get_running_loop()
                     decoding = self._decoding = loop.run_in_executor(None, self._decode, frame)
             try:
@@ -329,6 +337,12 @@ class Session:
                     # Cancelled here, the decoding goes on and the next call takes its message.
                     message = await asyncio.shield(decoding)
                     self._decoding = None
+                    if self._closed:
+                        # Closed meanwhile (by another task): as a receive on a closed
+                        # transport ends, not with a message of a session that is over.
+                        raise TransportClosed(
+                            f"the session with {self.peer} was closed while a frame was decoded"
+                        )
                 self._connection.receive(message)
             except (WireError, ProtocolError) as exc:
                 self._decoding = None
@@ -442,7 +456,9 @@ class Session:
             self._watchdog = None
         self._wait = None  # the last receiving task, held by nothing else here
         if self._decoding is not None:
-            self._decoding.cancel()  # a large frame no call will take any more
+            # Not cancelled: a receive() may be awaiting it (and sees the session closed once
+            # it is done); its outcome is retrieved, so a failed decode is not logged as lost.
+            self._decoding.add_done_callback(_retrieve)
             self._decoding = None
         try:
             if self._heartbeat_task is not None:
@@ -460,3 +476,9 @@ class Session:
             # so this is the only chance to close the connection (the transport aborts it
             # if cancelled again).
             await self._transport.aclose()
+
+
+def _retrieve(future: asyncio.Future[Message]) -> None:
+    """Read a done future's outcome, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aps.session
-from aps.errors import EndOfStream, ProtocolError, Timeout
+from aps.errors import EndOfStream, ProtocolError, Timeout, TransportClosed
 from aps.messages import Challenge, Weights
 from aps.protocol import PROTOCOL_VERSION, Role
-from aps.session import OFF_LOOP_BYTES, Session
+from aps.session import OFF_LOOP_BYTES, OFF_LOOP_INFLATING_BYTES, Session
 from aps.transports.memory import memory_transport_pair
 from tests.conftest import benchmark_module
 
@@ -173,9 +175,10 @@ async def test_a_malformed_large_frame_is_a_protocol_error_off_the_loop_too() ->
 
 async def test_small_frames_decode_on_the_loop() -> None:
     worker, learner = await authenticated_pair()
+    threads = decoding_threads(worker)
     await learner.send(Weights(version=1, arrays={"w": np.zeros(4, np.float32)}, epsilon=None))
     got = await worker.receive(timeout=5, operation="weights")
-    assert isinstance(got, Weights) and worker._decoding is None
+    assert isinstance(got, Weights) and threads == [threading.main_thread()]
 
 
 def test_the_loop_stall_benchmark_runs_both_ways() -> None:
@@ -184,3 +187,48 @@ def test_the_loop_stall_benchmark_runs_both_ways() -> None:
     assert [row["off_loop"] for row in rows] == [True, False]
     assert all(row["longest_gap_ms"] > 0 for row in rows)
     assert aps.session.OFF_LOOP_BYTES == OFF_LOOP_BYTES  # put back
+
+
+async def test_closing_the_session_while_a_frame_decodes_ends_the_receive_as_closed() -> None:
+    worker, learner = await authenticated_pair()
+    await learner.send(large_weights())
+    waiting = asyncio.create_task(worker.receive(timeout=60, operation="weights"))
+    while worker._decoding is None:  # noqa: ASYNC110 - waiting for the hand-off to a thread
+        await asyncio.sleep(0)
+    await worker.aclose()  # another task closes it: the receive is not cancelled by that
+    with pytest.raises(TransportClosed, match="closed while a frame was decoded"):
+        await waiting
+
+
+def decoding_threads(session: Session) -> list[threading.Thread]:
+    """The threads ``session`` decodes its frames in, from now on (a list that grows)."""
+    threads: list[threading.Thread] = []
+    decode = session._decode
+
+    def spy(frame: bytes) -> Any:
+        threads.append(threading.current_thread())
+        return decode(frame)
+
+    session._decode = spy  # type: ignore[method-assign]
+    return threads
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+async def test_frames_decode_off_the_loop_from_a_size_that_depends_on_inflating(
+    codec: str,
+) -> None:
+    worker, learner = await authenticated_pair()
+    for session in (worker, learner):
+        session.compress(codec)
+    threads = decoding_threads(worker)
+    # Random floats: zstd barely shrinks them, so the frame is about 256 KiB either way.
+    values = np.random.default_rng(0).random(2**16).astype(np.float32)
+    message = Weights(version=2, arrays={"w": values}, epsilon=None)
+    assert OFF_LOOP_INFLATING_BYTES <= len(learner.encode(message)) < OFF_LOOP_BYTES
+    await learner.send(message)
+    got = await worker.receive(timeout=60, operation="weights")
+    assert isinstance(got, Weights) and got.version == 2
+    np.testing.assert_array_equal(got.arrays["w"], values)
+    # Off the loop only where the connection inflates: there a frame this size may be many.
+    on_loop = threads == [threading.main_thread()]
+    assert on_loop == (codec == "none"), threads
