@@ -84,6 +84,7 @@ def make_vector_env(
     env: object = None,
     env_kwargs: dict[str, Any] | None = None,
     first_env: Any = None,
+    multi_agent: bool = False,
 ) -> AnyVectorEnv:
     """Build ``num_envs`` envs as one vector env of the chosen backend.
 
@@ -102,6 +103,9 @@ def make_vector_env(
             carries them for the other backends).
         first_env: the first env, already built by ``env_fn`` (sync only; the worker built
             it to learn whether the env is multi-agent).
+        multi_agent: ``env_fn`` builds PettingZoo ParallelEnvs (known from an earlier
+            build), whether or not ``first_env`` is given: a worker that builds its envs
+            again (a session it could not resume) has none left.
 
     Raises:
         ConfigError: the backend cannot run these envs in this mode.
@@ -114,10 +118,15 @@ def make_vector_env(
         fns = [env_fn] * num_envs
         if first_env is not None:
             fns[0] = lambda: first_env
-        if is_parallel_env(first_env):
-            # copy=False: the worker encodes each result before the next step overwrites it.
-            return MultiAgentVectorEnv(fns, autoreset_mode=autoreset_mode, copy=False)
-        return LeanSyncVectorEnv(fns, copy=False, autoreset_mode=autoreset_mode)
+        try:
+            if multi_agent or is_parallel_env(first_env):
+                # copy=False: the worker encodes each result before the next step overwrites.
+                return MultiAgentVectorEnv(fns, autoreset_mode=autoreset_mode, copy=False)
+            return LeanSyncVectorEnv(fns, copy=False, autoreset_mode=autoreset_mode)
+        except BaseException:
+            if first_env is not None:
+                first_env.close()  # built before the call: ours to close when it fails
+            raise
     if vector == "async":
         return _RebuildOnError(lambda: _async_vector_env(env_fn, num_envs, autoreset_mode))
     return EnvPoolVectorEnv(

@@ -414,3 +414,64 @@ def test_the_parameter_sharing_example_runs_with_a_tiny_budget(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "6 agent slots" in proc.stdout
     assert "summary: first mean agent return" in proc.stdout
+
+
+def test_a_worker_builds_its_multi_agent_envs_again_without_its_first_env() -> None:
+    # A worker whose session could not be resumed builds its envs anew: the first env it
+    # built to count agents is gone, and the envs must still be a vector env of agents.
+    from aps.vector import make_vector_env
+
+    envs = make_vector_env(
+        "sync",
+        DyingAgents,
+        num_envs=2,
+        autoreset_mode=AutoresetMode.NEXT_STEP,
+        multi_agent=True,
+    )
+    try:
+        assert isinstance(envs, MultiAgentVectorEnv) and envs.num_envs == 8
+    finally:
+        envs.close()
+
+
+@pytest.mark.timeout(120)
+def test_env_calls_on_chosen_slots_of_a_multi_agent_worker() -> None:
+    with aps.ClusterEnv.local(DYING, num_workers=1, envs_per_worker=2, transport="memory") as envs:
+        envs.reset(seed=0)
+
+        def call(kind: str, name: str, **kwargs: Any) -> Any:
+            return envs.call_learner(lambda learner: learner.env_call(kind, name, **kwargs))
+
+        # SB3's env_is_wrapped: one answer per slot; no Gymnasium wrapper wraps a ParallelEnv.
+        assert call("is_wrapped", "gymnasium.core.Wrapper") == (False,) * 8
+        assert call("is_wrapped", "gymnasium.core.Wrapper", indices=[1, 6]) == (False, False)
+        # A read of chosen slots reads their copies; every slot of a copy sees the same.
+        names = call("get_attr", "possible_agents", indices=[0, 5])
+        assert names == (("a0", "a1", "a2", "a3"),) * 2  # lists travel as tuples
+        with pytest.raises(aps.WorkerError, match="once per agent slot"):
+            call("call", "close", indices=[0, 1])
+
+
+@pytest.mark.timeout(300)
+def test_a_recurrent_agent_starts_fresh_where_an_agent_joins() -> None:
+    pytest.importorskip("torch")
+    steps = 10
+    with aps.ClusterEnv.local(
+        DYING,
+        num_workers=1,
+        envs_per_worker=1,
+        transport="memory",
+        policy=f"{HERE.with_name('recurrent_agents.py')}:LSTMAgent",
+        autoreset_mode="NextStep",
+    ) as envs:
+        from tests.recurrent_agents import LSTMAgent
+
+        envs.publish(LSTMAgent(envs))
+        envs.reset(seed=0)
+        rollout = envs.rollout(steps)
+    active, starts = rollout.agent_active, rollout.episode_start
+    assert active is not None and starts is not None
+    joined = active[1:] & ~active[:-1]
+    assert joined[:, 3].any()  # a3 joins at step 2
+    # Where a slot's agent joins, its state was zeroed, as at any episode's start.
+    assert starts[1:][joined].all()

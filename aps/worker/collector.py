@@ -103,12 +103,13 @@ class Collector:
         ``info``: theirs, for a multi-agent env's live-agent mask (:mod:`aps.multiagent`).
         """
         self._obs = obs
-        self._active = _active_of(info)
+        was_active, self._active = self._active, _active_of(info)
         if done is None:
             self._episode_start[:] = True
         else:
             # NextStep: an episode starts after the reset step, i.e. where this step was one.
             self._episode_start = (self._pending_reset if self._next_step_reset else done).copy()
+            self._episode_start |= _joined(was_active, self._active)
         if done is None:
             self._pending_reset[:] = False
             self._episode_return[:] = 0.0
@@ -200,6 +201,10 @@ class Collector:
                     if self._next_step_reset
                     else terminated[t] | truncated[t]
                 )
+                if active is not None:
+                    # A multi-agent slot whose agent joins starts an episode with no flag of
+                    # its own: its state is zeroed as for any other episode's start.
+                    self._episode_start |= _joined(active[t], self._active)
             self._count_episodes(
                 reward[t],
                 terminated[t] | truncated[t],
@@ -338,3 +343,13 @@ def _active_of(info: dict[str, Any] | None) -> np.ndarray[Any, Any] | None:
     """A multi-agent env's live-agent mask in ``info`` (a copy), or ``None`` for other envs."""
     mask = None if info is None else info.get(AGENT_ACTIVE)
     return None if mask is None else np.array(mask, dtype=np.bool_)
+
+
+def _joined(
+    before: np.ndarray[Any, Any] | None, after: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any] | bool:
+    """The slots whose live-agent mask turned on between two observations (``False``: none)."""
+    if before is None or after is None:
+        return False
+    joined: np.ndarray[Any, Any] = after & ~before
+    return joined

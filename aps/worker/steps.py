@@ -34,6 +34,7 @@ from aps.messages import (
     StepResult,
     Weights,
 )
+from aps.multiagent import MultiAgentVectorEnv
 from aps.session import Session
 from aps.spaces import value_to_wire
 from aps.vector import AnyVectorEnv, EnvPoolVectorEnv
@@ -180,6 +181,10 @@ class StepServer:
                 _check_public(kind, name, request.args, request.kwargs)
             if indices == ():
                 values = ()
+            elif isinstance(envs, MultiAgentVectorEnv) and (
+                indices is not None or kind == "is_wrapped"
+            ):
+                values = self._each_slot(envs, request)
             elif kind == "is_wrapped" and getattr(envs, "envs", None) is None:
                 values = self._is_wrapped_apart(envs, request)
             elif indices is not None or kind == "is_wrapped":
@@ -227,6 +232,27 @@ class StepServer:
                 ) from exc
         chosen = range(len(chains)) if request.indices is None else request.indices
         return [request.name in chains[index] for index in chosen]
+
+    @staticmethod
+    def _each_slot(envs: MultiAgentVectorEnv, request: EnvCall) -> list[Any]:
+        """``is_wrapped`` and reads of chosen slots of a multi-agent worker.
+
+        A slot is an agent of an env copy: a read answers with its copy's attribute, and
+        no Gymnasium wrapper wraps a PettingZoo env. Calls and writes on chosen slots are
+        refused: two slots of one copy would call it, or set it, twice.
+        """
+        kind, name = request.kind, request.name
+        chosen = range(envs.num_envs) if request.indices is None else request.indices
+        if kind == "is_wrapped":
+            return [False] * len(chosen)
+        if kind != "get_attr":
+            raise ConfigError(
+                f"{kind}({name!r}) on chosen envs of a multi-agent worker would reach a copy "
+                "once per agent slot; make the call on every env (indices=None), which "
+                "reaches each copy once"
+            )
+        agents = envs.agents_per_env
+        return [getattr(envs.envs[index // agents], name) for index in chosen]
 
     @staticmethod
     def _each_env(envs: Any, request: EnvCall) -> list[Any]:

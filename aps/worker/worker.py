@@ -644,6 +644,7 @@ class Worker:
                 env=self._env,
                 env_kwargs=self._env_kwargs,
                 first_env=first,
+                multi_agent=bool(self._agents),
             )
             collector = (
                 None
