@@ -665,6 +665,9 @@ def _per_env_values(carriers: list[tuple[int, int, Any, Array]], num_envs: int) 
     """An object array of each env's own value of one key (``None`` where it has none)."""
     out = np.full(num_envs, None, dtype=object)
     for offset, count, value, mask in carriers:
+        if isinstance(value, dict):
+            # Only its top level was read so far: the split below walks all of it.
+            check_info(value, count, f"info of the worker at env {offset}")
         for index in np.flatnonzero(mask[:count]):
             out[offset + index] = _env_value(value, int(index))
     return out
@@ -674,8 +677,9 @@ def _env_value(value: Any, index: int) -> Any:
     """Env ``index``'s own value in a worker's info value: an array's row, or a dict of them."""
     if not isinstance(value, dict):
         return value[index]
-    return {
-        key: _env_value(item, index)
-        for key, item in value.items()
-        if key[:1] != "_" and value["_" + key][index]
-    }
+    own: dict[str, Any] = {}
+    for key, item in value.items():
+        mask_key = _mask_key(value, key, "info")
+        if mask_key is not None and value[mask_key][index]:
+            own[key] = _env_value(item, index)
+    return own

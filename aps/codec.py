@@ -986,6 +986,10 @@ def _inflating_hook(
     return make_ext_hook(0, inflate, rebuild)
 
 
+_STEP_BYTES = 10
+"""What a step answer carries per env besides its observation: reward, terminated, truncated."""
+
+
 def _check_ready(body: dict[str, Any], max_frame_size: int) -> None:
     """Refuse a Ready whose envs could never step within ``max_frame_size``.
 
@@ -996,7 +1000,9 @@ def _check_ready(body: dict[str, Any], max_frame_size: int) -> None:
     if type(num_envs) is not int:
         return  # _message names the wrong type (and the pool refuses fewer than 1 env)
     for name in ("observation", "action"):
-        per_env = sample_nbytes(body.get(f"{name}_space"))
+        # At least a step's reward and flags (8 + 1 + 1 bytes) travel per env, whatever the
+        # spaces: an empty Dict or a zero-size Box bounds nothing by itself.
+        per_env = max(sample_nbytes(body.get(f"{name}_space")), _STEP_BYTES)
         if num_envs * per_env > max_frame_size:
             raise WireError(
                 f"ready message declares {num_envs} envs of {per_env} {name} bytes each "

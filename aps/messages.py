@@ -122,11 +122,13 @@ envs). The bump names the mismatch at the Challenge rather than as a refused Rea
 
 
 OMIT_NONE = "aps.omit_none"
-"""Field metadata key of an optional field added to a message type without a protocol bump.
+"""Field metadata key of an optional field that frames not using it leave out.
 
 A field declared ``field(default=None, metadata={OMIT_NONE: True})`` is left out of the frame
 while it is ``None`` and read as ``None`` when a frame lacks it, so frames that do not use it
-are byte for byte those of the release before it, and both releases decode them."""
+are byte for byte those of a message type without the field (a feed-forward policy's chunks
+are unchanged by the recurrent fields). New fields still come with a protocol bump (version
+8 added these): a peer that does not know a field refuses a frame that holds it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1147,6 +1147,12 @@ def _detect_kind(module: nn.Module, action_space: gym.Space[Any]) -> PolicyKind:
 def _first_leaf(tree: Any) -> Any:
     """The first array (or tensor) of a dict or tuple of them, nested; a leaf is its own."""
     while type(tree) is dict or type(tree) is tuple:
+        if not tree:
+            # Never StopIteration or IndexError: the caller's error names what was given.
+            raise ConfigError(
+                "observations hold an empty dict or tuple; give every subspace its batch "
+                "of arrays, as the observation space lays them out"
+            )
         tree = next(iter(tree.values())) if type(tree) is dict else tree[0]
     return tree
 

@@ -301,6 +301,17 @@ def ready(space: gym.Space[Any], num_envs: int) -> Ready:
     return Ready(observation_space=space, action_space=gym.spaces.Discrete(2), num_envs=num_envs)
 
 
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.Dict({}), gym.spaces.Box(-1, 1, (0,))],
+    ids=["empty-dict", "zero-size-box"],
+)
+def test_a_ready_of_spaces_without_bytes_is_bounded_by_the_step_itself(space: Any) -> None:
+    # Reward and flags travel per env whatever the spaces: 10 bytes an env at the least.
+    with pytest.raises(aps.WireError, match="100000000 envs of 10 observation bytes"):
+        codec.decode(codec.encode(ready(space, 100_000_000)))
+
+
 def test_a_ready_whose_envs_could_never_step_is_refused() -> None:
     frame = codec.encode(ready(gym.spaces.Box(-1, 1, (4,)), 100_000_000))
     assert len(frame) < 200

@@ -346,6 +346,15 @@ def test_workers_that_disagree_on_a_key_get_each_envs_own_value(other: Any) -> N
             np.testing.assert_array_equal(got, want)
 
 
+def test_a_disagreed_key_whose_dict_is_malformed_is_a_protocol_error() -> None:
+    # The per-env split walks a worker's whole dict: a missing mask deep inside is refused
+    # as a ProtocolError, not a KeyError.
+    first = {"x": np.array([0.5, 1.5]), "_x": np.array([True, True])}
+    second = {"x": {"y": np.array([7, 8])}, "_x": np.array([True, True])}
+    with pytest.raises(ProtocolError, match="has no '_y' mask"):
+        merge_infos([(0, first), (2, second)], 4)
+
+
 def test_merge_infos_refuses_a_non_dict() -> None:
     with pytest.raises(ProtocolError, match="is not a dict"):
         merge_infos([(0, (1, 2))], 2)  # type: ignore[list-item]

@@ -490,3 +490,14 @@ def test_sb3_adapter_equals_dummy_vec_env_on_dict_observations() -> None:
     finally:
         actual.close()
         expected.close()
+
+
+def test_an_empty_structure_is_refused_as_a_config_error() -> None:
+    # Never StopIteration, which would end a caller's loop silently.
+    space = spaces.Dict({"a": spaces.Box(-1.0, 1.0, (2,), np.float32)})
+    policy = Policy(
+        DictAgent(VectorEnvSpaces.of(space, spaces.Discrete(3))), space, spaces.Discrete(3)
+    )
+    for empty in ({}, ()):
+        with pytest.raises(aps.ConfigError, match="empty dict or tuple"):
+            policy.act(empty)

@@ -250,6 +250,9 @@ class Gate:
         tasks = [t for t in (self._accept_task, *self._admissions) if t is not None]
         if tasks:
             await asyncio.wait(tasks)
+        # The cancelled ones started tasks that close their sessions (see _ended): those too.
+        while self._admissions:
+            await asyncio.wait(list(self._admissions))
 
     async def _accept_loop(self) -> None:
         while True:
@@ -320,7 +323,8 @@ class Gate:
         if session is not None and task.cancelled():
             # A task cancelled before its first step (its ticket evicted in the burst of
             # connections that brought it, or the gate closing) never ran the finally that
-            # closes its session: close it here, not when the collector finds it.
+            # closes its session: close it here, not when the collector finds it. (One that
+            # ran closed it already; closing again is a no-op.)
             self._track(asyncio.get_running_loop().create_task(session.aclose(goodbye=False)))
 
     async def _turn_away(self, session: Session, ticket: Ticket) -> None:

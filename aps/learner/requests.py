@@ -235,7 +235,8 @@ class Requests:
         """One request per slot, then one answer from each, in env order.
 
         See :meth:`WorkerPool.exchange`, which holds the workers while this runs; ``within``
-        as :meth:`answer_from` (each answer's deadline counts from its own request).
+        as :meth:`answer_from` (each answer's deadline counts from the latest request sent
+        to its worker).
 
         Raises:
             WorkerError: an env raised on a worker (the others' answers are still received).

@@ -515,6 +515,7 @@ class Acceptor:
             ticket.release()
         elif (error := task.exception()) is not None:
             conn.close()
+            ticket.release()  # idempotent: the budget counts the connection no longer
             log.error("opening a connection on %s failed", self._what, exc_info=error)
         elif not task.result():
             conn.close()

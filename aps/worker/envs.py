@@ -102,7 +102,8 @@ WRAPPER_CLASSES: Final = "_aps_wrapper_classes"
 def make_env(spec: EnvSpec, env_kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
     """A new env of ``spec``, carrying its wrapper classes in :data:`WRAPPER_CLASSES`.
 
-    A factory's PettingZoo ``ParallelEnv`` is returned as it is (no wrappers to note).
+    A factory's PettingZoo ``ParallelEnv`` comes back as the factory made it, with the
+    attribute too (an empty set: no Gymnasium wrapper wraps it).
 
     An env in a subprocess (``vector="async"``) can be asked only for attributes, as data:
     noting its wrappers as it is built lets the worker answer ``is_wrapped`` (SB3's
