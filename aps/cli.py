@@ -100,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--env", help=_ENV_HELP)
     worker.add_argument(
+        "--no-check-env",
+        action="store_true",
+        help="do not build one env before dialing; by default a worker builds one (and closes "
+        "it) so that an env that cannot be built fails in seconds, before any learner is "
+        "found; the launchers pass this, as their learner reports a failed build itself",
+    )
+    worker.add_argument(
         "--env-fns-stdin",
         action="store_true",
         help="read pickled env functions from stdin first (how ClusterEnv.local starts a "
@@ -578,7 +585,7 @@ def _main(argv: Sequence[str] | None) -> int:
             allow_private_env_calls=args.allow_private_env_calls,
             frame_delta=not args.no_frame_delta,
         )
-        if not args.env_fns_stdin and args.vector != "envpool":
+        if not (args.no_check_env or args.env_fns_stdin or args.vector == "envpool"):
             _build_one(args.env, args.env_kwargs or {})
         run(worker.run(), use_uvloop=False if args.no_uvloop else None)
     except ApsError as exc:

@@ -406,7 +406,9 @@ def expect_ws(plan: WsPlan, nonce: bytes) -> tuple[bytes, Expect]:
     if plan.send_as == "http":
         return message, Expect("")
     if plan.send_as == "text":
-        return message, Expect("ConnectionLost", close_code=1003)  # 1003: unsupported data
+        # Before the token a text message aborts the connection at once (no close frame, so
+        # the client sees 1006), as other refusals before the token do: docs/security.md.
+        return message, Expect("ConnectionLost", close_code=1006)
     return message, expect_frame(message, nonce)
 
 

@@ -48,7 +48,7 @@ def test_worker_spec_seeds_kwargs_and_arguments() -> None:
     assert [spec.seed_of(i) for i in range(3)] == [10, 14, 18]
     assert spec.env_kwargs_of(1) == {} and spec.comm_delay_of(2) == 0.25
     assert spec.worker_arguments(2) == [
-        "--env", "CartPole-v1", "--num-envs", "4", "--log-level", "WARNING",
+        "--env", "CartPole-v1", "--num-envs", "4", "--no-check-env", "--log-level", "WARNING",
         "--connect-timeout", "60.0", "--label", "2", "--seed", "18", "--env-kwargs", '{"a": 3}',
         "--comm-delay", "0.25",
     ]  # fmt: skip

@@ -245,6 +245,8 @@ class WorkerSpec:
                 "use aps.launch.env_import_path(...) or a Gymnasium id"
             )
         arguments = ["--env", self.env, "--num-envs", str(self.envs_per_worker)]
+        # The learner that starts them is up: a failed build reaches its user in-band.
+        arguments += ["--no-check-env"]
         arguments += ["--log-level", self.log_level]
         arguments += ["--connect-timeout", repr(float(self.connect_timeout))]
         if self.tls_ca is not None:

@@ -716,10 +716,13 @@ class WebSocketListener:
                     why = self._aps_preauth_refusal(event)
                     if why:
                         ticket.release()
-                        listener.preauth.note(
-                            f"{ticket.peer}: ConnectionLost: {why} before proving the token; "
-                            "closed it"
-                        )
+                        if self.aps_waiting:
+                            # Not accepted yet: nobody else will say why it ended (once
+                            # accepted, the learner's gate logs the lost connection itself).
+                            listener.preauth.note(
+                                f"{ticket.peer}: ConnectionLost: {why} before proving the "
+                                "token; closed it"
+                            )
                         self.aps_refuse()
                         return
                 super().process_event(event)
