@@ -497,6 +497,8 @@ class PolicyVersions:
         self._behaviour: dict[int, dict[str, float]] = {}
         self._nbytes: dict[int, int] = {}
         self._wrapped: Any = None  # the Policy around the user's agent, built once
+        # A recurrent policy's state shapes per env count, asked for every chunk's check.
+        self._state_shapes: dict[int, list[tuple[int, ...]]] = {}
         self._live: Any = None  # Policy holding the current version
         self._probe: Any = None  # Policy holding whichever old version was measured last
         self._probe_version = -1
@@ -614,7 +616,13 @@ class PolicyVersions:
             return None
         if not policy.recurrent:
             return []
-        return [array.shape for array in policy.initial_state(num_envs)]
+        # The shapes follow from the module, built once (``_wrapped``): computed once per
+        # env count, not allocated for every chunk.
+        shapes = self._state_shapes.get(num_envs)
+        if shapes is None:
+            shapes = [array.shape for array in policy.initial_state(num_envs)]
+            self._state_shapes[num_envs] = shapes
+        return shapes
 
     def prune(self, held: set[int]) -> None:
         """Forget every version but the current one and those in ``held``."""
