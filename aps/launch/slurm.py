@@ -153,7 +153,7 @@ def sbatch_script(
         for index, entry in enumerate(values):
             if entry:  # no kwargs, no delay: the worker's defaults
                 cases.setdefault(index, []).extend([option, _text(entry)])
-    lines[1:1] = [shlex.join(static[i : i + 2]) for i in range(0, len(static), 2)]
+    lines[1:1] = _option_lines(static)
     if cases:
         per_task.append("local PER_TASK=()")
         per_task.append('case "$SLURM_PROCID" in')
@@ -483,3 +483,14 @@ async def _slurm(
     return await asyncio.to_thread(
         subprocess.run, command, capture_output=True, text=True, check=False, timeout=60
     )
+
+
+def _option_lines(arguments: list[str]) -> list[str]:
+    """``aps worker`` options one per line: each ``--option`` with its values, if any."""
+    groups: list[list[str]] = []
+    for argument in arguments:
+        if argument.startswith("--") or not groups:
+            groups.append([argument])
+        else:
+            groups[-1].append(argument)
+    return [shlex.join(group) for group in groups]
