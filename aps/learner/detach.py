@@ -159,10 +159,14 @@ class Detach:
         slot.declined_all = True
 
     async def rejoined(self, remote: Remote) -> None:
-        """Send a resumed worker the newest version if it no longer holds it."""
+        """Send a resumed worker the newest version if it no longer holds it.
+
+        Also when it holds none: its first version may have been lost with the connection
+        that carried it, and the rollout requests replayed next need one.
+        """
         versions = self.versions
         held = remote.metrics.version
-        if versions is not None and versions.current and 0 <= held != versions.current:
+        if versions is not None and versions.current and held != versions.current:
             await self._send_weights(remote)
 
     # Versions and their synchronization.
