@@ -357,3 +357,45 @@ async def test_a_worker_joins_a_restarted_learner_as_a_new_worker(fleet: Workers
                 assert worker.resumes == 0 and second.workers[0].worker_id == 0
         finally:
             await relay.aclose()
+
+
+async def test_a_first_version_lost_in_a_cut_is_sent_again_before_the_replayed_rollout(
+    fleet: Workers,
+) -> None:
+    torch = pytest.importorskip("torch")
+    from tests.agents import Agent
+
+    agents = Path(__file__).with_name("agents.py")
+    learner = aps.Learner(
+        LOOPBACK,
+        num_workers=1,
+        policy=f"{agents}:Agent",
+        timeouts=FAST,
+        on_worker_lost="wait",
+        reconnect_timeout=20,
+    )
+    async with learner:
+        relay = Relay(learner.url)
+        await relay.start()
+        try:
+            worker = fleet.task(relay.url)
+            await asyncio.wait_for(learner.reset(seed=0), 20)
+            # The first version and the rollout request both vanish on the way, then the link
+            # is cut: the worker resumes holding no version, and the request is replayed.
+            relay.lose_to_worker = True
+            torch.manual_seed(0)
+            env = gym.make("CartPole-v1")
+            spaces = aps.policy.VectorEnvSpaces.of(env.observation_space, env.action_space)
+            await asyncio.wait_for(learner.publish(Agent(spaces)), 20)
+            pending = asyncio.create_task(learner.rollout(4))
+            await until(lambda: learner.metrics.workers[0].syncs == 1)
+            await asyncio.sleep(0.2)  # the request is on its way into the void too
+            relay.lose_to_worker = False
+            relay.cut()
+            rollout = await asyncio.wait_for(pending, 30)
+            assert rollout.obs.shape == (4, ENVS, 4)
+            assert (rollout.policy_version == 1).all()
+            assert worker.resumes == 1
+            assert learner.metrics.workers[0].syncs == 2  # sent again on the new connection
+        finally:
+            await relay.aclose()
