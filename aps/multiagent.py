@@ -228,7 +228,7 @@ class MultiAgentVectorEnv(VectorEnv[Any, Any, Any]):
         Raises:
             ConfigError: a seed list or ``reset_mask`` of another length than ``num_envs``.
         """
-        copies = range(len(self.envs))
+        copies: Sequence[int] = range(len(self.envs))
         options = dict(options) if options is not None else None
         mask = None if options is None else options.pop("reset_mask", None)
         if mask is not None:
@@ -239,7 +239,7 @@ class MultiAgentVectorEnv(VectorEnv[Any, Any, Any]):
                     f"{mask.shape}"
                 )
             marked = mask.reshape(len(self.envs), self.agents_per_env).any(axis=1)
-            copies = range(0) if not marked.any() else np.flatnonzero(marked).tolist()  # type: ignore[assignment]
+            copies = [int(c) for c in np.flatnonzero(marked)]  # the copies a slot marks
         seeds = self._copy_seeds(seed)
         infos: dict[str, Any] = {}
         for c in copies:
