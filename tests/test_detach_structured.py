@@ -175,6 +175,16 @@ def assert_rollout_is_the_reference(batch: Any, expected: dict[str, Any]) -> Non
     assert at == len(batch.truncated_index)
 
 
+@pytest.mark.parametrize("kind", sorted(ENVS))
+def test_each_test_env_draws_from_a_space_of_its_own(kind: str) -> None:
+    # Workers in one process step their envs on threads of their own; an observation space
+    # shared by every instance (a class attribute) let one worker's reseed land between
+    # another's seed and sample, and the reference differential failed one run in hundreds.
+    first, second = ENVS[kind](), ENVS[kind]()
+    assert first.observation_space is not second.observation_space
+    assert first.observation_space == second.observation_space
+
+
 @pytest.mark.parametrize("mode", ["SameStep", "NextStep"])
 @pytest.mark.parametrize("kind", sorted(ENVS))
 async def test_detach_rollouts_equal_the_same_policy_in_process(

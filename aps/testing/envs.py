@@ -16,6 +16,7 @@ Workers can build them by import path, for example ``"aps.testing.envs:BoxEnv"``
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gymnasium as gym
@@ -63,7 +64,9 @@ class TinyEnv(gym.Env[Any, Any]):
     ) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        self.observation_space = observation_space
+        # A copy of its own: ``_observe`` reseeds the space, and envs stepped on several
+        # threads (workers in one process) must not share one generator.
+        self.observation_space = copy.deepcopy(observation_space)
         self.action_space = action_space
         self._max_steps = max_steps
         self._rich_info = rich_info
