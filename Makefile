@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	# The distribution was named aps before aps-rl; an older editable install owns `aps` too.
 	$(PY) -m pip uninstall --quiet --yes aps 2>/dev/null || true
-	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool,compression,atari,pettingzoo]' --group test --group lint --group examples --group docs --group experiments
+	$(PY) -m pip install --quiet -e '.[websocket,fast,ray,sb3,envpool,compression,atari,pettingzoo,metrics]' --group test --group lint --group examples --group docs --group experiments
 	touch $@
 
 demo: $(VENV)/.installed

@@ -79,6 +79,8 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Message",
+    "MetricsRequest",
+    "ProbeMetrics",
     "ProbeResult",
     "ProbeSpaces",
     "Ready",
@@ -91,11 +93,12 @@ __all__ = [
     "StepRequest",
     "StepResult",
     "StopGradients",
+    "TIMINGS",
     "Weights",
     "Welcome",
 ]
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """Bumped on every incompatible change of the wire format; the handshake checks it.
 
 Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
@@ -118,8 +121,21 @@ space description's arrays travel uncompressed (a version 7 worker compressed la
 bounds in its Ready), a map's tag comes first and no key twice, and a ``Ready`` whose
 ``num_envs`` could never fit a frame is refused; it also added the optional chunk fields
 ``initial_state``, ``episode_start`` (recurrent policies) and ``agent_active`` (multi-agent
-envs). The bump names the mismatch at the Challenge rather than as a refused Ready."""
+envs). The bump names the mismatch at the Challenge rather than as a refused Ready.
 
+Version 9 added the worker's own timings to its answers (``env_seconds``,
+``inference_seconds``, ``encode_seconds`` on :class:`ResetResult`, :class:`StepResult` and
+:class:`RolloutChunk`), the heartbeat's round trip (``Heartbeat.ping`` and ``pong``), and the
+live view's request for the learner's figures (:class:`MetricsRequest`,
+:class:`ProbeMetrics`); all optional fields, which a version 8 peer would refuse."""
+
+
+TIMINGS = ("env_seconds", "inference_seconds", "encode_seconds")
+"""The optional fields in which a worker's answers (:class:`ResetResult`, :class:`StepResult`,
+:class:`RolloutChunk`) carry the worker's own timings, in seconds: its envs' time for this
+answer, its policy's (DETACH), and encoding its previous answer. A few bytes per answer,
+never a message of their own; the learner adds them to the worker's
+:class:`aps.metrics.WorkerMetrics` after checking each is a finite number >= 0."""
 
 OMIT_NONE = "aps.omit_none"
 """Field metadata key of an optional field that frames not using it leave out.
@@ -266,6 +282,12 @@ class ResetResult(Message):
     obs: Any
     info: Any
     seq: int = 0
+    env_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker's envs took for this answer (see :data:`TIMINGS`)."""
+    inference_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker's policy took for this answer: DETACH's forward passes."""
+    encode_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker took to encode (and compress) its previous answer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,6 +311,12 @@ class StepResult(Message):
     truncated: Array
     info: Any
     seq: int = 0
+    env_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker's envs took for this answer (see :data:`TIMINGS`)."""
+    inference_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker's policy took for this answer: DETACH's forward passes."""
+    encode_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker took to encode (and compress) its previous answer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -361,6 +389,12 @@ class RolloutChunk(Message):
     observation was a live agent's, so its action was used and its reward, ``terminated`` and
     ``truncated`` are that agent's; false where the slot held no agent (reward 0, no flags,
     the action ignored). ``None`` (and absent) for any other env."""
+    env_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker's envs took for this answer (see :data:`TIMINGS`)."""
+    inference_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker's policy took for this answer: DETACH's forward passes."""
+    encode_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
+    """Seconds the worker took to encode (and compress) its previous answer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -496,9 +530,16 @@ class ErrorReport(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat(Message):
-    """Proof of life; carries nothing."""
+    """Proof of life, and the round trip's measure.
+
+    A heartbeat with a ``ping`` is answered at once with one whose ``pong`` is that number,
+    so the side that pinged measures the round trip (the learner pings; see
+    :attr:`aps.metrics.WorkerMetrics.rtt`). Both are absent from a plain heartbeat's frame.
+    """
 
     TAG: ClassVar[str] = "heartbeat"
+    ping: int | None = field(default=None, metadata={OMIT_NONE: True})
+    pong: int | None = field(default=None, metadata={OMIT_NONE: True})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -598,6 +639,29 @@ class ProbeSpaces(Message):
     action_space: gym.Space[Any] | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsRequest(Message):
+    """A probe that proved the token asks for the learner's figures (``aps top``).
+
+    Sent after the probe's :class:`SpacesRequest` was answered, as often as the probe wants a
+    fresh view; each is answered with a :class:`ProbeMetrics`. Read-only: the learner changes
+    nothing for it.
+    """
+
+    TAG: ClassVar[str] = "metrics_request"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeMetrics(Message):
+    """The learner's figures now, the answer to a :class:`MetricsRequest`.
+
+    ``metrics`` is :meth:`aps.metrics.Metrics.as_dict` of the learner's snapshot: plain data.
+    """
+
+    TAG: ClassVar[str] = "probe_metrics"
+    metrics: Any
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TAG: cls
     for cls in (
@@ -629,6 +693,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ProbeResult,
         SpacesRequest,
         ProbeSpaces,
+        MetricsRequest,
+        ProbeMetrics,
     )
 }
 """Every message type by its wire tag."""

@@ -38,6 +38,8 @@ from aps.messages import (
     Heartbeat,
     Hello,
     Message,
+    MetricsRequest,
+    ProbeMetrics,
     ProbeResult,
     ProbeSpaces,
     Ready,
@@ -120,6 +122,8 @@ class State(enum.Enum):
     # Both.
     PROBED = "probed"  # a probe's proofs were sent: it may ask for the spaces, then it ends
     PROBE_SPACES = "probe_spaces"  # the probe asked for the spaces
+    WATCHING = "watching"  # the probe has the spaces; it may ask for the figures (aps top)
+    METRICS_ASKED = "metrics_asked"  # the probe asked for the figures
     IDLE = "idle"
     CLOSED = "closed"
 
@@ -137,7 +141,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.GOT_HELLO, _S, Reject): State.CLOSED,
         (State.GOT_HELLO, _S, ProbeResult): State.PROBED,
         (State.PROBED, _R, SpacesRequest): State.PROBE_SPACES,
-        (State.PROBE_SPACES, _S, ProbeSpaces): State.CLOSED,
+        (State.PROBE_SPACES, _S, ProbeSpaces): State.WATCHING,
+        (State.WATCHING, _R, MetricsRequest): State.METRICS_ASKED,
+        (State.METRICS_ASKED, _S, ProbeMetrics): State.WATCHING,
         (State.AWAIT_READY, _R, Ready): State.IDLE,
         (State.AWAIT_READY, _R, ErrorReport): State.CLOSED,
         (State.IDLE, _S, Reject): State.CLOSED,
@@ -183,7 +189,9 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.AWAIT_WELCOME, _R, Reject): State.CLOSED,
         (State.AWAIT_WELCOME, _R, ProbeResult): State.PROBED,
         (State.PROBED, _S, SpacesRequest): State.PROBE_SPACES,
-        (State.PROBE_SPACES, _R, ProbeSpaces): State.CLOSED,
+        (State.PROBE_SPACES, _R, ProbeSpaces): State.WATCHING,
+        (State.WATCHING, _S, MetricsRequest): State.METRICS_ASKED,
+        (State.METRICS_ASKED, _R, ProbeMetrics): State.WATCHING,
         (State.WELCOMED, _S, Ready): State.IDLE,
         (State.WELCOMED, _S, ErrorReport): State.CLOSED,
         (State.IDLE, _R, Reject): State.CLOSED,
@@ -233,6 +241,8 @@ _HANDSHAKING = frozenset(
         State.AWAIT_WELCOME,
         State.PROBED,  # a probe's conversation is short and ends: no heartbeats
         State.PROBE_SPACES,
+        State.WATCHING,  # a live view asks and is answered: heartbeats would only add frames
+        State.METRICS_ASKED,
     }
 )
 """States in which heartbeats are not yet allowed: the peer has not proved who it is."""

@@ -25,9 +25,12 @@ from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
     Hello,
+    MetricsRequest,
+    ProbeMetrics,
     ProbeResult,
     ProbeSpaces,
     Reject,
+    ResetRequest,
     SpacesRequest,
 )
 from aps.protocol import Connection, Role, State, worker_proof
@@ -71,7 +74,7 @@ def _probe_hello(proof: bytes, nonce: bytes) -> Hello:
     )
 
 
-def test_a_probe_gets_its_result_then_the_spaces_it_asks_for_then_the_end() -> None:
+def test_a_probe_gets_its_result_then_the_spaces_then_the_figures_it_asks_for() -> None:
     learner, worker = Connection(Role.LEARNER), Connection(Role.WORKER)
     result = ProbeResult(
         proof=b"",
@@ -102,7 +105,20 @@ def test_a_probe_gets_its_result_then_the_spaces_it_asks_for_then_the_end() -> N
     learner.receive(SpacesRequest())
     learner.send(spaces)
     worker.receive(spaces)
-    assert learner.state is worker.state is State.CLOSED
+    # Then it may watch (aps top): each request for the figures answered, nothing else.
+    assert learner.state is worker.state is State.WATCHING
+    figures = ProbeMetrics(metrics={"version": 0})
+    with pytest.raises(InvalidState):  # never unasked
+        learner.send(figures)
+    for _ in range(2):
+        worker.send(MetricsRequest())
+        learner.receive(MetricsRequest())
+        with pytest.raises(InvalidState):  # one request, one answer
+            worker.send(MetricsRequest())
+        learner.send(figures)
+        worker.receive(figures)
+    with pytest.raises(InvalidState):  # a probe never takes part in the work
+        learner.send(ResetRequest(seed=None, options=None))
 
 
 def test_a_worker_hello_is_no_probe_and_the_result_is_a_handshake_frame() -> None:

@@ -13,7 +13,14 @@ ROOT = Path(aps.__file__).parent
 
 # Lowest first. A module may import aps modules of its own layer or of a lower one.
 LAYERS: list[tuple[str, ...]] = [
-    ("aps.errors", "aps._typing", "aps._imports", "aps._buffers", "aps._version"),
+    (
+        "aps.errors",
+        "aps._typing",
+        "aps._imports",
+        "aps._buffers",
+        "aps._version",
+        "aps.metrics.figures",
+    ),
     (
         "aps.messages",
         "aps.codec",
@@ -41,7 +48,15 @@ LAYERS: list[tuple[str, ...]] = [
         "aps.pg.simulate",
         "aps.pg.sampling",
     ),
-    ("aps.cluster_env", "aps.launch", "aps.cli", "aps.__main__", "aps.testing", "aps"),
+    (
+        "aps.cluster_env",
+        "aps.launch",
+        "aps.cli",
+        "aps.__main__",
+        "aps.testing",
+        "aps.metrics",
+        "aps",
+    ),
     ("aps.integrations",),
 ]
 

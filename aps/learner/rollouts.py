@@ -6,8 +6,7 @@ the workers' :class:`~aps.messages.RolloutChunk` messages.
 
 from __future__ import annotations
 
-import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -18,6 +17,7 @@ from aps.batching import map_arrays
 from aps.compression import CODECS, compressor
 from aps.errors import ConfigError
 from aps.messages import RolloutChunk, Weights
+from aps.metrics.figures import Metrics, WorkerMetrics
 
 __all__ = [
     "STALL_LAG",
@@ -33,9 +33,6 @@ __all__ = [
 
 WeightPrecision = Literal["exact", "float16"]
 """How published weights travel: as the module holds them, or with floats rounded to float16."""
-
-DIVERGENCE_HISTORY = 1000
-"""How many recent divergence values each worker's metrics keep."""
 
 STALL_LAG = 64
 """Versions behind at which a worker whose every sync decision declined on a measured
@@ -319,141 +316,6 @@ def _recurrent_parts(chunks: list[Chunk]) -> dict[str, Any]:
         ),
         "episode_start": np.concatenate(starts, axis=1),
     }
-
-
-@dataclass(slots=True)
-class WorkerMetrics:
-    """Weight synchronization and staleness figures of one worker.
-
-    Attributes:
-        worker_id: the worker.
-        version: the policy version the worker holds (-1: none yet).
-        syncs: weight messages sent to it, the first deployment included.
-        weight_bytes: bytes of weight arrays sent to it.
-        divergences: the most recent divergence values measured for it (KL of its version
-            against the learner's, mean over states), oldest first.
-        transitions: env transitions received from it.
-        lag_sum: sum over those transitions of their policy lag (learner version minus
-            behaviour version).
-        lag_max: the largest lag of any of them.
-        chunks: chunks received from it.
-        dropped_chunks: chunks that arrived after their stream was closed and were discarded.
-        resumes: times the worker resumed its session after its connection dropped.
-        stalled: the worker is at least :data:`STALL_LAG` versions behind, and every sync
-            decision since it last got weights measured its divergence and declined: the
-            pattern of a threshold it can never cross (see :mod:`aps.sync`). Cleared when it
-            is synced.
-        stalls: times it was found stalled.
-    """
-
-    worker_id: int
-    version: int = -1
-    syncs: int = 0
-    weight_bytes: int = 0
-    divergences: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=DIVERGENCE_HISTORY)
-    )
-    transitions: int = 0
-    lag_sum: int = 0
-    lag_max: int = 0
-    chunks: int = 0
-    dropped_chunks: int = 0
-    resumes: int = 0
-    stalled: bool = False
-    stalls: int = 0
-
-    @property
-    def lag_mean(self) -> float:
-        """Mean policy lag per transition (0 before any transition)."""
-        return self.lag_sum / self.transitions if self.transitions else 0.0
-
-    def snapshot(self) -> WorkerMetrics:
-        """An independent copy."""
-        copy = WorkerMetrics(
-            worker_id=self.worker_id,
-            version=self.version,
-            syncs=self.syncs,
-            weight_bytes=self.weight_bytes,
-            transitions=self.transitions,
-            lag_sum=self.lag_sum,
-            lag_max=self.lag_max,
-            chunks=self.chunks,
-            dropped_chunks=self.dropped_chunks,
-            resumes=self.resumes,
-            stalled=self.stalled,
-            stalls=self.stalls,
-        )
-        copy.divergences.extend(self.divergences)
-        return copy
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Metrics:
-    """Per worker and total synchronization figures of a learner."""
-
-    version: int
-    """The learner's newest policy version (0 before the first publish)."""
-    workers: tuple[WorkerMetrics, ...]
-
-    @property
-    def syncs(self) -> int:
-        """Weight messages sent, all workers."""
-        return sum(w.syncs for w in self.workers)
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weight arrays sent, all workers."""
-        return sum(w.weight_bytes for w in self.workers)
-
-    @property
-    def transitions(self) -> int:
-        """Transitions received, all workers."""
-        return sum(w.transitions for w in self.workers)
-
-    @property
-    def lag_mean(self) -> float:
-        """Mean policy lag per transition, all workers."""
-        total = self.transitions
-        return sum(w.lag_sum for w in self.workers) / total if total else 0.0
-
-    @property
-    def lag_max(self) -> int:
-        """Largest policy lag of any transition."""
-        return max((w.lag_max for w in self.workers), default=0)
-
-    @property
-    def stalled(self) -> tuple[int, ...]:
-        """Ids of the workers stalled now (see :attr:`WorkerMetrics.stalled`)."""
-        return tuple(w.worker_id for w in self.workers if w.stalled)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Totals and per-worker figures as plain numbers, for logs and JSON."""
-        return {
-            "version": self.version,
-            "syncs": self.syncs,
-            "weight_bytes": self.weight_bytes,
-            "transitions": self.transitions,
-            "lag_mean": self.lag_mean,
-            "lag_max": self.lag_max,
-            "stalled": list(self.stalled),
-            "workers": [
-                {
-                    "worker_id": w.worker_id,
-                    "version": w.version,
-                    "syncs": w.syncs,
-                    "weight_bytes": w.weight_bytes,
-                    "transitions": w.transitions,
-                    "lag_mean": w.lag_mean,
-                    "lag_max": w.lag_max,
-                    "chunks": w.chunks,
-                    "divergence_last": w.divergences[-1] if w.divergences else None,
-                    "divergence_max": max(w.divergences, default=None),
-                    "stalled": w.stalled,
-                    "stalls": w.stalls,
-                }
-                for w in self.workers
-            ],
-        }
 
 
 class PolicyVersions:
