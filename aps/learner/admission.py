@@ -35,6 +35,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from aps.errors import (
@@ -177,6 +178,9 @@ Join = Callable[[Session, Hello, bytes], Awaitable[None]]
 Describe = Callable[[], tuple[ProbeResult, ProbeSpaces]]
 """What a probe that proved the token is told; the Gate puts its own proof in the result."""
 
+Figures = Callable[[], dict[str, Any]]
+"""The learner's figures now, as :meth:`aps.metrics.Metrics.as_dict` gives them (``aps top``)."""
+
 
 class Gate:
     """Accepts connections on ``listener`` and admits those that prove the token.
@@ -189,6 +193,7 @@ class Gate:
         join: takes each peer that proved the token; an :class:`ApsError` it raises refuses
             the peer (logged, remembered, and the peer told why).
         describe: what a probe (``aps check``) that proved the token is told.
+        figures: what a watching probe (``aps top``) is told at each of its requests.
     """
 
     def __init__(
@@ -199,12 +204,14 @@ class Gate:
         timeouts: Timeouts,
         join: Join,
         describe: Describe,
+        figures: Figures,
     ) -> None:
         self._listener = listener
         self._token = token
         self.timeouts = timeouts
         self._join = join
         self._describe = describe
+        self._figures = figures
         self._accept_task: asyncio.Task[None] | None = None
         self._admissions: set[asyncio.Task[None]] = set()
         self._refusal_log = _RefusalLog()

@@ -188,6 +188,7 @@ class Learner:
         if not isinstance(frame_delta, bool):
             raise ConfigError(f"frame_delta must be True or False, got {frame_delta!r}")
         self._pool.frame_delta = frame_delta
+        self._pool.figures = lambda: self.metrics.as_dict()
         self.policy_kwargs = policy_kwargs
         self._lockstep = Lockstep(self._pool)
         if weight_precision not in ("exact", "float16"):

@@ -185,6 +185,8 @@ class WorkerPool:
         """The learner's compression setting, applied in every welcome (set by the learner)."""
         self.frame_delta = True
         """Whether workers that offer frame delta may use it (set by the learner)."""
+        self.figures: Callable[[], dict[str, Any]] = dict
+        """The learner's figures as plain data, for ``aps top`` (set by the learner)."""
         self.launcher = launcher
         self.hooks: list[SlotHooks] = []
         """The modes to tell when the worker serving a slot changes."""
@@ -238,6 +240,7 @@ class WorkerPool:
             timeouts=self.timeouts,
             join=self.join,
             describe=self.describe,
+            figures=lambda: self.figures(),
         )
         self._gate.start()
         log.info("learner listening on %s for %d workers", self.url, self.num_workers)
