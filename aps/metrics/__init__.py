@@ -8,5 +8,6 @@
 from __future__ import annotations
 
 from aps.metrics.figures import Metrics, WorkerMetrics
+from aps.metrics.verdict import Verdict, verdict
 
-__all__ = ["Metrics", "WorkerMetrics"]
+__all__ = ["Metrics", "WorkerMetrics", "Verdict", "verdict"]
