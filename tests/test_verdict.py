@@ -1,0 +1,440 @@
+"""The verdict on what bounds a run: constructed windows with exact lines, then real runs.
+
+The constructed windows hold round figures, so each line is known to the character and each
+threshold is tested on both sides. The real runs put a learner and two worker processes over
+TCP on 127.0.0.1 in a shape whose bound is not in doubt (envs that sleep, one worker that sleeps
+four times longer, a learner that sleeps between steps, a throttled link) and check the verdict
+names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from aps.metrics import Metrics, Verdict, WorkerMetrics, verdict
+from aps.metrics.verdict import (
+    BUSY_SHARE,
+    ENV_SHARE,
+    LEARNER_CPU,
+    MIN_WINDOW,
+    STRAGGLER_RATIO,
+    WAIT_SHARE,
+)
+
+MS = 1e-3
+
+
+def worker(worker_id: int, **figures: Any) -> WorkerMetrics:
+    return WorkerMetrics(worker_id=worker_id, **figures)
+
+
+def answering(
+    worker_id: int,
+    *,
+    answers: int = 1000,
+    env: float,
+    latency: float,
+    slowest: int,
+    envs: int = 4,
+    **figures: Any,
+) -> WorkerMetrics:
+    """A lockstep worker: ``answers`` answers of ``env`` seconds in its envs, ``latency`` each."""
+    return worker(
+        worker_id,
+        answers=answers,
+        env_steps=answers * envs,
+        env_seconds=answers * env,
+        wait_seconds=answers * latency,
+        slowest=slowest,
+        **figures,
+    )
+
+
+def lockstep(
+    *workers: WorkerMetrics,
+    uptime: float = 2.0,
+    calls: int = 1000,
+    wait: float = 1.8,
+    cpu: float = 0.4,
+) -> Metrics:
+    return Metrics(
+        version=0,
+        workers=workers,
+        uptime=uptime,
+        lockstep_calls=calls,
+        lockstep_wait_seconds=wait,
+        cpu_seconds=cpu,
+    )
+
+
+def acting(
+    worker_id: int,
+    *,
+    env: float,
+    inference: float = 0.0,
+    encode: float = 0.0,
+    chunks: int = 10,
+    steps: int = 4000,
+    **figures: Any,
+) -> WorkerMetrics:
+    """A DETACH worker that sent ``chunks`` chunks of ``steps`` env-steps in all."""
+    return worker(
+        worker_id,
+        answers=chunks,
+        chunks=chunks,
+        transitions=steps,
+        env_steps=steps,
+        env_seconds=env,
+        inference_seconds=inference,
+        encode_seconds=encode,
+        **figures,
+    )
+
+
+def detach(
+    *workers: WorkerMetrics, uptime: float = 2.0, cpu: float = 0.2, queue: int = 0
+) -> Metrics:
+    return Metrics(version=3, workers=workers, uptime=uptime, cpu_seconds=cpu, queue_depth=queue)
+
+
+# Lockstep.
+
+
+def test_envs_that_take_most_of_each_answer_bind_a_lockstep_run() -> None:
+    window = lockstep(
+        answering(0, env=1.6 * MS, latency=1.75 * MS, slowest=500),
+        answering(1, env=1.6 * MS, latency=1.75 * MS, slowest=500),
+    )
+    result = verdict(window)
+    assert result == Verdict(bound="env", line=result.line, shares=result.shares)
+    assert result.worker is None
+    assert result.line == (
+        "env-bound: the learner waits for workers 90% of its time, and envs take 91% of the "
+        "answers it waits for (1.60 ms of 1.75 ms; 0.40 ms an env-step); the wire and "
+        "encoding the other 9%"
+    )
+    env = 1.6 / 1.75
+    assert result.shares == pytest.approx(
+        {"learner": 0.1, "workers": 0.9, "env": 0.9 * env, "wire": 0.9 * (1 - env)}
+    )
+    assert str(result) == result.line
+
+
+def test_the_rest_of_each_answer_binds_a_lockstep_run_to_the_wire() -> None:
+    common: dict[str, Any] = {"encode_seconds": 0.2, "decode_seconds": 0.1}
+    window = lockstep(
+        answering(
+            0,
+            env=0.5 * MS,
+            latency=10 * MS,
+            slowest=600,
+            bytes_received=12_000_000,
+            bytes_received_raw=24_000_000,
+            bytes_sent=1_000_000,
+            rtt=9 * MS,
+            **common,
+        ),
+        answering(
+            1,
+            env=0.5 * MS,
+            latency=10 * MS,
+            slowest=400,
+            bytes_received=8_000_000,
+            bytes_received_raw=16_000_000,
+            bytes_sent=1_000_000,
+            rtt=11 * MS,
+            **common,
+        ),
+        wait=1.9,
+    )
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("wire", None)
+    assert result.line == (
+        "wire-bound: the learner waits for workers 95% of its time, and envs take only 5% of "
+        "the answers it waits for (0.50 ms of 10.0 ms); the rest is the wire both ways and "
+        "encoding (encoding 0.20 ms, decoding 0.10 ms an answer); 10.0 MB/s in (2.0x "
+        "compressed), 1.0 MB/s out; round trip 10.0 ms"
+    )
+    assert result.shares == pytest.approx(
+        {"learner": 0.05, "workers": 0.95, "env": 0.95 * 0.05, "wire": 0.95 * 0.95}
+    )
+
+
+def test_a_wire_line_leaves_out_the_compression_and_round_trip_it_did_not_see() -> None:
+    window = lockstep(
+        answering(0, env=1 * MS, latency=10 * MS, slowest=1000, bytes_received=3_000, rtt=None)
+    )
+    assert verdict(window).line.endswith("; 1.5 kB/s in, 0 B/s out")
+
+
+def test_the_answers_a_lockstep_run_waited_for_decide_not_the_average_answer() -> None:
+    # Worker 0 answers last in 90% of the calls and spends its answers on the wire; worker 1,
+    # nearly as slow, in its envs. Averaged evenly the envs would take half the latency.
+    window = lockstep(
+        answering(0, env=1 * MS, latency=10 * MS, slowest=900),
+        answering(1, env=8.5 * MS, latency=9 * MS, slowest=100),
+    )
+    result = verdict(window)
+    assert result.bound == "wire"
+    assert "envs take only 18% of the answers it waits for (1.75 ms of 9.90 ms)" in result.line
+
+
+def test_envs_at_exactly_half_of_the_latency_still_bind_the_run() -> None:
+    half = lockstep(answering(0, env=5 * MS, latency=10 * MS, slowest=1000))
+    assert ENV_SHARE == 0.5
+    assert verdict(half).bound == "env"
+    under = lockstep(answering(0, env=4.99 * MS, latency=10 * MS, slowest=1000))
+    assert verdict(under).bound == "wire"
+
+
+def test_a_learner_that_waits_under_half_its_time_is_the_bound() -> None:
+    window = lockstep(
+        answering(0, env=1 * MS, latency=1.9 * MS, slowest=100),
+        answering(1, env=1 * MS, latency=2 * MS, slowest=100),
+        calls=200,
+        wait=0.4,
+        cpu=1.9,
+    )
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("learner", None)
+    assert result.line == (
+        "learner-bound: the learner waits for workers only 20% of its time (2.00 ms a call, "
+        "200 calls); its own loop between calls takes 80% (its process uses 95% of a core)"
+    )
+    assert result.shares["learner"] == pytest.approx(0.8)
+    assert result.shares["env"] == pytest.approx(0.2 * 1 / 1.95)
+
+
+def test_a_learner_is_named_from_its_own_figures_without_the_workers_timings() -> None:
+    window = lockstep(worker(0), worker(1), calls=50, wait=0.2, cpu=3.6)
+    result = verdict(window)
+    assert result.bound == "learner"
+    assert "only 10% of its time (4.00 ms a call, 50 calls)" in result.line
+    assert result.line.endswith("(its process uses 1.8 cores)")
+    assert result.shares == pytest.approx({"learner": 0.9, "workers": 0.1, "env": 0, "wire": 0})
+
+
+def test_waits_of_exactly_half_the_window_leave_the_learner_out() -> None:
+    assert WAIT_SHARE == 0.5
+    slow_envs = answering(0, env=2 * MS, latency=2.1 * MS, slowest=1000)
+    assert verdict(lockstep(slow_envs, wait=1.0)).bound == "env"
+    assert verdict(lockstep(slow_envs, wait=0.998)).bound == "learner"
+
+
+def test_one_worker_that_answers_last_and_slowly_is_a_straggler() -> None:
+    window = lockstep(
+        answering(0, env=2 * MS, latency=2.5 * MS, slowest=25),
+        answering(1, env=2 * MS, latency=2.6 * MS, slowest=25),
+        answering(7, env=8 * MS, latency=8.5 * MS, slowest=950),
+        answering(3, env=2 * MS, latency=2.4 * MS, slowest=0),
+    )
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("straggler", 7)
+    assert result.line == (
+        "straggler: worker 7 answered last in 95% of the calls; its answers take 8.50 ms "
+        "(its envs 8.00 ms, the rest 0.50 ms), the other workers' 2.50 ms (median); the "
+        "learner waits for workers 90% of its time"
+    )
+    assert result.shares["workers"] == pytest.approx(0.9)
+
+
+def test_a_worker_slow_on_its_link_is_a_straggler_too_and_its_line_says_so() -> None:
+    window = lockstep(
+        answering(0, env=1 * MS, latency=30 * MS, slowest=990),
+        answering(1, env=1 * MS, latency=2 * MS, slowest=10),
+    )
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("straggler", 0)
+    assert "its answers take 30.0 ms (its envs 1.00 ms, the rest 29.0 ms)" in result.line
+
+
+@pytest.mark.parametrize(
+    ("slowest", "ratio", "bound"),
+    [
+        (501, STRAGGLER_RATIO, "straggler"),  # both thresholds just met
+        (500, STRAGGLER_RATIO, "env"),  # last in half the calls: not most of them
+        (501, STRAGGLER_RATIO - 0.01, "env"),  # not slow enough against the others
+    ],
+)
+def test_a_straggler_needs_most_calls_and_a_latency_well_above_the_others(
+    slowest: int, ratio: float, bound: str
+) -> None:
+    window = lockstep(
+        answering(0, env=2 * MS, latency=2 * MS * ratio, slowest=slowest),
+        answering(1, env=1.9 * MS, latency=2 * MS, slowest=1000 - slowest),
+    )
+    assert verdict(window).bound == bound
+
+
+def test_a_lone_worker_is_never_a_straggler() -> None:
+    window = lockstep(answering(4, env=9 * MS, latency=10 * MS, slowest=1000))
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("env", None)
+
+
+def test_a_worker_that_joined_without_answers_is_left_out_of_the_lockstep_figures() -> None:
+    window = lockstep(
+        answering(0, env=1.6 * MS, latency=1.75 * MS, slowest=1000), worker(1), calls=1000
+    )
+    assert "(1.60 ms of 1.75 ms; 0.40 ms an env-step)" in verdict(window).line
+
+
+# DETACH.
+
+
+def test_envs_that_keep_acting_workers_busy_bind_a_detach_run() -> None:
+    window = detach(
+        acting(0, env=1.6, inference=0.2, encode=0.04),
+        acting(1, env=1.6, inference=0.2, encode=0.04),
+    )
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("env", None)
+    assert result.line == (
+        "env-bound: workers are busy 92% of the time: envs 80% (0.40 ms an env-step), "
+        "inference 10%, encoding 2%"
+    )
+    assert result.shares == pytest.approx(
+        {"env": 0.8, "inference": 0.1, "encode": 0.02, "idle": 0.08}
+    )
+
+
+def test_forward_passes_that_keep_acting_workers_busy_bind_it_to_inference() -> None:
+    window = detach(acting(0, env=0.3, inference=1.4, encode=0.1, steps=2000))
+    result = verdict(window)
+    assert result.bound == "inference"
+    assert result.line == (
+        "inference-bound: workers are busy 90% of the time: inference 70% (0.70 ms an "
+        "env-step), envs 15%, encoding 5%"
+    )
+
+
+def test_workers_busy_encoding_their_chunks_bind_it_to_the_wire() -> None:
+    window = detach(acting(0, env=0.2, inference=0.2, encode=1.2, steps=400))
+    result = verdict(window)
+    assert result.bound == "wire"
+    assert result.line == (
+        "wire-bound: workers are busy 80% of the time: encoding 60% (3.00 ms an env-step), "
+        "envs 10%, inference 10%"
+    )
+
+
+def test_idle_workers_with_chunks_waiting_are_held_back_by_the_learner() -> None:
+    window = detach(acting(0, env=0.3, inference=0.1), acting(1, env=0.3, inference=0.1), queue=6)
+    result = verdict(window)
+    assert result.bound == "learner"
+    assert result.line == (
+        "learner-bound: workers are busy only 20% of the time and 6 chunks wait for the "
+        "training loop; the learner's process uses 10% of a core"
+    )
+    assert result.shares["idle"] == pytest.approx(0.8)
+    one = verdict(dataclasses.replace(window, queue_depth=1))
+    assert "and 1 chunk waits for the training loop" in one.line
+
+
+def test_idle_workers_and_a_busy_learner_process_name_the_learner() -> None:
+    window = detach(acting(0, env=0.4, decode_seconds=0.2), cpu=1.8)
+    result = verdict(window)
+    assert result.bound == "learner"
+    assert result.line == (
+        "learner-bound: workers are busy only 20% of the time and no chunk waits for the "
+        "training loop, but the learner's process uses 90% of a core (decoding 10% of the "
+        "time, the rest receiving and training)"
+    )
+
+
+def test_idle_workers_and_an_idle_learner_name_the_wire() -> None:
+    window = detach(
+        acting(0, env=0.4, bytes_received=6_000_000, bytes_sent=40_000, rtt=40 * MS),
+        acting(1, env=0.4, bytes_received=4_000_000, bytes_sent=40_000, rtt=60 * MS),
+    )
+    result = verdict(window)
+    assert result.bound == "wire"
+    assert result.line == (
+        "wire-bound: workers are busy only 20% of the time, no chunk waits for the training "
+        "loop and the learner's process uses 10% of a core: requests and chunks spend the "
+        "time in transit (5.0 MB/s in, 40.0 kB/s out; round trip 50.0 ms)"
+    )
+
+
+def test_the_detach_thresholds_on_both_sides() -> None:
+    assert (BUSY_SHARE, LEARNER_CPU) == (0.5, 0.8)
+    assert verdict(detach(acting(0, env=1.0))).bound == "env"
+    assert verdict(detach(acting(0, env=0.998))).bound == "wire"
+    assert verdict(detach(acting(0, env=0.4), cpu=1.6)).bound == "learner"
+    assert verdict(detach(acting(0, env=0.4), cpu=1.59)).bound == "wire"
+
+
+def test_a_detach_mean_leaves_out_workers_that_sent_no_chunk() -> None:
+    window = detach(acting(0, env=1.6, inference=0.2, encode=0.04), worker(1))
+    assert verdict(window).shares["env"] == pytest.approx(0.8)
+
+
+def test_a_window_of_chunks_and_a_reset_is_a_detach_window() -> None:
+    window = dataclasses.replace(detach(acting(0, env=1.6), acting(1, env=1.6)), lockstep_calls=1)
+    assert verdict(window).line.startswith("env-bound: workers are busy 80% of the time")
+
+
+# Too little data.
+
+
+def test_a_short_window_is_unknown_and_says_how_long_it_was() -> None:
+    short = lockstep(answering(0, env=1 * MS, latency=2 * MS, slowest=100), uptime=0.4)
+    result = verdict(short)
+    assert result == Verdict(
+        bound="unknown",
+        line="unknown: the window is 0.40 s long; a verdict needs at least 0.5 s (take the "
+        "two snapshots further apart)",
+    )
+    assert result.shares == {}
+    enough = dataclasses.replace(short, uptime=MIN_WINDOW, lockstep_wait_seconds=0.45)
+    assert verdict(enough).bound == "env"
+
+
+def test_a_window_where_the_workers_were_asked_nothing_is_unknown() -> None:
+    result = verdict(Metrics(version=0, workers=(worker(0),), uptime=3.0, cpu_seconds=0.1))
+    assert result.line == (
+        "unknown: no lockstep call reached the workers and no chunk arrived in this 3.0 s window"
+    )
+
+
+def test_waits_without_the_workers_timings_are_unknown() -> None:
+    assert verdict(lockstep(worker(0), worker(1))).line == (
+        "unknown: no answer in this 2.0 s window carried the workers' timings"
+    )
+    chunks_only = detach(worker(0, chunks=4))
+    assert verdict(chunks_only).bound == "unknown"
+
+
+def test_a_window_of_two_snapshots_gives_the_verdict_of_the_time_between_them() -> None:
+    def snapshot(at: float, answers: int, env: float, wait: float) -> Metrics:
+        figures = worker(
+            0,
+            answers=answers,
+            env_steps=4 * answers,
+            env_seconds=env,
+            wait_seconds=wait,
+            slowest=answers,
+        )
+        return Metrics(
+            version=0,
+            workers=(figures,),
+            taken_at=at,
+            uptime=at,
+            lockstep_calls=answers,
+            lockstep_wait_seconds=wait,
+        )
+
+    # The first 10 s: 1000 calls of 2 ms, a learner busy with its own loop between them. The
+    # next 2 s: 900 calls of 2.1 ms, 2 ms of them in the envs.
+    earlier = snapshot(10.0, 1000, 1000 * 1 * MS, 1000 * 2 * MS)
+    later = snapshot(
+        12.0, 1900, earlier.workers[0].env_seconds + 900 * 2 * MS, 2.0 + 900 * 2.1 * MS
+    )
+    assert verdict(earlier).bound == "learner"
+    result = verdict(later.since(earlier))
+    assert result.bound == "env"
+    assert result.line.startswith("env-bound: the learner waits for workers 94% of its time")
+    assert "(2.00 ms of 2.10 ms; 0.50 ms an env-step)" in result.line
