@@ -8,6 +8,29 @@
 from __future__ import annotations
 
 from aps.metrics.figures import Metrics, WorkerMetrics
+from aps.metrics.prometheus import PrometheusCollector, PrometheusServer, serve_prometheus
 from aps.metrics.verdict import Verdict, verdict
+from aps.metrics.writers import (
+    CSVWriter,
+    JSONLinesWriter,
+    MetricsLogger,
+    MetricsWriter,
+    TensorBoardWriter,
+    window_rates,
+)
 
-__all__ = ["Metrics", "WorkerMetrics", "Verdict", "verdict"]
+__all__ = [
+    "Metrics",
+    "WorkerMetrics",
+    "Verdict",
+    "verdict",
+    "MetricsWriter",
+    "CSVWriter",
+    "JSONLinesWriter",
+    "TensorBoardWriter",
+    "MetricsLogger",
+    "window_rates",
+    "PrometheusCollector",
+    "PrometheusServer",
+    "serve_prometheus",
+]
