@@ -356,6 +356,18 @@ def test_the_endpoint_serves_the_figures_with_their_names_types_and_labels() -> 
     assert ("aps_worker_rtt_seconds", one) not in found  # not measured: no sample
 
 
+def test_the_collector_serves_a_registry_of_ones_own() -> None:
+    registry_module = pytest.importorskip("prometheus_client.registry")
+    from prometheus_client.exposition import generate_latest
+
+    registry = registry_module.CollectorRegistry(auto_describe=True)
+    taken = iter([FIRST, SECOND])
+    registry.register(PrometheusCollector(lambda: next(taken)))  # describing takes one
+    found = samples(generate_latest(registry).decode())
+    assert found[("aps_env_steps_total", ())] == 600
+    assert found[("aps_worker_chunks_total", (("worker", "1"),))] == 2
+
+
 def test_every_metric_name_is_documented_in_the_module() -> None:
     doc = prometheus_module.__doc__ or ""
     documented = {word.strip("`") for word in doc.split() if word.startswith("``aps_")}
@@ -386,6 +398,8 @@ def test_it_binds_loopback_by_default_and_closing_releases_the_port(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="aps.metrics"):
         server = serve_prometheus(lambda: FIRST)
+        with serve_prometheus(lambda: FIRST, host="localhost") as named:
+            assert named.host == "127.0.0.1"
     assert server._server.socket.getsockname()[0] == "127.0.0.1"
     assert not caplog.records  # loopback: nothing to warn about
     server.close()

@@ -427,8 +427,8 @@ class PrometheusServer:
         server_class = _Server6 if ":" in host else _Server
         self._server: _Server = server_class((host, port), _Handler)
         self._server.collector = collector
-        self.host = host
-        """The address it listens on."""
+        self.host: str = str(self._server.server_address[0])
+        """The address it listens on, as bound (``"0.0.0.0"`` for ``""``)."""
         self.port: int = self._server.server_address[1]
         """The port it listens on (the one chosen when asked for port 0)."""
         self._thread = threading.Thread(
@@ -558,7 +558,8 @@ def serve_prometheus(
         ) from exc
     collector = PrometheusCollector(source, loop=loop, timeout=timeout)
     server = PrometheusServer(collector, host, port)
-    if not is_loopback_host(host):
+    # The bound address decides: "localhost" or "127.1" are loopback, "" is every interface.
+    if not is_loopback_host(server.host):
         log.warning(
             "aps serves its figures at %s, which is not a loopback address: anyone who can "
             "reach it reads them without the token (pass host='127.0.0.1' to keep them local)",
