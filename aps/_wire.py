@@ -144,7 +144,16 @@ class InflationRate:
     One object per connection, used from one thread (its session's event loop).
     """
 
-    __slots__ = ("burst", "clock", "credit", "last", "per_byte", "per_second", "tokens")
+    __slots__ = (
+        "burst",
+        "clock",
+        "credit",
+        "expanded",
+        "last",
+        "per_byte",
+        "per_second",
+        "tokens",
+    )
 
     def __init__(
         self,
@@ -162,6 +171,10 @@ class InflationRate:
         self.tokens = float(min(start, burst))
         self.last = clock()
         self.credit = 0
+        self.expanded = 0
+        """Bytes the connection's compressed and frame-delta arrays grew by when rebuilt,
+        all frames (their full size less their payload): a frame's size at full width is
+        its wire size plus what it added here (the learner's ``bytes_received_raw``)."""
 
     def frame(self, size: int) -> None:
         """A frame of ``size`` bytes arrived: refill the bucket, and give it its own credit."""
@@ -204,12 +217,15 @@ class Allowance:
     (when given), so that they stay within its rate.
     """
 
-    __slots__ = ("left", "limit", "rate")
+    __slots__ = ("expanded", "left", "limit", "rate")
 
     def __init__(self, limit: int, rate: InflationRate | None = None) -> None:
         self.limit = limit
         self.left = limit
         self.rate = rate
+        self.expanded = 0
+        """Bytes the frame's arrays grew by when rebuilt (full size less payload), noted by
+        the code that rebuilds them; added to the rate's count once the frame decoded."""
 
     def take(self, nbytes: int, what: str) -> None:
         """Charge ``nbytes`` for ``what`` (named in the error).

@@ -47,6 +47,10 @@ T = TypeVar("T")
 X = TypeVar("X")
 
 
+async def _snapshot(learner: Learner) -> Metrics:
+    return learner.metrics
+
+
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
@@ -668,8 +672,11 @@ class ClusterEnv(VectorEnv):
 
     @property
     def metrics(self) -> Metrics:
-        """Syncs, weight bytes, divergences and policy lag; see :attr:`aps.Learner.metrics`."""
-        return self._learner.metrics
+        """The learner's figures now: see :attr:`aps.Learner.metrics` and :mod:`aps.metrics`.
+
+        Taken on the learner's loop, so the snapshot is consistent while workers answer.
+        """
+        return self._portal.call(_snapshot(self._learner))
 
     def close(self, **kwargs: Any) -> None:
         """Say goodbye to the workers, stop local ones and end the private loop; idempotent.

@@ -817,6 +817,7 @@ def decode(
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
     inflates = compression != "none" and _may_hold(_COMPRESSED_CODE, frame, size)
     rebuilds = frame_delta and _may_hold(_FRAME_DELTA_CODE, frame, size)
+    allowance: Allowance | None = None
     if inflates or rebuilds:
         if rate is not None:
             rate.frame(size)
@@ -869,7 +870,10 @@ def decode(
             body["obs"] = _map_tree(_rebuilt, obs, 0)
     if type(body) is dict and body.get("t") == Ready.TAG:
         _check_ready(body, max_frame_size)
-    return _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+    message = _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
+    if allowance is not None and rate is not None:
+        rate.expanded += allowance.expanded
+    return message
 
 
 _CHUNK_KEYS = _SPECS_BY_TAG[RolloutChunk.TAG].names | {"t"}

@@ -279,7 +279,11 @@ class Pending:
         """
         payload, dtype, shape, end = self.payload, self.dtype, self.shape, self.end
         what = f"frame-delta array ({dtype}, shape {shape})"
-        self._allowance.take(self.nbytes + scratch(shape), what)
+        allowance = self._allowance
+        allowance.take(self.nbytes + scratch(shape), what)
+        # The array's growth is its full size less its payload: what its parts grew by
+        # (compressed, inside the payload) is part of that, not more.
+        expanded = allowance.expanded
         steps, envs = shape[:2]
         cells = steps * envs
         array_hook = self._array_hook
@@ -337,6 +341,7 @@ class Pending:
         del parts
         out = rebuild(Delta(shape=shape, dtype=dtype, mask=mask, whole=whole, newest=newest))
         out.flags.writeable = False  # like every decoded array
+        allowance.expanded = expanded + self.nbytes - len(payload)
         return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from aps.errors import (
     WireError,
 )
 from aps.messages import Goodbye, Heartbeat, Message
+from aps.metrics.figures import WorkerMetrics
 from aps.protocol import Connection, Role, State
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport, is_local
 
@@ -138,6 +140,12 @@ class Session:
         self._wait: _Wait | None = None  # the one _Wait object each receive() call fills in
         self._watchdog: asyncio.TimerHandle | None = None  # fires by that call's deadline
         self.goodbye: str | None = None
+        self.tally: WorkerMetrics | None = None
+        """Where this connection counts its traffic, decoding time and round trip (the
+        learner's record of the worker); ``None``: not counted, and heartbeats carry no ping.
+        See :class:`aps.metrics.WorkerMetrics` for what each figure means."""
+        self._saved_seen = 0  # the compressor's savings already counted in bytes_sent_raw
+        self._ping: tuple[int, float] | None = None  # the ping awaiting its pong, and when
         """The reason the peer gave when it said goodbye (``None``: it did not)."""
 
     @property
@@ -196,7 +204,10 @@ class Session:
             ConfigError: ``name`` is neither a codec of :data:`aps.compression.CODECS` nor
                 ``"none"``.
         """
-        self._compressor = compression.compressor(name)
+        chosen = compression.compressor(name)
+        # A counter of its own, so that the bytes it saves count for this connection only.
+        self._compressor = None if chosen is None else dataclasses.replace(chosen, saved=[0])
+        self._saved_seen = 0
         self._compression = name
         self._frame_delta = frame_delta
         self._encoding = compression.accepted(name, frame_delta)
@@ -247,7 +258,23 @@ class Session:
             )
         self._connection.send(message)
         self._last_send = time.monotonic()
+        if self.tally is not None:
+            self._count_sent(len(frame))
         await self._transport.send(frame)
+
+    def _count_sent(self, size: int) -> None:
+        """Count a frame of ``size`` bytes sent, and what compression saved meanwhile."""
+        tally = self.tally
+        assert tally is not None
+        compressor = self._compressor
+        saved = 0
+        if compressor is not None and compressor.saved is not None:
+            # Savings since the last frame counted: this frame's, or a frame the caller
+            # encoded with encode() and passes in.
+            saved = compressor.saved[0] - self._saved_seen
+            self._saved_seen = compressor.saved[0]
+        tally.bytes_sent += size
+        tally.bytes_sent_raw += size + saved
 
     async def _send(self, message: Message, frame: bytes | None = None) -> None:
         """:meth:`send` without the closed check (the goodbye of :meth:`aclose`)."""
@@ -351,6 +378,10 @@ class Session:
                     raise
                 raise ProtocolError(f"{self.peer} sent a malformed frame: {exc}") from exc
             if isinstance(message, Heartbeat):
+                if message.ping is not None:
+                    await self._pong(message.ping)
+                elif message.pong is not None:
+                    self._ponged(message.pong)
                 continue
             if isinstance(message, Goodbye):
                 self.goodbye = message.reason
@@ -360,7 +391,10 @@ class Session:
 
     def _decode(self, frame: bytes) -> Message:
         """``frame`` as a message: no I/O and no loop, so that it may run in a thread."""
-        if self._authenticated:
+        if not self._authenticated:
+            return codec.decode_handshake(frame)
+        tally = self.tally
+        if tally is None:
             return codec.decode(
                 frame,
                 max_frame_size=self._max_frame_size,
@@ -368,7 +402,32 @@ class Session:
                 frame_delta=self._frame_delta,
                 rate=self._inflation,
             )
-        return codec.decode_handshake(frame)
+        started = time.perf_counter()
+        expanded = self._inflation.expanded
+        message = codec.decode(
+            frame,
+            max_frame_size=self._max_frame_size,
+            compression=self._compression,
+            frame_delta=self._frame_delta,
+            rate=self._inflation,
+        )
+        tally.decode_seconds += time.perf_counter() - started
+        size = len(frame)
+        tally.bytes_received += size
+        tally.bytes_received_raw += size + self._inflation.expanded - expanded
+        return message
+
+    async def _pong(self, ping: int) -> None:
+        """Answer the peer's ping at once: its round trip is measured by it."""
+        with contextlib.suppress(TransportError, InvalidState):
+            await self.send(Heartbeat(pong=ping))
+
+    def _ponged(self, pong: int) -> None:
+        """The peer answered a ping: the round trip, if it is the one awaited."""
+        ping = self._ping
+        if ping is not None and ping[0] == pong and self.tally is not None:
+            self.tally.rtt = time.perf_counter() - ping[1]
+            self._ping = None
 
     def _arm(self, timeout: float, since: float | None) -> _Wait:
         """Note the deadline of the receive() call that begins: ``timeout`` s from now.
@@ -432,7 +491,15 @@ class Session:
             while not self._closed:
                 quiet = time.monotonic() - self._last_send
                 if quiet >= interval:
-                    await self.send(Heartbeat())
+                    if self.tally is None or self._waiting is None:
+                        # A pong is timed when it is read: where nobody reads (a lockstep
+                        # learner between calls) it would be timed late, so no ping.
+                        await self.send(Heartbeat())
+                    else:
+                        # A ping that is never answered is replaced by the next one.
+                        count = self._ping[0] + 1 if self._ping is not None else 1
+                        self._ping = (count, time.perf_counter())
+                        await self.send(Heartbeat(ping=count))
                     quiet = 0.0
                 await asyncio.sleep(interval - quiet)
 

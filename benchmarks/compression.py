@@ -424,7 +424,8 @@ POLICY = f"{Path(__file__).resolve()}:TinyAgentModule"
 def as_message(chunk: Any) -> RolloutChunk:
     """The :class:`RolloutChunk` a learner's :class:`~aps.learner.Chunk` was sent as."""
     names = [f.name for f in dataclasses.fields(RolloutChunk) if f.name != "seq"]
-    fields = {name: getattr(chunk, name) for name in names}
+    # The worker's timings are the learner's figures, not the Chunk's: left out here.
+    fields = {name: getattr(chunk, name, None) for name in names}
     return RolloutChunk(**fields)
 
 

@@ -43,6 +43,7 @@ from gymnasium.vector import AutoresetMode
 
 from aps.cluster_env import ClusterEnv, as_raised
 from aps.errors import ConfigError, MissingDependency, WorkerError
+from aps.metrics.figures import Metrics
 from aps.worker import EnvSpec
 
 try:
@@ -137,6 +138,11 @@ class ClusterVecEnv(VecEnv):
             env_info["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
             infos.append(env_info)
         return obs, reward.astype(np.float32), dones, infos
+
+    @property
+    def metrics(self) -> Metrics:
+        """The learner's figures now (:attr:`aps.ClusterEnv.metrics`; see :mod:`aps.metrics`)."""
+        return self.envs.metrics
 
     def close(self) -> None:
         """Close the ClusterEnv (its local workers stop); idempotent."""

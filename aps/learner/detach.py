@@ -119,6 +119,7 @@ class Detach:
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
         self._warned_stall = False
+        self._pumps: Pumps | None = None  # the open stream's, while chunks() runs
         pool.on_abandon(Mode.STREAM, self.end_stream)
 
     def _slot(self, remote: Remote) -> _SlotSync:
@@ -146,6 +147,11 @@ class Detach:
     def version(self) -> int:
         """The newest published version (0 before the first publish)."""
         return 0 if self.versions is None else self.versions.current
+
+    @property
+    def queue_depth(self) -> int:
+        """Chunks the open stream received and the training loop has not taken (0: none open)."""
+        return 0 if self._pumps is None else self._pumps.depth
 
     # What a new connection needs (SlotHooks).
 
@@ -477,6 +483,7 @@ class Detach:
         metrics = remote.metrics
         metrics.chunks += 1
         metrics.transitions += transitions
+        metrics.env_steps += transitions
         metrics.lag_sum += lag * transitions
         metrics.lag_max = max(metrics.lag_max, lag)
         slot.steps_since_sync += transitions
@@ -579,7 +586,7 @@ class Detach:
         async def receive(remote: Remote) -> Message | None:
             return await self._receive_chunk(remote, num_steps)
 
-        pumps = Pumps(pool, receive, name="aps chunks")
+        pumps = self._pumps = Pumps(pool, receive, name="aps chunks")
         active = pool.active()
         try:
             for remote in active:
@@ -604,6 +611,8 @@ class Detach:
             raise
         finally:
             await self._drain(await pumps.stop(), active)
+            if self._pumps is pumps:
+                self._pumps = None
             pool.leave(Mode.STREAM)
             if self._stream is this:
                 self._stream = None

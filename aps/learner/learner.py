@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -198,6 +199,9 @@ class Learner:
         if not isinstance(overlap_weights, bool):
             raise ConfigError(f"overlap_weights must be True or False, got {overlap_weights!r}")
         self._detach = Detach(self._pool, policy, sync, weight_precision, overlap_weights)
+        # Where the figures' uptime and CPU count from: start(), or here until then.
+        self._started_at, self._cpu_at_start = time.monotonic(), time.process_time()
+        self._timed = False
         self._rounds = GradientRounds(self._pool)
         self._pool.hooks += [self._detach, self._rounds]
 
@@ -225,6 +229,9 @@ class Learner:
             LaunchError | MissingDependency: the launcher could not start the workers (the
                 learner is closed again).
         """
+        if not self._timed:  # the first start: idempotent, as start() is
+            self._timed = True
+            self._started_at, self._cpu_at_start = time.monotonic(), time.process_time()
         await self._pool.start()
 
     @property
@@ -540,7 +547,18 @@ class Learner:
         """
         pool = self._pool
         workers = (*pool.former, *(r.metrics for r in pool.remotes))
-        return Metrics(version=self.version, workers=tuple(w.snapshot() for w in workers))
+        now = time.monotonic()
+        requests = pool.requests
+        return Metrics(
+            version=self.version,
+            workers=tuple(w.snapshot() for w in workers),
+            taken_at=now,
+            uptime=now - self._started_at,
+            cpu_seconds=time.process_time() - self._cpu_at_start,
+            lockstep_calls=requests.calls,
+            lockstep_wait_seconds=requests.wait_seconds,
+            queue_depth=self._detach.queue_depth,
+        )
 
     async def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Make ``agent``'s current weights a new policy version.

@@ -49,6 +49,11 @@ class Pumps:
         self._inbox: asyncio.Queue[Item] = asyncio.Queue(backlog)
         self._tasks: list[asyncio.Task[None]] = []
 
+    @property
+    def depth(self) -> int:
+        """What the workers delivered and nobody took yet."""
+        return self._inbox.qsize()
+
     def start(self, remotes: Sequence[Remote]) -> None:
         """Start one pump for each of ``remotes``."""
         self._tasks += [

@@ -11,13 +11,23 @@ I/O; this room does the sending and receiving.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from aps.delivery import Accepted
 from aps.errors import EndOfStream, ProtocolError, Timeout, TransportError, WorkerError
 from aps.learner.replace import Recovery, lost
 from aps.learner.slots import Check, Remote, SlotHooks, Slots
-from aps.messages import ErrorReport, Message, Request, ResetRequest
+from aps.messages import (
+    TIMINGS,
+    ErrorReport,
+    Message,
+    Request,
+    ResetRequest,
+    ResetResult,
+    RolloutChunk,
+    StepResult,
+)
 from aps.session import Timeouts
 
 __all__ = ["FRESH_RESET", "Redo", "Requests", "worker_error"]
@@ -27,6 +37,41 @@ FRESH_RESET = ResetRequest(seed=None, options=None)
 
 Redo = Callable[[Remote, Request, str], Awaitable[Message]]
 """How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
+
+
+WAITED = 1e-4
+"""Seconds an answer must have been waited for to count as not already there: taking an
+answer that arrived meanwhile (decoding a step's frame) costs tens of microseconds."""
+
+MAX_TIMING = 86_400.0
+"""The largest timing a worker may report for one answer, in seconds (a day)."""
+
+_TIMED = (ResetResult, StepResult, RolloutChunk)
+
+
+def _record(remote: Remote, answer: ResetResult | StepResult | RolloutChunk) -> None:
+    """Add the worker's own timings in ``answer`` to its figures.
+
+    Raises:
+        ProtocolError: a timing is not a finite number of seconds in 0..:data:`MAX_TIMING`
+            (nothing is added then).
+    """
+    timings = (answer.env_seconds, answer.inference_seconds, answer.encode_seconds)
+    for name, value in zip(TIMINGS, timings, strict=True):
+        if value is not None and not 0.0 <= value <= MAX_TIMING:  # NaN fails both
+            raise ProtocolError(
+                f"worker {remote.info.worker_id} reported {name}={value!r} in its "
+                f"{type(answer).__name__}; a timing is seconds, finite and in 0..{MAX_TIMING}: "
+                "the worker is not a compatible aps worker"
+            )
+    metrics = remote.metrics
+    env, inference, encode = timings
+    metrics.answers += 1
+    metrics.env_seconds += env or 0.0
+    metrics.inference_seconds += inference or 0.0
+    metrics.encode_seconds += encode or 0.0
+    if type(answer) is StepResult:
+        metrics.env_steps += remote.info.num_envs
 
 
 def worker_error(remote: Remote, report: ErrorReport) -> WorkerError:
@@ -58,6 +103,10 @@ class Requests:
         self._recovery = recovery
         self._hooks = hooks
         self._timeouts = timeouts
+        self.calls = 0
+        """Exchanges run (lockstep resets, steps and env calls; DETACH's resets)."""
+        self.wait_seconds = 0.0
+        """Their time, from the first request sent to the last answer, in total."""
 
     async def send_request(self, remote: Remote, request: Request) -> None:
         """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
@@ -144,6 +193,8 @@ class Requests:
                 accepted = remote.outbox.accept(message)
                 if accepted is not Accepted.FRESH:
                     continue
+                if isinstance(message, _TIMED):
+                    _record(remote, message)
                 if check is not None and type(message) is not ErrorReport:
                     check(remote, message)
                 return message
@@ -248,20 +299,35 @@ class Requests:
             # frames handed to several connections travel at the same time.
             for remote in remotes:
                 await before(remote)
+        clock = time.perf_counter
+        began = clock()
         for remote, request in zip(remotes, requests, strict=True):
             await self.send_request(remote, request)
             if after is not None:
                 await after(remote)
         answers: list[Message] = []
         failure: WorkerError | None = None
+        # Answers are taken in env order, so the worker whose answer came last is the last
+        # one this loop had to wait for: each wait is the time its answer came after the
+        # ones before it (see WorkerMetrics.wait_seconds).
+        slowest: Remote | None = None
         for remote, request in zip(remotes, requests, strict=True):
+            waiting = clock()
             answer = await self.answer_from(remote, operation, check, within=within)
             if answer is None:  # a replacement took over: its envs start afresh
                 answer = await redo(remote, request, operation)
+            waited = clock() - waiting
+            remote.metrics.wait_seconds += waited
+            if waited > WAITED or slowest is None:
+                slowest = remote
             if isinstance(answer, ErrorReport):
                 failure = failure or worker_error(remote, answer)
                 continue
             answers.append(answer)
+        if slowest is not None:
+            slowest.metrics.slowest += 1
+        self.calls += 1
+        self.wait_seconds += clock() - began
         if failure is not None:
             # The report (a worker's text, up to a frame) is not kept alive by this frame,
             # which the raised error's traceback holds: the error has the capped text.

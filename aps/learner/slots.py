@@ -136,6 +136,7 @@ class Slots:
             metrics=WorkerMetrics(worker_id=worker_id),
             session_id=session_id,
         )
+        session.tally = remote.metrics
         remote.attached.set()
         self.remotes.append(remote)
         self._by_session[session_id] = remote
@@ -183,6 +184,7 @@ class Slots:
     async def attach(self, remote: Remote, session: Session) -> None:
         """Make ``session`` the one serving ``remote`` and close the one it replaces."""
         old, remote.session = remote.session, session
+        session.tally = remote.metrics  # the worker's figures go on across connections
         remote.generation += 1
         session.start_heartbeats()
         remote.attached.set()

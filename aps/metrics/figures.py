@@ -86,8 +86,8 @@ class WorkerMetrics:
             pattern of a threshold it can never cross (see :mod:`aps.sync`). Cleared when it
             is synced.
         stalls: times it was found stalled.
-        env_steps: env-steps its answers carried: a step of ``E`` envs is ``E`` (lockstep
-            steps and resets, DETACH transitions).
+        env_steps: env-steps it made: each lockstep step counts its ``E`` envs, each DETACH
+            chunk its ``T x E`` transitions (resets are not steps).
         answers: answers that carried its own timings (steps, resets, chunks).
         env_seconds: time its envs took to reset and step, as the worker measured it.
         inference_seconds: time its policy's forward passes took (DETACH), as it measured it.
@@ -103,8 +103,12 @@ class WorkerMetrics:
             by many workers counts for each).
         bytes_sent_raw: the same with compressed arrays counted at their full size.
         decode_seconds: the learner's time decoding its frames.
-        rtt: the latest heartbeat round trip, learner to worker and back (``None`` until one
-            was measured: heartbeats go only where the learner is quiet for a second).
+        rtt: the latest heartbeat round trip, learner to worker and back, the worker's and
+            the learner's loops included (``None`` until one was measured). A ping goes with
+            a heartbeat, which goes only where the learner has sent nothing for a heartbeat
+            interval, and only while it reads the connection (so that the pong is timed as it
+            arrives): in DETACH streams, all along; in lockstep, only within a call that
+            waits that long, and then the worker answers once its step is done.
     """
 
     worker_id: int

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -169,8 +171,14 @@ class Collector:
         starts = None if self._state is None else np.empty((num_steps, num_envs), dtype=np.bool_)
         active = None if self._active is None else np.empty((num_steps, num_envs), dtype=np.bool_)
         initial: list[np.ndarray[Any, Any]] | None = None
+        # Where the worker's time goes, for the learner's figures: the policy's forward
+        # passes, the envs, and the rest of the loop (the chunk's packing).
+        clock = time.perf_counter
+        began = clock()
+        acting = stepping = 0.0
         for t in range(num_steps):
             obs_buf[t] = obs
+            act_start = clock()
             if starts is None or self._state is None:
                 actions, logprob[t], values = policy.act(obs)
             else:
@@ -190,7 +198,11 @@ class Collector:
                 value[t] = values
             # The chunk keeps the raw samples; the env gets them within its bounds.
             stepped = policy.env_actions(actions)
+            step_start = clock()
             obs, reward[t], terminated[t], truncated[t], info = envs.step(stepped)
+            step_end = clock()
+            acting += step_start - act_start
+            stepping += step_end - step_start
             if active is not None:
                 active[t] = self._active
                 self._active = _active_of(info)
@@ -222,7 +234,7 @@ class Collector:
         assert actions_buf is not None
         self._obs = obs
         returns, lengths, env_ids = zip(*ended, strict=True) if ended else ((), (), ())
-        return RolloutChunk(
+        chunk = RolloutChunk(
             version=version,
             obs=obs_buf.arrays if structured else obs_buf,
             actions=actions_buf,
@@ -247,7 +259,11 @@ class Collector:
             initial_state=initial,
             episode_start=starts,
             agent_active=active,
+            env_seconds=stepping,
+            inference_seconds=acting,
         )
+        packing = max(0.0, clock() - began - stepping - acting)
+        return dataclasses.replace(chunk, encode_seconds=packing)
 
     def _stack_cut(self, cut: list[tuple[int, int, Any]]) -> Any:
         """The truncated steps' last observations of a structured space, ``[K, ...]`` each."""

@@ -10,6 +10,8 @@ that after a resume the learner gets the answers it missed and no request runs t
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,6 +69,9 @@ class StepServer:
         self._pending_seed = seed
         self._weights_error: ApsError | None = None
         self._answers: AnswerCache[tuple[Message, bytes, str]] = AnswerCache()
+        # Seconds the previous answer took to encode: an answer carries its predecessor's
+        # (its own is known only once it is encoded).
+        self._encode_seconds = 0.0
         # What check_batch accepts for an array action space, worked out once: the actions
         # of every step are still checked against it (they come from the network).
         self._action_layout = action_layout(envs.single_action_space, envs.num_envs)
@@ -119,7 +124,12 @@ class StepServer:
         else:
             assert isinstance(request, RolloutRequest)
             answer = await self._rollout(request)
+            if type(answer) is RolloutChunk:
+                # The chunk's own packing (the collector's) and the previous answer's encoding.
+                packing = answer.encode_seconds or 0.0
+                answer = dataclasses.replace(answer, encode_seconds=packing + self._encode_seconds)
         # Encoded once: the frame is what is sent, and what is kept for a resend.
+        started = time.perf_counter()
         try:
             frame = session.encode(answer)
         except WireError as exc:
@@ -136,6 +146,7 @@ class StepServer:
                 seq,
             )
             frame = session.encode(answer)
+        self._encode_seconds = time.perf_counter() - started
         self._answers.keep((answer, frame, session.encoding))
         await session.send(answer, frame=frame)
         return False
@@ -306,10 +317,12 @@ class StepServer:
                 return ErrorReport.of(
                     ProtocolError(f"the learner sent bad actions: {exc}"), request.seq
                 )
+        started = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = envs.step(actions)
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
+        env_seconds = time.perf_counter() - started
         if self.collector is not None:
             self.collector.observe(obs, terminated | truncated, info)
         return StepResult(
@@ -319,6 +332,8 @@ class StepServer:
             truncated=truncated,
             info=info,
             seq=request.seq,
+            env_seconds=env_seconds,
+            encode_seconds=self._encode_seconds,
         )
 
     def _reset(self, request: ResetRequest) -> ResetResult | ErrorReport:
@@ -329,17 +344,25 @@ class StepServer:
             seed = request.seed if request.seed is not None else self._pending_seed
         self._pending_seed = None
         options = dict(request.options) if request.options is not None else None
+        started = time.perf_counter()
         try:
             obs, info = self.envs.reset(seed=seed, options=options)  # type: ignore[arg-type]
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)
+        env_seconds = time.perf_counter() - started
         if self.collector is not None:
             self.collector.observe(obs, None, info)
             first = seed[0] if isinstance(seed, list) else seed
             if first is not None:
                 # Seeded resets make the worker's action sampling reproducible too.
                 self.collector.policy.seed(first)
-        return ResetResult(obs=obs, info=info, seq=request.seq)
+        return ResetResult(
+            obs=obs,
+            info=info,
+            seq=request.seq,
+            env_seconds=env_seconds,
+            encode_seconds=self._encode_seconds,
+        )
 
 
 def _check_public(kind: str, name: str, args: Any, kwargs: Any) -> None:
