@@ -1,10 +1,7 @@
-"""The verdict on what bounds a run: constructed windows with exact lines, then real runs.
+"""The verdict on what bounds a run, on constructed windows with exact lines.
 
-The constructed windows hold round figures, so each line is known to the character and each
-threshold is tested on both sides. The real runs put a learner and two worker processes over
-TCP on 127.0.0.1 in a shape whose bound is not in doubt (envs that sleep, one worker that sleeps
-four times longer, a learner that sleeps between steps, a throttled link) and check the verdict
-names it.
+The windows hold round figures, so each line is known to the character and each threshold is
+tested on both sides.
 """
 
 from __future__ import annotations
@@ -32,22 +29,14 @@ def worker(worker_id: int, **figures: Any) -> WorkerMetrics:
 
 
 def answering(
-    worker_id: int,
-    *,
-    answers: int = 1000,
-    env: float,
-    latency: float,
-    slowest: int,
-    envs: int = 4,
-    **figures: Any,
+    worker_id: int, *, answers: int, env: float, slowest: int, envs: int = 4, **figures: Any
 ) -> WorkerMetrics:
-    """A lockstep worker: ``answers`` answers of ``env`` seconds in its envs, ``latency`` each."""
+    """A lockstep worker: ``answers`` answers of ``env`` seconds in its ``envs`` envs."""
     return worker(
         worker_id,
         answers=answers,
         env_steps=answers * envs,
         env_seconds=answers * env,
-        wait_seconds=answers * latency,
         slowest=slowest,
         **figures,
     )
@@ -103,97 +92,112 @@ def detach(
 # Lockstep.
 
 
-def test_envs_that_take_most_of_each_answer_bind_a_lockstep_run() -> None:
+def test_envs_that_take_most_of_each_call_bind_a_lockstep_run() -> None:
     window = lockstep(
-        answering(0, env=1.6 * MS, latency=1.75 * MS, slowest=500),
-        answering(1, env=1.6 * MS, latency=1.75 * MS, slowest=500),
+        answering(0, answers=1000, env=1.6 * MS, slowest=500),
+        answering(1, answers=1000, env=1.6 * MS, slowest=500),
     )
     result = verdict(window)
     assert result == Verdict(bound="env", line=result.line, shares=result.shares)
     assert result.worker is None
     assert result.line == (
-        "env-bound: the learner waits for workers 90% of its time, and envs take 91% of the "
-        "answers it waits for (1.60 ms of 1.75 ms; 0.40 ms an env-step); the wire and "
-        "encoding the other 9%"
+        "env-bound: the learner waits for workers 90% of its time, and envs take 89% of each "
+        "call's wait (1.60 ms of 1.80 ms; 0.40 ms an env-step); the wire and encoding the "
+        "other 11%"
     )
-    env = 1.6 / 1.75
+    env = 1.6 / 1.8
     assert result.shares == pytest.approx(
         {"learner": 0.1, "workers": 0.9, "env": 0.9 * env, "wire": 0.9 * (1 - env)}
     )
     assert str(result) == result.line
 
 
-def test_the_rest_of_each_answer_binds_a_lockstep_run_to_the_wire() -> None:
-    common: dict[str, Any] = {"encode_seconds": 0.2, "decode_seconds": 0.1}
+def test_how_a_calls_wait_is_shared_out_among_its_workers_changes_nothing() -> None:
+    # From each request to its answer, or each answer after the ones before it: the call's
+    # wait is the learner's own clock, and only the workers' env times are read.
+    def window(first: float, second: float) -> Metrics:
+        return lockstep(
+            answering(0, answers=1000, env=1.6 * MS, slowest=500, wait_seconds=first),
+            answering(1, answers=1000, env=1.6 * MS, slowest=500, wait_seconds=second),
+        )
+
+    assert verdict(window(1.8, 1.8)) == verdict(window(1.8, 0.01)) == verdict(window(0, 0))
+
+
+def test_the_rest_of_each_call_binds_a_lockstep_run_to_the_wire() -> None:
     window = lockstep(
         answering(
             0,
+            answers=190,
             env=0.5 * MS,
-            latency=10 * MS,
-            slowest=600,
+            slowest=114,
+            encode_seconds=190 * 0.2 * MS,
+            decode_seconds=190 * 0.1 * MS,
             bytes_received=12_000_000,
             bytes_received_raw=24_000_000,
             bytes_sent=1_000_000,
             rtt=9 * MS,
-            **common,
         ),
         answering(
             1,
+            answers=190,
             env=0.5 * MS,
-            latency=10 * MS,
-            slowest=400,
+            slowest=76,
+            encode_seconds=190 * 0.2 * MS,
+            decode_seconds=190 * 0.1 * MS,
             bytes_received=8_000_000,
             bytes_received_raw=16_000_000,
             bytes_sent=1_000_000,
             rtt=11 * MS,
-            **common,
         ),
+        calls=190,
         wait=1.9,
     )
     result = verdict(window)
     assert (result.bound, result.worker) == ("wire", None)
     assert result.line == (
         "wire-bound: the learner waits for workers 95% of its time, and envs take only 5% of "
-        "the answers it waits for (0.50 ms of 10.0 ms); the rest is the wire both ways and "
-        "encoding (encoding 0.20 ms, decoding 0.10 ms an answer); 10.0 MB/s in (2.0x "
-        "compressed), 1.0 MB/s out; round trip 10.0 ms"
+        "each call's wait (0.50 ms of 10.0 ms); the rest is the wire both ways and encoding "
+        "(encoding 0.20 ms, decoding 0.10 ms an answer); 10.0 MB/s in (2.0x compressed), "
+        "1.0 MB/s out; round trip 10.0 ms; worker 0 answered last in 60% of the calls"
     )
     assert result.shares == pytest.approx(
         {"learner": 0.05, "workers": 0.95, "env": 0.95 * 0.05, "wire": 0.95 * 0.95}
     )
 
 
-def test_a_wire_line_leaves_out_the_compression_and_round_trip_it_did_not_see() -> None:
-    window = lockstep(
-        answering(0, env=1 * MS, latency=10 * MS, slowest=1000, bytes_received=3_000, rtt=None)
-    )
+def test_a_wire_line_leaves_out_what_it_did_not_see() -> None:
+    # No compression, no round trip measured, no worker last in most calls (a lone one).
+    window = lockstep(answering(0, answers=1000, env=0.5 * MS, slowest=1000, bytes_received=3_000))
     assert verdict(window).line.endswith("; 1.5 kB/s in, 0 B/s out")
 
 
 def test_the_answers_a_lockstep_run_waited_for_decide_not_the_average_answer() -> None:
-    # Worker 0 answers last in 90% of the calls and spends its answers on the wire; worker 1,
-    # nearly as slow, in its envs. Averaged evenly the envs would take half the latency.
+    # Worker 0 answers last in 90% of the calls and its envs are quick; worker 1's are slow,
+    # but it is rarely the one waited for. Averaged evenly the envs would take half a call.
     window = lockstep(
-        answering(0, env=1 * MS, latency=10 * MS, slowest=900),
-        answering(1, env=8.5 * MS, latency=9 * MS, slowest=100),
+        answering(0, answers=180, env=1 * MS, slowest=162),
+        answering(1, answers=180, env=9 * MS, slowest=18),
+        calls=180,
     )
     result = verdict(window)
-    assert result.bound == "wire"
-    assert "envs take only 18% of the answers it waits for (1.75 ms of 9.90 ms)" in result.line
+    assert (result.bound, result.worker) == ("wire", None)
+    assert "envs take only 18% of each call's wait (1.80 ms of 10.0 ms)" in result.line
+    assert result.line.endswith("; worker 0 answered last in 90% of the calls")
 
 
-def test_envs_at_exactly_half_of_the_latency_still_bind_the_run() -> None:
-    half = lockstep(answering(0, env=5 * MS, latency=10 * MS, slowest=1000))
+def test_envs_at_exactly_half_of_a_call_still_bind_the_run() -> None:
     assert ENV_SHARE == 0.5
+    half = lockstep(answering(0, answers=180, env=5 * MS, slowest=180), calls=180)
     assert verdict(half).bound == "env"
-    under = lockstep(answering(0, env=4.99 * MS, latency=10 * MS, slowest=1000))
+    under = lockstep(answering(0, answers=180, env=4.99 * MS, slowest=180), calls=180)
     assert verdict(under).bound == "wire"
 
 
 def test_a_learner_that_waits_under_half_its_time_is_the_bound() -> None:
     window = lockstep(
-        answering(0, env=1 * MS, latency=1.9 * MS, slowest=100),
-        answering(1, env=1 * MS, latency=2 * MS, slowest=100),
+        answering(0, answers=200, env=1 * MS, slowest=100),
+        answering(1, answers=200, env=1 * MS, slowest=100),
         calls=200,
         wait=0.4,
         cpu=1.9,
@@ -204,8 +208,7 @@ def test_a_learner_that_waits_under_half_its_time_is_the_bound() -> None:
         "learner-bound: the learner waits for workers only 20% of its time (2.00 ms a call, "
         "200 calls); its own loop between calls takes 80% (its process uses 95% of a core)"
     )
-    assert result.shares["learner"] == pytest.approx(0.8)
-    assert result.shares["env"] == pytest.approx(0.2 * 1 / 1.95)
+    assert result.shares == pytest.approx({"learner": 0.8, "workers": 0.2, "env": 0.1, "wire": 0.1})
 
 
 def test_a_learner_is_named_from_its_own_figures_without_the_workers_timings() -> None:
@@ -219,67 +222,70 @@ def test_a_learner_is_named_from_its_own_figures_without_the_workers_timings() -
 
 def test_waits_of_exactly_half_the_window_leave_the_learner_out() -> None:
     assert WAIT_SHARE == 0.5
-    slow_envs = answering(0, env=2 * MS, latency=2.1 * MS, slowest=1000)
+    slow_envs = answering(0, answers=1000, env=0.9 * MS, slowest=1000)
     assert verdict(lockstep(slow_envs, wait=1.0)).bound == "env"
     assert verdict(lockstep(slow_envs, wait=0.998)).bound == "learner"
 
 
-def test_one_worker_that_answers_last_and_slowly_is_a_straggler() -> None:
+def test_one_worker_whose_slow_envs_the_calls_wait_for_is_a_straggler() -> None:
     window = lockstep(
-        answering(0, env=2 * MS, latency=2.5 * MS, slowest=25),
-        answering(1, env=2 * MS, latency=2.6 * MS, slowest=25),
-        answering(7, env=8 * MS, latency=8.5 * MS, slowest=950),
-        answering(3, env=2 * MS, latency=2.4 * MS, slowest=0),
+        answering(0, answers=200, env=2 * MS, slowest=5),
+        answering(1, answers=200, env=2.2 * MS, slowest=5),
+        answering(7, answers=200, env=8 * MS, slowest=190),
+        answering(3, answers=200, env=1.9 * MS, slowest=0),
+        calls=200,
     )
     result = verdict(window)
     assert (result.bound, result.worker) == ("straggler", 7)
     assert result.line == (
-        "straggler: worker 7 answered last in 95% of the calls; its answers take 8.50 ms "
-        "(its envs 8.00 ms, the rest 0.50 ms), the other workers' 2.50 ms (median); the "
-        "learner waits for workers 90% of its time"
+        "straggler: worker 7 answered last in 95% of the calls; its envs take 8.00 ms an "
+        "answer, the other workers' 2.00 ms (median); the learner waits for workers 90% of "
+        "its time (9.00 ms a call)"
     )
     assert result.shares["workers"] == pytest.approx(0.9)
-
-
-def test_a_worker_slow_on_its_link_is_a_straggler_too_and_its_line_says_so() -> None:
-    window = lockstep(
-        answering(0, env=1 * MS, latency=30 * MS, slowest=990),
-        answering(1, env=1 * MS, latency=2 * MS, slowest=10),
-    )
-    result = verdict(window)
-    assert (result.bound, result.worker) == ("straggler", 0)
-    assert "its answers take 30.0 ms (its envs 1.00 ms, the rest 29.0 ms)" in result.line
 
 
 @pytest.mark.parametrize(
     ("slowest", "ratio", "bound"),
     [
-        (501, STRAGGLER_RATIO, "straggler"),  # both thresholds just met
-        (500, STRAGGLER_RATIO, "env"),  # last in half the calls: not most of them
-        (501, STRAGGLER_RATIO - 0.01, "env"),  # not slow enough against the others
+        (181, STRAGGLER_RATIO, "straggler"),  # every threshold just met
+        (180, STRAGGLER_RATIO, "env"),  # last in half the calls: not most of them
+        (181, STRAGGLER_RATIO - 0.01, "env"),  # its envs not slow enough against the others
     ],
 )
-def test_a_straggler_needs_most_calls_and_a_latency_well_above_the_others(
+def test_a_straggler_needs_most_calls_and_envs_well_slower_than_the_others(
     slowest: int, ratio: float, bound: str
 ) -> None:
     window = lockstep(
-        answering(0, env=2 * MS, latency=2 * MS * ratio, slowest=slowest),
-        answering(1, env=1.9 * MS, latency=2 * MS, slowest=1000 - slowest),
+        answering(0, answers=360, env=2 * MS * ratio, slowest=slowest),
+        answering(1, answers=360, env=2 * MS, slowest=360 - slowest),
+        calls=360,
+        wait=1.44,  # 4 ms a call: the straggler's envs take 3 of them
     )
     assert verdict(window).bound == bound
 
 
+def test_a_worker_the_calls_wait_for_on_its_link_is_named_in_a_wire_verdict() -> None:
+    # Its envs are three times the other's, but they take a tenth of the calls' wait.
+    window = lockstep(
+        answering(0, answers=180, env=3 * MS, slowest=171),
+        answering(1, answers=180, env=1 * MS, slowest=9),
+        calls=180,
+    )
+    result = verdict(window)
+    assert (result.bound, result.worker) == ("wire", None)
+    assert result.line.endswith("; worker 0 answered last in 95% of the calls")
+
+
 def test_a_lone_worker_is_never_a_straggler() -> None:
-    window = lockstep(answering(4, env=9 * MS, latency=10 * MS, slowest=1000))
+    window = lockstep(answering(4, answers=180, env=9 * MS, slowest=180), calls=180)
     result = verdict(window)
     assert (result.bound, result.worker) == ("env", None)
 
 
 def test_a_worker_that_joined_without_answers_is_left_out_of_the_lockstep_figures() -> None:
-    window = lockstep(
-        answering(0, env=1.6 * MS, latency=1.75 * MS, slowest=1000), worker(1), calls=1000
-    )
-    assert "(1.60 ms of 1.75 ms; 0.40 ms an env-step)" in verdict(window).line
+    window = lockstep(answering(0, answers=1000, env=1.6 * MS, slowest=1000), worker(1))
+    assert "(1.60 ms of 1.80 ms; 0.40 ms an env-step)" in verdict(window).line
 
 
 # DETACH.
@@ -381,7 +387,7 @@ def test_a_window_of_chunks_and_a_reset_is_a_detach_window() -> None:
 
 
 def test_a_short_window_is_unknown_and_says_how_long_it_was() -> None:
-    short = lockstep(answering(0, env=1 * MS, latency=2 * MS, slowest=100), uptime=0.4)
+    short = lockstep(answering(0, answers=100, env=1 * MS, slowest=100), uptime=0.4)
     result = verdict(short)
     assert result == Verdict(
         bound="unknown",
@@ -389,7 +395,9 @@ def test_a_short_window_is_unknown_and_says_how_long_it_was() -> None:
         "two snapshots further apart)",
     )
     assert result.shares == {}
-    enough = dataclasses.replace(short, uptime=MIN_WINDOW, lockstep_wait_seconds=0.45)
+    enough = dataclasses.replace(
+        short, uptime=MIN_WINDOW, lockstep_wait_seconds=0.45, lockstep_calls=400
+    )
     assert verdict(enough).bound == "env"
 
 

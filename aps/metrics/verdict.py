@@ -19,22 +19,27 @@ Too little data
 Lockstep (the window holds more lockstep calls than chunks)
     The learner's time splits into waiting inside lockstep calls (``lockstep_wait_seconds``,
     from a call's first request to its last answer) and the rest: its own loop, choosing
-    actions, training, anything between calls.
+    actions, training, anything between calls. A call waits for the answer that comes last,
+    so the workers' figures are read through ``slowest`` (the calls each answered last): the
+    env time of the answer a call waited for is each worker's env time per answer
+    (``env_seconds / answers``) weighted by the calls it answered last.
 
     1. ``learner`` when the waits are under :data:`WAIT_SHARE` (half) of the window: the
        workers answer faster than the learner asks.
     2. ``straggler`` (``worker`` names it) when, with two workers or more, one answered last
-       in more than :data:`STRAGGLER_CALLS` (half) of the calls and its answer latency
-       (``wait_seconds / answers``: from the learner's request to its answer) is at least
-       :data:`STRAGGLER_RATIO` (1.5) times the median of the other workers'. Its latency, not
-       its env time, decides, since that is what each call waits for; the line splits it into
-       env and the rest, which says whether its envs or its link make it slow.
-    3. Else the answers the learner waited for, the last of each call, decide: each worker's
-       env time and latency per answer, weighted by the calls it answered last
-       (``slowest``). ``env`` when the envs take at least :data:`ENV_SHARE` (half) of that
-       latency; else ``wire``: the rest of the latency is the network both ways, encoding
-       and decoding, and the worker's own loop around its envs. The line gives the bytes
-       each way, the compression and the heartbeat round trip.
+       in more than :data:`STRAGGLER_CALLS` (half) of the calls, its env time per answer is
+       at least :data:`STRAGGLER_RATIO` (1.5) times the median of the other workers', and its
+       envs take at least :data:`ENV_SHARE` (half) of a call's wait: its envs are what the
+       calls wait for, and the others' are faster.
+    3. ``env`` when the envs take at least :data:`ENV_SHARE` (half) of a call's wait
+       (``lockstep_wait_seconds / lockstep_calls``).
+    4. Else ``wire``: the rest of a call's wait is the network both ways, encoding and
+       decoding, and the worker's own loop around its envs. The line gives the bytes each
+       way, the compression and the heartbeat round trip, and names a worker that answered
+       last in most calls (one slow link looks so).
+
+    Only the learner's own clock times a call: per-worker ``wait_seconds`` are not read, so
+    the verdict holds however a call's wait is shared out among its workers.
 
 DETACH (chunks)
     Workers act on their own, so their time decides: a worker is busy while its envs step,
@@ -93,12 +98,12 @@ STRAGGLER_CALLS = 0.5
 """Lockstep: a straggler answered last in more than this share of the calls."""
 
 STRAGGLER_RATIO = 1.5
-"""Lockstep: a straggler's answer latency is at least this many times the other workers'
-median."""
+"""Lockstep: a straggler's env time per answer is at least this many times the other
+workers' median."""
 
 ENV_SHARE = 0.5
-"""Lockstep: the envs are the bound when they take at least this share of the latency of the
-answers the learner waited for; the wire when they take less."""
+"""Lockstep: the envs are the bound when they take at least this share of a call's wait (the
+answer it waited for); the wire when they take less."""
 
 BUSY_SHARE = 0.5
 """DETACH: workers busy at least this share of the window are the bound."""
@@ -174,89 +179,75 @@ def _lockstep(window: Metrics, timed: list[WorkerMetrics]) -> Verdict:
     span = window.uptime
     calls = window.lockstep_calls
     wait = _clamp(window.lockstep_wait_seconds / span)
-    answering = [w for w in timed if w.wait_seconds > 0]
-    # The answers the learner waited for are the last of each call: weight each worker by the
-    # calls it answered last (evenly where none was counted).
-    weights = [float(w.slowest) for w in answering]
+    per_call = window.lockstep_wait_seconds / calls
+    # The answer a call waited for is its last: weight each worker by the calls it answered
+    # last (evenly where none was counted).
+    weights = [float(w.slowest) for w in timed]
     if not any(weights):
-        weights = [1.0] * len(answering)
-    latency = _weighted([w.wait_seconds / w.answers for w in answering], weights)
-    env = min(_weighted([w.env_seconds / w.answers for w in answering], weights), latency)
-    share = env / latency if latency > 0 else None
+        weights = [1.0] * len(timed)
+    env = min(_weighted([w.env_seconds / w.answers for w in timed], weights), per_call)
+    share = env / per_call if timed and per_call > 0 else None
     shares = _waits(wait, share)
     if wait < WAIT_SHARE:
         return Verdict(
             bound="learner",
             line=(
                 f"learner-bound: the learner waits for workers only {_pct(wait)} of its time "
-                f"({_time(window.lockstep_wait_seconds / calls)} a call, {calls} calls); its "
-                f"own loop between calls takes {_pct(1 - wait)} (its process uses "
-                f"{_cpu(window.cpu_seconds / span)})"
+                f"({_time(per_call)} a call, {calls} calls); its own loop between calls takes "
+                f"{_pct(1 - wait)} (its process uses {_cpu(window.cpu_seconds / span)})"
             ),
             shares=shares,
         )
     if share is None:
         return _untimed(span)
-    straggler = _straggler(answering, calls)
-    if straggler is not None:
-        return _straggling(window, straggler, answering, wait, shares)
-    head = f"the learner waits for workers {_pct(wait)} of its time, and envs take"
+    last = _last(timed, calls)
+    head = f"the learner waits for workers {_pct(wait)} of its time"
+    if last is not None:
+        own = last.env_seconds / last.answers
+        others = statistics.median(w.env_seconds / w.answers for w in timed if w is not last)
+        if own >= STRAGGLER_RATIO * others and own >= ENV_SHARE * per_call:
+            return Verdict(
+                bound="straggler",
+                worker=last.worker_id,
+                line=(
+                    f"straggler: worker {last.worker_id} answered last in "
+                    f"{_pct(last.slowest / calls)} of the calls; its envs take {_time(own)} an "
+                    f"answer, the other workers' {_time(others)} (median); {head} "
+                    f"({_time(per_call)} a call)"
+                ),
+                shares=shares,
+            )
+    head += ", and envs take"
     if share >= ENV_SHARE:
-        steps = sum(w.env_steps for w in answering)
-        per_step = sum(w.env_seconds for w in answering) / steps if steps else 0.0
+        steps = sum(w.env_steps for w in timed)
+        per_step = sum(w.env_seconds for w in timed) / steps if steps else 0.0
         return Verdict(
             bound="env",
             line=(
-                f"env-bound: {head} {_pct(share)} of the answers it waits for ({_time(env)} "
-                f"of {_time(latency)}; {_time(per_step)} an env-step); the wire and encoding "
-                f"the other {_pct(1 - share)}"
+                f"env-bound: {head} {_pct(share)} of each call's wait ({_time(env)} of "
+                f"{_time(per_call)}; {_time(per_step)} an env-step); the wire and encoding the "
+                f"other {_pct(1 - share)}"
             ),
             shares=shares,
         )
-    return Verdict(
-        bound="wire",
-        line=(
-            f"wire-bound: {head} only {_pct(share)} of the answers it waits for "
-            f"({_time(env)} of {_time(latency)}); the rest is the wire both ways and encoding "
-            f"({_coding(answering)}); {_traffic(window)}"
-        ),
-        shares=shares,
+    line = (
+        f"wire-bound: {head} only {_pct(share)} of each call's wait ({_time(env)} of "
+        f"{_time(per_call)}); the rest is the wire both ways and encoding ({_coding(timed)}); "
+        f"{_traffic(window)}"
     )
+    if last is not None:
+        line += (
+            f"; worker {last.worker_id} answered last in {_pct(last.slowest / calls)} of the calls"
+        )
+    return Verdict(bound="wire", line=line, shares=shares)
 
 
-def _straggler(workers: list[WorkerMetrics], calls: int) -> WorkerMetrics | None:
-    """The worker the calls waited for, by the rule of the module's docstring, or ``None``."""
+def _last(workers: list[WorkerMetrics], calls: int) -> WorkerMetrics | None:
+    """The worker that answered last in most calls, with two workers or more, or ``None``."""
     if len(workers) < 2:
         return None
     last = max(workers, key=lambda w: w.slowest)
-    if not last.slowest > STRAGGLER_CALLS * calls:
-        return None
-    others = statistics.median(w.wait_seconds / w.answers for w in workers if w is not last)
-    return last if last.wait_seconds / last.answers >= STRAGGLER_RATIO * others else None
-
-
-def _straggling(
-    window: Metrics,
-    straggler: WorkerMetrics,
-    workers: list[WorkerMetrics],
-    wait: float,
-    shares: dict[str, float],
-) -> Verdict:
-    latency = straggler.wait_seconds / straggler.answers
-    env = min(straggler.env_seconds / straggler.answers, latency)
-    others = statistics.median(w.wait_seconds / w.answers for w in workers if w is not straggler)
-    return Verdict(
-        bound="straggler",
-        worker=straggler.worker_id,
-        line=(
-            f"straggler: worker {straggler.worker_id} answered last in "
-            f"{_pct(straggler.slowest / window.lockstep_calls)} of the calls; its answers take "
-            f"{_time(latency)} (its envs {_time(env)}, the rest {_time(latency - env)}), the "
-            f"other workers' {_time(others)} (median); the learner waits for workers "
-            f"{_pct(wait)} of its time"
-        ),
-        shares=shares,
-    )
+    return last if last.slowest > STRAGGLER_CALLS * calls else None
 
 
 def _detach(window: Metrics, timed: list[WorkerMetrics]) -> Verdict:
