@@ -91,17 +91,21 @@ class WorkerMetrics:
         answers: answers that carried its own timings (steps, resets, chunks).
         env_seconds: time its envs took to reset and step, as the worker measured it.
         inference_seconds: time its policy's forward passes took (DETACH), as it measured it.
-        encode_seconds: time it took to encode (and compress) its answers.
-        wait_seconds: lockstep: from each request the learner sent it to its answer, as the
-            learner measured it (the worker's env time plus the wire both ways plus both
-            ends' work on the message).
-        slowest: lockstep calls in which its answer came last, so the call waited for it.
+        encode_seconds: time it took to encode (and compress) its answers; for chunks, the
+            acting loop's own work of packing them too (its time outside envs and policy).
+        wait_seconds: the time calls that asked every worker (lockstep resets, steps and
+            env calls) spent waiting for this worker's answer once the answers before it (in
+            env order) were in: over the workers, a call's whole wait. A worker whose answer
+            was there by then adds about nothing.
+        slowest: calls that asked every worker in which its answer came last, so the call
+            waited for it (the last worker the call waited for, as above).
         bytes_received: bytes of its frames on the wire.
         bytes_received_raw: the same with compressed and frame-delta arrays counted at their
             full size (equal to ``bytes_received`` without compression).
         bytes_sent: bytes of the learner's frames to it on the wire (a weights frame shared
             by many workers counts for each).
-        bytes_sent_raw: the same with compressed arrays counted at their full size.
+        bytes_sent_raw: the same with compressed arrays counted at their full size (a frame
+            encoded once for many workers, weights, counts at its wire size).
         decode_seconds: the learner's time decoding its frames.
         rtt: the latest heartbeat round trip, learner to worker and back, the worker's and
             the learner's loops included (``None`` until one was measured). A ping goes with
