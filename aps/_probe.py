@@ -14,16 +14,24 @@ learner's own proof over both nonces, so a check that passes also shows that wha
 at the URL holds the token. Only after that proof is checked does the check read a frame
 larger than a handshake's: it raises its limit, then asks for the spaces, so no large frame
 is on its way before the limit is raised.
+
+``aps top URL`` opens the same conversation and stays: once it has the spaces it asks for
+the learner's figures (:class:`~aps.messages.MetricsRequest`) as often as it redraws, and
+each answer (:class:`~aps.messages.ProbeMetrics`) is :meth:`aps.metrics.Metrics.as_dict` of
+the learner's snapshot then. :func:`watch_learner` is that connection; the learner paces and
+bounds such views (see :mod:`aps.learner.admission`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 
@@ -32,6 +40,8 @@ from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
     Hello,
+    MetricsRequest,
+    ProbeMetrics,
     ProbeResult,
     ProbeSpaces,
     Reject,
@@ -42,7 +52,9 @@ from aps.session import Session
 from aps.transports import connect
 from aps.transports.base import TransportFactory
 
-__all__ = ["CheckResult", "check_learner"]
+__all__ = ["CheckResult", "Watch", "check_learner", "watch_learner"]
+
+T = TypeVar("T")
 
 PROBE_LABEL = "aps check"
 """The label the check's Hello carries, for a learner's debug output."""
@@ -111,9 +123,16 @@ async def check_learner(
         ProtocolError: what answered is not an aps learner this aps can check.
         ConfigError: the learner is busy, or refused the check for another reason.
     """
+    session, result = await _within(timeout, url, _open(url, token, factory))
+    await session.aclose()
+    return result
+
+
+async def _within(timeout: float, url: str, opening: Awaitable[T]) -> T:
+    """``opening``, bounded by ``timeout`` seconds: a :class:`Timeout` that says what to check."""
     try:
         async with asyncio.timeout(timeout):
-            return await _check(url, token, factory)
+            return await opening
     except TimeoutError as exc:
         if isinstance(exc, Timeout):
             raise
@@ -125,7 +144,13 @@ async def check_learner(
         ) from None
 
 
-async def _check(url: str, token: str | None, factory: TransportFactory | None) -> CheckResult:
+async def _open(
+    url: str, token: str | None, factory: TransportFactory | None
+) -> tuple[Session, CheckResult]:
+    """The check's conversation up to the spaces; returns the session, still open, with it.
+
+    The caller closes the session (a check at once; a live view once it is done watching).
+    """
     started = time.perf_counter()
     transport = await (connect(url) if factory is None else factory.connect(url))
     connected = time.perf_counter()
@@ -179,9 +204,10 @@ async def _check(url: str, token: str | None, factory: TransportFactory | None) 
         await session.send(SpacesRequest())
         spaces = await session.receive(timeout=None, operation="the learner's spaces")
         assert isinstance(spaces, ProbeSpaces)  # the protocol table allows nothing else
-    finally:
+    except BaseException:
         await session.aclose()
-    return CheckResult(
+        raise
+    return session, CheckResult(
         url=url,
         protocol_version=challenge.protocol_version,
         connect_seconds=connected - started,
@@ -196,3 +222,80 @@ async def _check(url: str, token: str | None, factory: TransportFactory | None) 
         observation_space=spaces.observation_space,
         action_space=spaces.action_space,
     )
+
+
+class Watch:
+    """A live view's open connection to a learner (``aps top``): its figures, when asked.
+
+    Made by :func:`watch_learner`, which closes it. One request at a time: the protocol
+    allows a view one outstanding request, and the learner answers at most
+    ``aps.learner.admission.WATCH_RATE`` of them a second (a faster view is paced).
+
+    Attributes:
+        result: what the learner said when the view opened (as :func:`check_learner`
+            returns it): its expected workers and spaces, its versions, the round trip.
+    """
+
+    def __init__(self, session: Session, result: CheckResult, timeout: float) -> None:
+        self._session = session
+        self._timeout = timeout
+        self.result = result
+
+    async def figures(self) -> dict[str, Any]:
+        """Ask for the learner's figures now.
+
+        Returns:
+            :meth:`aps.metrics.Metrics.as_dict` of the learner's snapshot, with
+            ``workers_connected``: its workers connected now.
+
+        Raises:
+            Timeout: no answer within the view's ``timeout`` of the request.
+            EndOfStream: the learner ended the view (closing, or already serving as many
+                views as it allows: its goodbye says which).
+            ProtocolError: the answer is not a learner's figures.
+        """
+        session = self._session
+        await session.send(MetricsRequest())
+        answer = await session.receive(
+            timeout=self._timeout,
+            operation="the learner's figures",
+            since=asyncio.get_running_loop().time(),
+        )
+        assert isinstance(answer, ProbeMetrics)  # the protocol table allows nothing else
+        if not isinstance(answer.metrics, dict):
+            raise ProtocolError(
+                f"the learner at {self.result.url} sent figures of type "
+                f"{type(answer.metrics).__name__}, expected a mapping (Metrics.as_dict())"
+            )
+        return answer.metrics
+
+
+@contextlib.asynccontextmanager
+async def watch_learner(
+    url: str,
+    *,
+    token: str | None,
+    factory: TransportFactory | None = None,
+    timeout: float = 10.0,
+) -> AsyncIterator[Watch]:
+    """Open a live view of the learner at ``url``: the check's conversation, kept open.
+
+    The view proves ``token`` and checks the learner's proof exactly as
+    :func:`check_learner` does, and reads frames larger than a handshake's only after that;
+    then it stays, and :meth:`Watch.figures` asks for the figures. Leaving the block says
+    goodbye.
+
+    Args:
+        url: the learner's address, as a worker dials it.
+        token: the learner's token (``None``: prove none).
+        factory: dial with this factory (TLS, say) instead of the scheme's own.
+        timeout: the longest the opening may take, and then each answer, in seconds.
+
+    Raises:
+        The errors of :func:`check_learner`, on opening.
+    """
+    session, result = await _within(timeout, url, _open(url, token, factory))
+    try:
+        yield Watch(session, result, timeout)
+    finally:
+        await session.aclose()

@@ -14,6 +14,16 @@ first to make room for a newcomer and has a short deadline to ask for the spaces
 reaches ``join`` and is never counted as a refusal; a probe with a wrong proof is refused
 like any worker, and learns nothing else.
 
+A probe that has the spaces may stay and watch (``aps top``): it asks for the learner's
+figures (:class:`~aps.messages.MetricsRequest`) and each request is answered with a
+:class:`~aps.messages.ProbeMetrics` of what a ``figures`` callback gives
+(:meth:`aps.metrics.Metrics.as_dict`) and ``workers_connected``. Its first request must
+come within the probe's short deadline, on its pre-auth ticket; then the ticket is released
+(the watcher proved the token) and the watcher holds one of :data:`MAX_WATCHERS` places
+instead: a watcher beyond them is told so in the goodbye that closes it. A watcher is paced,
+not refused: each answer goes out at least ``1 / WATCH_RATE`` s after the one before, and a
+watcher silent for :data:`WATCH_TIMEOUT` seconds is closed. The learner's close ends them all.
+
 Nothing an unauthenticated peer does may cost the learner much or keep honest workers out.
 Every connection spends one :class:`~aps.transports.budget.PreauthBudget` from its first
 byte: the listener's, which counts TLS and WebSocket opening handshakes too, and which the
@@ -32,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -53,6 +64,8 @@ from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
     Hello,
+    MetricsRequest,
+    ProbeMetrics,
     ProbeResult,
     ProbeSpaces,
     Reject,
@@ -76,6 +89,9 @@ log = logging.getLogger(__name__)
 __all__ = [
     "MAX_HANDSHAKES",
     "MAX_HANDSHAKES_PER_HOST",
+    "MAX_WATCHERS",
+    "WATCH_RATE",
+    "WATCH_TIMEOUT",
     "Describe",
     "Gate",
     "Join",
@@ -94,6 +110,17 @@ connection is told ``Reject(retry_after=...)`` and the worker dials again later.
 MAX_HANDSHAKES_PER_HOST = DEFAULT_PER_HOST
 """The most handshakes from one address that have not said hello; a new one from that
 address takes the place of its oldest."""
+
+MAX_WATCHERS = 8
+"""The most live views (``aps top``) a learner serves at once; the next one is closed with a
+goodbye that says so."""
+
+WATCH_RATE = 10.0
+"""The most requests a second a learner answers for one live view. A view that asks faster
+is paced, never refused: its answer waits until ``1 / WATCH_RATE`` s after the one before."""
+
+WATCH_TIMEOUT = 30.0
+"""Seconds a live view may stay silent between two requests before the learner closes it."""
 
 BUSY_RETRY_AFTER = 1.0
 """Seconds a worker turned away while the learner is busy waits before dialing again."""
@@ -193,7 +220,9 @@ class Gate:
         join: takes each peer that proved the token; an :class:`ApsError` it raises refuses
             the peer (logged, remembered, and the peer told why).
         describe: what a probe (``aps check``) that proved the token is told.
-        figures: what a watching probe (``aps top``) is told at each of its requests.
+        figures: the learner's figures (:meth:`aps.metrics.Metrics.as_dict`), which a
+            watching probe (``aps top``) is sent at each of its requests with
+            ``workers_connected`` (from ``describe``) added.
     """
 
     def __init__(
@@ -214,6 +243,8 @@ class Gate:
         self._figures = figures
         self._accept_task: asyncio.Task[None] | None = None
         self._admissions: set[asyncio.Task[None]] = set()
+        # The admission tasks that are serving a live view now (a subset of _admissions).
+        self._watching: set[asyncio.Task[None]] = set()
         self._refusal_log = _RefusalLog()
         # One budget from the first byte: the listener's own when it has one (its TLS and
         # WebSocket handshakes count), else the gate's, for its handshakes alone.
@@ -242,10 +273,19 @@ class Gate:
         """Connections refused or turned away since the gate opened."""
         return self._refusal_log.total
 
+    @property
+    def watchers(self) -> int:
+        """Live views (``aps top``) served now."""
+        return len(self._watching)
+
     async def settle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for the handshakes in progress to end (admitted or refused)."""
-        if self._admissions:
-            await asyncio.wait(self._admissions, timeout=seconds)
+        """Wait up to ``seconds`` for the handshakes in progress to end (admitted or refused).
+
+        Live views are past their handshake: they are not waited for.
+        """
+        pending = self._admissions - self._watching
+        if pending:
+            await asyncio.wait(pending, timeout=seconds)
 
     async def aclose(self) -> None:
         """Stop accepting and cancel every handshake in progress (the listener stays open)."""
@@ -453,3 +493,65 @@ class Gate:
             log.debug("a check from %s left before its answer: %r", session.peer, exc)
             return
         log.info("answered a check from %s", session.peer)
+        await self._watch(session, ticket)
+
+    async def _watch(self, session: Session, ticket: Ticket) -> None:
+        """Serve a probe that asks for the figures (``aps top``) until it leaves.
+
+        A check leaves here (its goodbye ends the wait). A view's first request comes within
+        the probe's deadline, on its ticket; then it holds a watcher's place instead of the
+        ticket, or is closed with a goodbye naming :data:`MAX_WATCHERS` when none is free.
+        Each answer waits until ``1 / WATCH_RATE`` s after the one before (a sleep, so a
+        view that asks faster is slowed, not refused), and each request must come within
+        :data:`WATCH_TIMEOUT` s of the answer before it; the caller closes the session.
+        """
+        try:
+            ticket.answered()  # the short deadline again, from the spaces sent
+            async with asyncio.timeout(ticket.remaining()):
+                request = await session.receive(timeout=None, operation="a view's request")
+        except (TransportError, ProtocolError, TimeoutError):
+            return  # a check that got its spaces and left, as it should
+        assert isinstance(request, MetricsRequest)  # the protocol table allows no other
+        ticket.release()  # it proved the token: from here the watchers' limit bounds it
+        if len(self._watching) >= MAX_WATCHERS:
+            log.info(
+                "closed a live view from %s: %d are served already", session.peer, MAX_WATCHERS
+            )
+            await session.aclose(
+                f"the learner serves at most {MAX_WATCHERS} live views (aps top) at once and "
+                f"serves {MAX_WATCHERS} now; close one of them, or try again later"
+            )
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._watching.add(task)
+        loop = asyncio.get_running_loop()
+        answered = -math.inf
+        try:
+            while True:
+                pause = answered + 1.0 / WATCH_RATE - loop.time()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                connected = self._describe()[0].workers
+                figures = {**self._figures(), "workers_connected": connected}
+                # A view that stops reading must not hold this task: the send has a deadline.
+                async with asyncio.timeout(WATCH_TIMEOUT):
+                    await session.send(ProbeMetrics(metrics=figures))
+                answered = loop.time()
+                request = await session.receive(
+                    timeout=WATCH_TIMEOUT, operation="the live view's next request"
+                )
+                assert isinstance(request, MetricsRequest)  # the protocol table allows no other
+        except Timeout:
+            log.info("closed a live view from %s: silent for %s s", session.peer, WATCH_TIMEOUT)
+            await session.aclose(
+                f"no request from this live view for {WATCH_TIMEOUT} s; closed it (a view "
+                f"asks at least every {WATCH_TIMEOUT} s)"
+            )
+        except (TransportError, ProtocolError, TimeoutError) as exc:
+            log.debug("a live view from %s ended: %r", session.peer, exc)
+        except asyncio.CancelledError:
+            await session.aclose("the learner is closing")
+            raise
+        finally:
+            self._watching.discard(task)
