@@ -25,6 +25,7 @@ from typing import Any
 import aps
 from aps._loop import run
 from aps._probe import CheckResult, check_learner
+from aps._top import top
 from aps.errors import ApsError, ConfigError
 from aps.launch import _thunks
 from aps.launch.base import LOG_LEVELS, TOKEN_ENV, WorkerSpec, client_factory
@@ -237,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_slurm_script(commands)
     _add_token(commands)
     _add_check(commands)
+    _add_top(commands)
     return parser
 
 
@@ -345,6 +347,67 @@ def _check(args: argparse.Namespace) -> None:
         print(json.dumps({**fields, "token": proof}))
     else:
         print(_check_report(result, proof))
+
+
+_TOP_HELP = """\
+Watch the learner at URL live: dial it as aps check does (the token proved both ways), then
+ask for its figures every --interval seconds and redraw the terminal: the learner's version,
+uptime and workers (connected/expected), env-steps/s, bytes/s each way, its CPU and its
+lockstep wait share or chunk queue over the last interval, one row per worker, and a last
+line for the verdict on what bounds the run. Without a terminal, or with --once, prints
+one plain view of one interval and exits. Ctrl-C exits (status 0). Read-only: the learner
+changes nothing for a view, paces it to 10 requests a second and serves 8 at once.
+"""
+
+
+def _add_top(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = _command(commands, "top", "watch a learner's figures live, per worker", _TOP_HELP)
+    command.add_argument("url", metavar="URL", help="the learner's address, as workers dial it")
+    command.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="F",
+        help=f"file holding the learner's token (or set {TOKEN_ENV})",
+    )
+    command.add_argument("--tls-ca", default=None, metavar="FILE", help="see aps worker --help")
+    command.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between two views, from 0.1 to 10 (default %(default)s)",
+    )
+    command.add_argument(
+        "--once",
+        action="store_true",
+        help="print one plain view of one interval and exit (the default without a terminal)",
+    )
+    command.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the longest the opening, and each answer, may take (default %(default)s)",
+    )
+
+
+def _top(args: argparse.Namespace) -> None:
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    view = top(
+        args.url,
+        token=_read_token(args.token_file),
+        factory=client_factory(args.url, args.tls_ca),
+        interval=args.interval,
+        screen=not args.once and sys.stdout.isatty(),
+        out=sys.stdout,
+        timeout=args.timeout,
+    )
+    try:
+        run(view, use_uvloop=False)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a live view ends: the view restored the terminal
 
 
 _UNKNOWN_SPACE = "not known yet: no worker has joined"
@@ -549,6 +612,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 print(_slurm_script(args), end="")
             elif args.command == "token":
                 _make_token(args.output)
+            elif args.command == "top":
+                _top(args)
             else:
                 _check(args)
         except ApsError as exc:
