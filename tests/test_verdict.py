@@ -1,16 +1,31 @@
-"""The verdict on what bounds a run, on constructed windows with exact lines.
+"""The verdict on what bounds a run: constructed windows with exact lines, then real runs.
 
-The windows hold round figures, so each line is known to the character and each threshold is
-tested on both sides.
+The constructed windows hold round figures, so each line is known to the character and each
+threshold is tested on both sides. The real runs put a learner and two worker processes over
+TCP on 127.0.0.1 in a shape whose bound is not in doubt (envs that sleep, one worker that sleeps
+four times longer, a learner that sleeps between steps, a throttled link) and check the verdict
+names it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import pytest
+from gymnasium import spaces
 
+import aps
 from aps.metrics import Metrics, Verdict, WorkerMetrics, verdict
 from aps.metrics.verdict import (
     BUSY_SHARE,
@@ -20,6 +35,7 @@ from aps.metrics.verdict import (
     STRAGGLER_RATIO,
     WAIT_SHARE,
 )
+from aps.testing import Relay
 
 MS = 1e-3
 
@@ -446,3 +462,176 @@ def test_a_window_of_two_snapshots_gives_the_verdict_of_the_time_between_them() 
     assert result.bound == "env"
     assert result.line.startswith("env-bound: the learner waits for workers 94% of its time")
     assert "(2.00 ms of 2.10 ms; 0.50 ms an env-step)" in result.line
+
+
+# Real runs: a learner and two worker processes over TCP on 127.0.0.1, 120 lockstep steps.
+
+SLEEPY = f"{Path(__file__).resolve()}:sleepy_env"
+WARMUP = 5  # steps before the window: the first ones pay for imports and first allocations
+STEPS = 120
+TIMEOUTS = aps.Timeouts(
+    connect=30.0, handshake=10.0, step=20.0, heartbeat_interval=0.5, heartbeat_timeout=20.0
+)
+
+
+class Sleepy(gym.Env[np.ndarray[Any, Any], np.int64]):
+    """Steps that sleep ``delay`` seconds and observe ``size`` float32 zeros; no episode ends."""
+
+    def __init__(self, delay: float = 0.0, size: int = 4) -> None:
+        self.delay = delay
+        self.observation_space = spaces.Box(-1.0, 1.0, (size,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._obs = np.zeros(size, np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._obs, {}
+
+    def step(
+        self, action: np.int64
+    ) -> tuple[np.ndarray[Any, Any], float, bool, bool, dict[str, Any]]:
+        if self.delay:
+            time.sleep(self.delay)
+        return self._obs, 0.0, False, False, {}
+
+
+def sleepy_env(delay: float = 0.0, size: int = 4) -> Sleepy:
+    """The worker processes' env factory (they import it by this file's path)."""
+    return Sleepy(delay, size)
+
+
+class Fleet:
+    """Worker processes of the sleepy env, killed at the end."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, url: str, *, delay: float = 0.0, size: int = 4) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "aps", "worker", url, "--env", SLEEPY, "--no-check-env"]
+        command += ["--env-kwargs", json.dumps({"delay": delay, "size": size})]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.processes.append(process)
+        return process
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    workers = Fleet()
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+@pytest.fixture
+async def learner() -> AsyncIterator[aps.Learner]:
+    async with aps.Learner("tcp://127.0.0.1:0", num_workers=2, timeouts=TIMEOUTS) as learner:
+        yield learner
+
+
+async def window_of(learner: aps.Learner, *, pause: float = 0.0) -> Metrics:
+    """The figures of :data:`STEPS` lockstep steps; ``pause``: the learner's own time a step."""
+    await learner.wait_for_workers(timeout=60)
+    await asyncio.wait_for(learner.reset(seed=0), 30)
+    actions = np.zeros(learner.num_envs, dtype=np.int64)
+    for _ in range(WARMUP):
+        await asyncio.wait_for(learner.step(actions), 30)
+    earlier = learner.metrics
+    for _ in range(STEPS):
+        await asyncio.wait_for(learner.step(actions), 30)
+        if pause:
+            await asyncio.sleep(pause)  # the learner's own work between its calls
+    return learner.metrics.since(earlier)
+
+
+def worker_of(learner: aps.Learner, process: subprocess.Popen[bytes]) -> int:
+    return next(w.worker_id for w in learner.workers if w.pid == process.pid)
+
+
+@pytest.mark.timeout(90)
+async def test_a_run_of_envs_that_sleep_is_env_bound(learner: aps.Learner, fleet: Fleet) -> None:
+    for _ in range(2):
+        fleet.start(learner.url, delay=0.01)
+    window = await window_of(learner)
+    result = verdict(window)
+    assert result.bound == "env", result.line
+    for figures in window.workers:
+        assert figures.answers == STEPS
+        assert figures.env_seconds >= STEPS * 0.01  # each step slept 10 ms at least
+
+
+@pytest.mark.timeout(90)
+async def test_a_worker_whose_envs_sleep_four_times_longer_is_the_straggler(
+    learner: aps.Learner, fleet: Fleet
+) -> None:
+    slow = fleet.start(learner.url, delay=0.02)
+    fleet.start(learner.url, delay=0.005)
+    window = await window_of(learner)
+    result = verdict(window)
+    straggler = worker_of(learner, slow)
+    assert (result.bound, result.worker) == ("straggler", straggler), result.line
+    assert result.line.startswith(f"straggler: worker {straggler} answered last in ")
+    figures = next(w for w in window.workers if w.worker_id == straggler)
+    assert figures.env_seconds >= STEPS * 0.02
+
+
+@pytest.mark.timeout(90)
+async def test_a_learner_that_pauses_between_fast_steps_is_learner_bound(
+    learner: aps.Learner, fleet: Fleet
+) -> None:
+    for _ in range(2):
+        fleet.start(learner.url)
+    window = await window_of(learner, pause=0.01)
+    result = verdict(window)
+    assert result.bound == "learner", result.line
+    assert window.lockstep_calls == STEPS
+    assert result.shares["learner"] > WAIT_SHARE
+
+
+OBS_FLOATS = 16384  # a 64 KiB observation per answer
+LINK_RATE = 4e6  # bytes a second each way of each link: 16 ms of wire per answer
+
+
+class SlowLink(Relay):
+    """The relay over a link of :data:`LINK_RATE` bytes a second each way.
+
+    Its pipe is the relay's own with a wait of each piece's time on such a link before it is
+    passed on (and nothing is ever lost).
+    """
+
+    @staticmethod
+    async def _pipe(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lose: Callable[[], bool]
+    ) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(1 << 16):
+                await asyncio.sleep(len(data) / LINK_RATE)
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+
+
+@pytest.mark.timeout(90)
+async def test_large_observations_over_a_slow_link_are_wire_bound(
+    learner: aps.Learner, fleet: Fleet
+) -> None:
+    link = SlowLink(learner.url)
+    await link.start()
+    try:
+        for _ in range(2):
+            fleet.start(link.url, size=OBS_FLOATS)
+        window = await window_of(learner)
+    finally:
+        await link.aclose()
+    result = verdict(window)
+    assert result.bound == "wire", result.line
+    # Every answer carried its worker's observation: 64 KiB each, at least.
+    assert window.bytes_received >= 2 * STEPS * OBS_FLOATS * 4
