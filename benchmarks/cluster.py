@@ -353,12 +353,19 @@ extra = {} if compression == "-" else {"compression": compression}
 envs = aps.ClusterEnv(url, num_workers=workers, token=os.environ["APS_TOKEN"], **extra)
 envs.reset(seed=0)
 rng = np.random.default_rng(0)
+figures = getattr(envs, "metrics", None) is not None and hasattr(envs.metrics, "since")
+earlier = envs.metrics if figures else None
 start = time.perf_counter()
 for _ in range(steps):
     envs.step(rng.integers(0, envs.single_action_space.n, size=envs.num_envs))
 seconds = time.perf_counter() - start
+row = {"env_steps": steps * envs.num_envs, "seconds": seconds}
+if figures:  # an aps with aps.metrics: what bound the timed steps
+    from aps.metrics import verdict
+    found = verdict(envs.metrics.since(earlier))
+    row.update(verdict=found.bound, verdict_worker=found.worker, verdict_line=found.line)
 envs.close()
-print("PIXELS", json.dumps({"env_steps": steps * envs.num_envs, "seconds": seconds}))
+print("PIXELS", json.dumps(row))
 """
 
 
@@ -433,6 +440,9 @@ def pixel_run(
         "bytes_out_per_step": (after[1] - before[1]) / steps,  # out of it: actions, weights
         "learner_cpu_s": logged_cpu(logs / f"{name}.learner.log"),
         "workers_cpu_s": None if None in workers_cpu else sum(x for x in workers_cpu if x),
+        # What bound the run, by aps.metrics.verdict (lockstep rows; None where not given).
+        "verdict": figures.get("verdict"),
+        "verdict_line": figures.get("verdict_line"),
     }
 
 
