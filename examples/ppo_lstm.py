@@ -21,6 +21,7 @@ normalizes observations and rewards, which this file does not). CleanRL's Atari 
     python examples/ppo_lstm.py                       # DETACH, 2 workers x 4 envs
     python examples/ppo_lstm.py --backend gym-sync    # the same code, in-process envs
     python examples/ppo_lstm.py --no-lstm             # a feed-forward agent, for comparison
+    python examples/ppo_lstm.py --figures runs/lstm   # where the time goes: CSV, TensorBoard
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -74,7 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--hidden-size", type=int, default=64, help="units of the trunk and of the LSTM")
     add("--last-episodes", type=int, default=20, help="episodes the final return averages")
     add("--json", default=None, help="write the final figures to this JSON file")
-    return parser.parse_args(argv)
+    add("--figures", default=None, help="aps: write the learner's figures to this directory")
+    add("--figures-interval", type=float, default=10.0, help="seconds between two --figures")
+    args = parser.parse_args(argv)
+    if args.figures is not None and args.backend != "aps":
+        parser.error(f"--figures needs --backend aps (a learner), got --backend {args.backend}")
+    return args
 
 
 class MaskVelocity(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
@@ -289,12 +296,36 @@ def make_envs(args: argparse.Namespace) -> Any:
     )
 
 
+def figures_logger(envs: Any, args: argparse.Namespace) -> aps.metrics.MetricsLogger:
+    """aps: the learner's figures to ``--figures``/figures.csv and TensorBoard (if it imports).
+
+    Written every ``--figures-interval`` seconds by ``tick()``; without ``--figures`` nowhere.
+    """
+    writers: list[aps.metrics.MetricsWriter] = []
+    if args.figures is not None:
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
+        writers.append(aps.metrics.CSVWriter(Path(args.figures) / "figures.csv"))
+        try:
+            writers.append(aps.metrics.TensorBoardWriter(args.figures))
+        except aps.MissingDependency:
+            print("tensorboard does not import (pip install tensorboard): figures to CSV only")
+    return aps.metrics.MetricsLogger(envs, writers, args.figures_interval)
+
+
+def show(line: str, last: bool) -> None:
+    """The progress line: rewritten in place on a terminal, one line per call in a log."""
+    tty = sys.stdout.isatty()
+    print(f"\r{line}\033[K" if tty else line, end="\n" if last or not tty else "", flush=True)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     envs = make_envs(args)
+    first = previous = envs.metrics  # aps: the learner's figures (None for gym-sync)
+    figures = figures_logger(envs, args)
     num_envs = args.workers * args.envs_per_worker
     batch_size = num_envs * args.num_steps
     envs_per_batch = max(1, num_envs // args.num_minibatches)
@@ -303,7 +334,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     envs.reset(seed=args.seed)
     returns: list[float] = []
     num_iterations = max(1, args.total_timesteps // batch_size)
-    start = time.time()
+    start = last_time = time.time()
     global_step = 0
     last_done = np.ones(num_envs, dtype=bool)
     try:
@@ -398,12 +429,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
             recent = returns[-args.last_episodes :]
-            if recent and (iteration % 10 == 0 or iteration == num_iterations):
-                print(
-                    f"global_step={global_step} mean return (last {len(recent)}) "
-                    f"{np.mean(recent):.1f} SPS={int(global_step / (time.time() - start))}",
-                    flush=True,
-                )
+            now, metrics = time.time(), envs.metrics
+            line = (
+                f"step {global_step:,}/{num_iterations * batch_size:,} | "
+                f"{batch_size / (now - last_time):,.0f} env-steps/s | "
+                f"return {np.mean(recent) if recent else float('nan'):.1f}"
+            )
+            if metrics is not None:  # aps: this iteration's lag and wire, from the learner
+                window = metrics.since(previous)
+                rates = window.rates()
+                wire = rates["bytes_received"] + rates["bytes_sent"]
+                line += f" | lag {window.lag_mean:.2f} | {wire / 1e6:.2f} MB/s wire"
+            show(line, last=iteration == num_iterations)
+            last_time, previous = now, metrics
+            figures.tick()
+        figures.close()  # a last row, before the learner closes
         metrics = envs.metrics
     finally:
         envs.close()
@@ -421,6 +461,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if metrics is not None:
         result.update(syncs=metrics.syncs, lag_mean=metrics.lag_mean, lag_max=metrics.lag_max)
     print(f"summary: final mean return {result['final_return']:.1f} ({len(returns)} episodes)")
+    if metrics is not None:  # aps: what bounded the whole run
+        result["verdict"] = aps.metrics.verdict(metrics.since(first)).line
+        print(f"verdict: {result['verdict']}")
     return result
 
 
