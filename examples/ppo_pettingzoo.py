@@ -17,13 +17,16 @@ episode ends, the step returns the next episode's first observations.
 
     pip install 'aps-rl[pettingzoo]' mpe2
     python examples/ppo_pettingzoo.py --workers 2 --copies-per-worker 4
+    python examples/ppo_pettingzoo.py --figures runs/spread  # figures: CSV, TensorBoard
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ent-coef", type=float, default=0.01, help="entropy coefficient")
     add("--vf-coef", type=float, default=0.5, help="value loss coefficient")
     add("--max-grad-norm", type=float, default=0.5, help="gradient clipping norm")
+    add("--figures", default=None, help="write the learner's figures to this directory")
+    add("--figures-interval", type=float, default=10.0, help="seconds between two --figures")
     return parser.parse_args(argv)
 
 
@@ -106,6 +111,28 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
+def figures_logger(envs: aps.ClusterEnv, args: argparse.Namespace) -> aps.metrics.MetricsLogger:
+    """The learner's figures to ``--figures``/figures.csv and TensorBoard (if it imports).
+
+    Written every ``--figures-interval`` seconds by ``tick()``; without ``--figures`` nowhere.
+    """
+    writers: list[aps.metrics.MetricsWriter] = []
+    if args.figures is not None:
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
+        writers.append(aps.metrics.CSVWriter(Path(args.figures) / "figures.csv"))
+        try:
+            writers.append(aps.metrics.TensorBoardWriter(args.figures))
+        except aps.MissingDependency:
+            print("tensorboard does not import (pip install tensorboard): figures to CSV only")
+    return aps.metrics.MetricsLogger(envs, writers, args.figures_interval)
+
+
+def show(line: str, last: bool) -> None:
+    """The progress line: rewritten in place on a terminal, one line per call in a log."""
+    tty = sys.stdout.isatty()
+    print(f"\r{line}\033[K" if tty else line, end="\n" if last or not tty else "", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     import json
 
@@ -136,6 +163,8 @@ def train(args: argparse.Namespace, envs: aps.ClusterEnv) -> dict[str, float]:
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
     print(f"{n} agent slots ({args.workers} workers x {args.copies_per_worker} copies x agents)")
+    first_snapshot = previous = envs.metrics  # aps: the learner's figures
+    figures = figures_logger(envs, args)
 
     agent = Agent(envs)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -154,8 +183,8 @@ def train(args: argparse.Namespace, envs: aps.ClusterEnv) -> dict[str, float]:
     next_done = torch.zeros(n)
     episode_return = np.zeros(n)
     returns: list[float] = []
-    global_step = 0
-    start = time.time()
+    global_step = last_step = 0
+    last_time = time.time()
     for iteration in range(1, num_iterations + 1):
         for step in range(args.num_steps):
             global_step += int(next_active.sum())
@@ -225,14 +254,24 @@ def train(args: argparse.Namespace, envs: aps.ClusterEnv) -> dict[str, float]:
                 optimizer.step()
 
         recent = float(np.mean(returns[-100:])) if returns else float("nan")
-        sps = int(global_step / (time.time() - start))
-        print(
-            f"iteration {iteration}/{num_iterations} agent-steps {global_step} "
-            f"mean agent return (last 100) {recent:.2f} agent-steps/s {sps}"
+        now, metrics = time.time(), envs.metrics
+        window = metrics.since(previous)  # aps: this iteration's figures
+        rates = window.rates()
+        show(
+            f"iteration {iteration}/{num_iterations} | "
+            f"{(global_step - last_step) / (now - last_time):,.0f} agent-steps/s | "
+            f"return {recent:.2f} | lag {window.lag_mean:.2f} | "
+            f"{(rates['bytes_received'] + rates['bytes_sent']) / 1e6:.2f} MB/s wire",
+            last=iteration == num_iterations,
         )
+        last_step, last_time, previous = global_step, now, metrics
+        figures.tick()
+    figures.close()  # a last row
+    window = envs.metrics.since(first_snapshot)
     first = float(np.mean(returns[:100])) if returns else float("nan")
     final = float(np.mean(returns[-100:])) if returns else float("nan")
     print(f"summary: first mean agent return {first:.2f}, final {final:.2f}")
+    print(f"verdict: {aps.metrics.verdict(window).line}")  # aps: what bounded the run
     return {"first": first, "final": final, "global_step": float(global_step)}
 
 
