@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
         "aps._imports",
         "aps._buffers",
         "aps._version",
+        "aps._resource",
         "aps.metrics.figures",
     ),
     (

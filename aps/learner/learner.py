@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Sequence
-from types import TracebackType
 from typing import Any, Self
 
 import gymnasium as gym
@@ -13,6 +12,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from aps import codec, transports
+from aps._resource import AsyncResource
 from aps._typing import Array, Info
 from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
@@ -36,7 +36,7 @@ from aps.transports.base import Listener, TransportFactory
 __all__ = ["Learner"]
 
 
-class Learner:
+class Learner(AsyncResource):
     """Admits workers and steps their envs as one batch; an async context manager.
 
     Args:
@@ -210,14 +210,6 @@ class Learner:
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Bind the address and start admitting workers; idempotent.
