@@ -31,6 +31,7 @@ learner's critic.
     python examples/ppo_cluster.py --sync aps --kl-threshold 0.05
     python examples/ppo_cluster.py --sync always --track-tb
     python examples/ppo_cluster.py --overlap-rollouts  # act and train at the same time
+    python examples/ppo_cluster.py --figures runs/figures  # where the time goes: CSV, TensorBoard
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
     python examples/ppo_cluster.py --hidden-size 1024  # 2.1M parameters, 8.45 MB a version
@@ -95,6 +96,8 @@ class Args:
     logdir: str = arg("runs", "where TensorBoard runs are written")
     progress: bool = arg(True, "show a progress bar")
     json: str | None = arg(None, "write the final figures to this JSON file")
+    figures: str | None = arg(None, "write the learner's figures (CSV, TensorBoard) to this dir")
+    figures_interval: float = arg(10.0, "seconds between two writes of --figures")
 
     # Environment and cluster.
     env_id: str = arg("CartPole-v1", "the Gymnasium id of the environment")
@@ -393,12 +396,16 @@ def make_envs(args: Args) -> Any:
 
 
 class Progress:
-    """tqdm when it is installed, otherwise a one-line text bar on stderr."""
+    """A line on stderr rewritten in place: tqdm's bar when it is installed, else a text bar.
+
+    When stderr is not a terminal (a log, a test), one plain line per update instead.
+    """
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.done, self.enabled = total, 0, enabled
+        self.tty = sys.stderr.isatty()
         self.bar: Any = None
-        if enabled:
+        if enabled and self.tty:
             try:
                 from tqdm import tqdm
             except ImportError:
@@ -411,16 +418,35 @@ class Progress:
             self.bar.set_postfix(postfix, refresh=False)
             self.bar.update(n)
         elif self.enabled:
-            filled = int(30 * min(self.done / self.total, 1.0))
+            filled = int(20 * min(self.done / self.total, 1.0))
             text = " ".join(f"{k}={v}" for k, v in postfix.items())
-            line = f"\r[{'#' * filled:<30}] {self.done:,}/{self.total:,} {text}"
-            print(line.ljust(100), end="", file=sys.stderr, flush=True)
+            line = f"[{'#' * filled:<20}] {self.done:,}/{self.total:,} {text}"
+            if self.tty:
+                print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
+            else:
+                print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled:
+        elif self.enabled and self.tty:
             print(file=sys.stderr)
+
+
+def figures_logger(envs: Any, args: Args) -> aps.metrics.MetricsLogger:
+    """aps: the learner's figures to ``--figures``/figures.csv and TensorBoard (if it imports).
+
+    Written every ``--figures-interval`` seconds by ``tick()``; without ``--figures`` nowhere.
+    """
+    writers: list[aps.metrics.MetricsWriter] = []
+    if args.figures is not None:
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
+        writers.append(aps.metrics.CSVWriter(Path(args.figures) / "figures.csv"))
+        try:
+            writers.append(aps.metrics.TensorBoardWriter(args.figures))
+        except aps.MissingDependency:
+            print("tensorboard does not import (pip install tensorboard): figures to CSV only")
+    return aps.metrics.MetricsLogger(envs, writers, args.figures_interval)
 
 
 def make_writer(args: Any, run_name: str) -> Any:
@@ -480,6 +506,8 @@ def train(
     scale_rewards = RewardScaler(num_envs, args.gamma) if args.norm_reward else None
     progress = Progress(num_iterations * batch_size, args.progress)
     try:
+        first = previous = envs.metrics  # aps: the learner's figures at the start
+        figures = figures_logger(envs, args)
         agent = make_agent(envs, hidden_size=args.hidden_size, num_layers=args.num_layers)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         bytes_per_version = sum(t.numel() * t.element_size() for t in agent.state_dict().values())
@@ -653,9 +681,17 @@ def train(
                 writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
                 writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
                 writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            window = metrics.since(previous)  # aps: this iteration's figures
+            rates, previous = window.rates(), metrics
             progress.update(
-                b.reward.size, ret=f"{mean_return:.1f}", syncs=metrics.syncs, sps=f"{sps:,.0f}"
+                b.reward.size,
+                ret=f"{mean_return:.1f}",
+                sps=f"{rates['env_steps']:,.0f}",
+                lag=f"{window.lag_mean:.2f}",
+                wire=f"{(rates['bytes_received'] + rates['bytes_sent']) / 1e6:.2f}MB/s",
+                syncs=metrics.syncs,
             )
+            figures.tick()
             row = {
                 "iteration": iteration,
                 "num_iterations": num_iterations,
@@ -671,6 +707,7 @@ def train(
             if on_iteration is not None:
                 on_iteration(row)
         elapsed = time.perf_counter() - start_time
+        figures.close()  # a last row, before the learner closes
         metrics = envs.metrics
     finally:
         progress.close()
@@ -712,6 +749,7 @@ def train(
         "num_layers": args.num_layers,
         "decoupled": args.decoupled,
         "metrics": metrics.as_dict(),
+        "verdict": aps.metrics.verdict(metrics.since(first)).line,  # what bounded the run
         "curve": curve,
     }
     if args.json:
@@ -722,7 +760,9 @@ def train(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    print(summary_line(train(args)))
+    result = train(args)
+    print(summary_line(result))
+    print(f"verdict: {result['verdict']}")
 
 
 if __name__ == "__main__":
