@@ -21,6 +21,7 @@ printed are the games' own.
     python examples/ppo_atari.py  # 10,240 env-steps: a few minutes on a CPU
     python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000  # CleanRL's
     python examples/ppo_atari.py --mode lockstep --backend ale --env-id Breakout-v5
+    python examples/ppo_atari.py --figures runs/pong  # where the time goes: CSV, TensorBoard
     python examples/ppo_atari.py --listen tcp://0.0.0.0:7000 --compression zstd  # prints
         # the ``aps worker`` command to run on each worker machine
 """
@@ -33,6 +34,7 @@ import json
 import os
 import random
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="stop after the iteration that passes this wall time (the learning rate still "
         "anneals over --total-timesteps); the JSON says complete: false",
+    )
+    p.add_argument("--figures", default=None, help="write the learner's figures to this directory")
+    p.add_argument(
+        "--figures-interval", type=float, default=10.0, help="seconds between two --figures"
     )
     args = p.parse_args(argv)
     args.num_envs = args.workers * args.envs_per_worker
@@ -400,6 +406,7 @@ def report(
         "lag_mean": float(np.mean(state["lags"])) if state["lags"] else 0.0,
         # APS: each worker's last measured KL(its version || the newest), in nats
         "last_divergences": [w.divergences[-1] for w in metrics.workers if w.divergences],
+        "verdict": aps.metrics.verdict(metrics.since(state["first"])).line,  # the run's bound
         "curve": [
             {"step": step, "seconds": sec, "return": ret, "weight_bytes": wb}
             for step, sec, ret, wb in state["curve"]
@@ -411,6 +418,28 @@ def write_json(path: str | None, result: dict[str, Any]) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def figures_logger(envs: aps.ClusterEnv, args: argparse.Namespace) -> aps.metrics.MetricsLogger:
+    """aps: the learner's figures to ``--figures``/figures.csv and TensorBoard (if it imports).
+
+    Written every ``--figures-interval`` seconds by ``tick()``; without ``--figures`` nowhere.
+    """
+    writers: list[aps.metrics.MetricsWriter] = []
+    if args.figures is not None:
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
+        writers.append(aps.metrics.CSVWriter(Path(args.figures) / "figures.csv"))
+        try:
+            writers.append(aps.metrics.TensorBoardWriter(args.figures))
+        except aps.MissingDependency:
+            print("tensorboard does not import (pip install tensorboard): figures to CSV only")
+    return aps.metrics.MetricsLogger(envs, writers, args.figures_interval)
+
+
+def show(line: str, last: bool) -> None:
+    """The progress line: rewritten in place on a terminal, one line per call in a log."""
+    tty = sys.stdout.isatty()
+    print(f"\r{line}\033[K" if tty else line, end="\n" if last or not tty else "", flush=True)
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -432,7 +461,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "lags": [],
             "episodes": 0,
             "curve": [],  # (env-steps, seconds, mean return, weight bytes) per iteration
+            "first": cluster.metrics,  # aps: the learner's figures at the start
         }
+        previous, figures = state["first"], figures_logger(cluster, args)
         global_step, done = 0, False
         start_time = time.perf_counter()
         next_obs, _ = envs.reset(seed=args.seed)
@@ -462,20 +493,25 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             mean_return = float(np.mean(state["returns"])) if state["returns"] else None
             metrics = cluster.metrics
             state["curve"].append((global_step, elapsed, mean_return, metrics.weight_bytes))
-            print(
-                f"iteration {iteration}/{args.num_iterations} step {global_step} "
-                f"return {'n/a' if mean_return is None else f'{mean_return:.1f}'} | "
-                f"{global_step / elapsed:,.0f} env-steps/s | "
-                f"weights {metrics.weight_bytes / 1e6:.1f} MB in {metrics.syncs} syncs | "
-                f"approx_kl {stats['approx_kl']:.4f}",
-                flush=True,
-            )
             done = iteration == args.num_iterations
             out_of_time = args.max_seconds is not None and elapsed >= args.max_seconds
+            window = metrics.since(previous)  # aps: this iteration's figures
+            rates, previous = window.rates(), metrics
+            show(
+                f"iteration {iteration}/{args.num_iterations} | "
+                f"{rates['env_steps']:,.0f} env-steps/s | "
+                f"return {'n/a' if mean_return is None else f'{mean_return:.1f}'} | "
+                f"lag {window.lag_mean:.2f} | "
+                f"{(rates['bytes_received'] + rates['bytes_sent']) / 1e6:.2f} MB/s wire | "
+                f"approx_kl {stats['approx_kl']:.4f}",
+                last=done or out_of_time,
+            )
+            figures.tick()
             write_json(args.json, report(args, agent, metrics, state, device, complete=done))
             if out_of_time and not done:
                 print(f"stopping: --max-seconds {args.max_seconds} passed", flush=True)
                 break
+        figures.close()  # a last row, before the learner closes
         metrics = cluster.metrics
     finally:
         envs.close()
@@ -492,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{result['sps']:,.0f} env-steps/s | {result['weight_bytes'] / 1e6:.2f} MB of weights "
         f"in {result['syncs']} syncs ({result['versions']} versions)"
     )
+    print(f"verdict: {result['verdict']}")
 
 
 if __name__ == "__main__":
