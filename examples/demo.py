@@ -6,7 +6,8 @@ drifted too far from it (KL over the states the worker just visited above a thre
 The return rises as usual while most versions never cross the wire. At the end the demo
 compares the weight traffic with always-sync, measured by a second, identical run that
 sends every version to every worker (``--no-compare`` skips it and shows the computed figure
-only).
+only). Its last line says what bounded the APS run: the envs, inference, the wire, the learner
+or one slow worker (:func:`aps.metrics.verdict`).
 
     python examples/demo.py [--total-timesteps 50000] [--kl-threshold 0.05] [--no-compare]
 
@@ -135,6 +136,7 @@ def main() -> None:
         f"APS sent {share:.0%} of always-sync's weight bytes "
         f"({'measured' if always else 'computed'}); {aps_run['sps']:,.0f} env-steps/s"
     )
+    print(f"\nwhere the APS run's time went: {aps_run['verdict']}")
 
 
 if __name__ == "__main__":

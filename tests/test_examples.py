@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
+import os
+import pty
+import re
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +22,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY = ["--total-timesteps", "256", "--num-steps", "16", "--workers", "2", "--envs-per-worker", "2"]
 
 
-def run(script: str, *args: str, cwd: Path) -> str:
+BOUNDS = ("env-bound", "inference-bound", "wire-bound", "learner-bound", "straggler", "unknown")
+"""How a verdict line starts (aps.metrics.verdict)."""
+
+
+def run_process(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run an example with pipes (no terminal) for stdout and stderr; it must succeed."""
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
@@ -25,13 +36,26 @@ def run(script: str, *args: str, cwd: Path) -> str:
         cwd=cwd,
     )
     assert proc.returncode == 0, f"{script} exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
-    return proc.stdout
+    return proc
+
+
+def run(script: str, *args: str, cwd: Path) -> str:
+    return run_process(script, *args, cwd=cwd).stdout
+
+
+def verdict_line(stdout: str, prefix: str = "verdict: ") -> str:
+    """The verdict an example printed after ``prefix``; it names one of the bounds."""
+    lines = [line for line in stdout.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, stdout
+    line = lines[0].removeprefix(prefix)
+    assert line.startswith(BOUNDS), line
+    return line
 
 
 @pytest.mark.timeout(120)
 def test_ppo_cluster(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    stdout = run(
+    proc = run_process(
         "ppo_cluster.py",
         *TINY,
         "--sync",
@@ -45,8 +69,15 @@ def test_ppo_cluster(tmp_path: Path) -> None:
         str(out),
         cwd=tmp_path,
     )
-    assert "summary: final mean return" in stdout
+    assert "summary: final mean return" in proc.stdout
     result = json.loads(out.read_text())
+    assert verdict_line(proc.stdout) == result["verdict"]
+    # stderr is no terminal: the progress line is one plain line per iteration.
+    progress = [line for line in proc.stderr.splitlines() if " sps=" in line]
+    done = [line.split("] ")[1].split()[0] for line in progress]
+    assert done == ["64/256", "128/256", "192/256", "256/256"]
+    assert all(re.search(r" lag=\d+\.\d\d wire=\d+\.\d\dMB/s ", line) for line in progress)
+    assert "\r" not in proc.stderr
     assert result["global_step"] == 256
     assert result["versions"] == 4  # 256 steps / (16 steps x 4 envs)
     assert result["syncs"] >= 2  # the first version reaches both workers
@@ -155,6 +186,8 @@ def test_demo(tmp_path: Path) -> None:
     assert "always-sync" in stdout
     assert "summary: APS final return" in stdout
     assert "(measured)" in stdout
+    assert stdout.rstrip().splitlines()[-1].startswith("where the APS run's time went: ")
+    verdict_line(stdout, "where the APS run's time went: ")
 
 
 @pytest.mark.timeout(120)
@@ -332,6 +365,87 @@ def test_ppo_lstm(tmp_path: Path, variant: list[str]) -> None:
     result = json.loads(out.read_text())
     assert result["global_step"] == 256  # 2 rollouts of 16 steps x 8 envs
     assert result["lstm"] == ("--no-lstm" not in variant)
+
+
+@pytest.mark.timeout(120)
+def test_ppo_lstm_writes_the_learners_figures(tmp_path: Path) -> None:
+    figures = tmp_path / "figures"
+    tiny = ["--total-timesteps", "384", "--num-steps", "16", "--envs-per-worker", "4"]
+    stdout = run(
+        "ppo_lstm.py", *tiny, "--figures", str(figures), "--figures-interval", "0", cwd=tmp_path
+    )
+    # 3 rollouts of 16 steps x 8 envs; a row after each (interval 0) and a last one at the end.
+    steps = [128.0, 256.0, 384.0, 384.0]
+    with (figures / "figures.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [float(row["env_steps"]) for row in rows] == steps
+    assert [float(row["transitions"]) for row in rows] == steps  # DETACH: chunks of them
+    per_worker = [float(v) for k, v in rows[-1].items() if re.fullmatch(r"worker/\d+/env_steps", k)]
+    assert per_worker == [192.0, 192.0]  # 2 workers of 4 envs
+    assert all(float(row["window/env_steps_per_second"]) > 0 for row in rows[:3])
+    assert float(rows[-1]["window/env_steps_per_second"]) == 0  # nothing stepped since row 3
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(figures), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = events.Scalars("aps/env_steps")
+    assert [point.value for point in scalars] == steps
+    assert [point.step for point in scalars] == steps  # on the env-steps axis
+    assert len(events.Scalars("aps/window/bytes_received_per_second")) == 4
+    # stdout is no terminal: one progress line per rollout, then the summary and the verdict.
+    progress = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in progress] == [
+        "step 128/384",
+        "step 256/384",
+        "step 384/384",
+    ]
+    assert all(re.search(r" \| lag \d+\.\d\d \| \d+\.\d\d MB/s wire$", line) for line in progress)
+    verdict_line(stdout)
+
+
+@pytest.mark.timeout(120)
+def test_ppo_lstm_rewrites_its_progress_line_on_a_terminal(tmp_path: Path) -> None:
+    parent, child = pty.openpty()
+    tiny = ["--total-timesteps", "256", "--num-steps", "16", "--envs-per-worker", "4"]
+    with subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "ppo_lstm.py"), *tiny, "--backend", "gym-sync"],
+        stdout=child,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    ) as proc:
+        os.close(child)
+        output = b""
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline:
+            if not select.select([parent], [], [], deadline - time.monotonic())[0]:
+                break
+            try:
+                data = os.read(parent, 65536)
+            except OSError:  # the child closed the terminal: it ended
+                break
+            if not data:
+                break
+            output += data
+        os.close(parent)
+        assert proc.wait(timeout=10) == 0, output[-2000:]
+    text = output.decode()
+    # The second rollout's line overwrites the first's in place; the last ends with a newline.
+    assert text.startswith("\rstep 128/256 | "), text
+    assert "\x1b[K\rstep 256/256 | " in text
+    assert text.count("\n") == 2  # after the last progress line, after the summary
+    assert "\x1b[K\r\nsummary: final mean return" in text  # the terminal turns \n into \r\n
+
+
+def test_ppo_lstm_figures_need_a_learner(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ppo_lstm.py"), "--backend", "gym-sync", "--figures", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--figures needs --backend aps (a learner), got --backend gym-sync" in proc.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_ppo_lstm_help_shows_defaults() -> None:
