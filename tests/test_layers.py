@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("aps.transports",),
     ("aps.protocol", "aps.delivery", "aps.session", "aps._loop", "aps._portal"),
-    ("aps.sync", "aps.pg"),
+    ("aps.sync", "aps.pg", "aps.correction"),
     ("aps.policy", "aps._agent_module", "aps._numpy_heads", "aps._nature_cnn"),
     (
         "aps.vector",
