@@ -18,9 +18,17 @@ its import path.
 Rewards are clipped to their sign on the learner (EnvPool's ``reward_clip``); the returns
 printed are the games' own.
 
+``--correction`` says how stale data is corrected, through :mod:`aps.correction`: ``none``
+(the default: PPO clipped against the behaviour policy that acted, GAE), ``decoupled`` (the
+clip anchored at the learner's policy before the update, each sample weighted by
+min(1, pi_learner / pi_behaviour)) or ``vtrace`` (V-trace advantages and value targets
+against the learner's policy, rho-bar = c-bar = 1, ``--gae-lambda``). ``--decoupled`` and
+``--no-decoupled`` are aliases of ``--correction decoupled`` and ``--correction none``.
+
     python examples/ppo_atari.py  # 10,240 env-steps: a few minutes on a CPU
     python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000  # CleanRL's
     python examples/ppo_atari.py --mode lockstep --backend ale --env-id Breakout-v5
+    python examples/ppo_atari.py --backend ale --env-id Breakout-v5 --correction vtrace
     python examples/ppo_atari.py --figures runs/pong  # where the time goes: CSV, TensorBoard
     python examples/ppo_atari.py --listen tcp://0.0.0.0:7000 --compression zstd  # prints
         # the ``aps worker`` command to run on each worker machine
@@ -46,6 +54,7 @@ import torch.nn as nn
 import torch.optim as optim
 
 import aps
+from aps.correction import decoupled_ppo_loss, gae, vtrace
 from aps.policy import NatureCNN
 
 
@@ -120,6 +129,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--clip-coef", type=float, default=0.1, help="the surrogate clipping coefficient"
     )
+    p.add_argument(
+        "--correction",
+        default="none",
+        choices=("none", "decoupled", "vtrace"),
+        help="stale data: none (clip at the behaviour policy), decoupled or vtrace",
+    )
+    for flag, value in (("--decoupled", "decoupled"), ("--no-decoupled", "none")):
+        p.add_argument(
+            flag,
+            dest="correction",
+            action="store_const",
+            const=value,
+            default=argparse.SUPPRESS,
+            help=f"alias of --correction {value}",
+        )
     p.add_argument(
         "--clip-vloss",
         action=argparse.BooleanOptionalAction,
@@ -222,23 +246,48 @@ def make_envs(args: argparse.Namespace) -> aps.ClusterEnv:
     )
 
 
-def gae(
-    args: argparse.Namespace,
-    rewards: torch.Tensor,
-    dones: torch.Tensor,
-    values: torch.Tensor,
-    next_value: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns; ``dones[t]`` means step t ended its episode."""
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros(rewards.shape[1], device=rewards.device)
-    for t in reversed(range(rewards.shape[0])):
-        nextvalues = next_value if t == rewards.shape[0] - 1 else values[t + 1]
-        nextnonterminal = 1.0 - dones[t]
-        delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-        lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
+def corrected(
+    args: argparse.Namespace, agent: NatureCNN, r: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Advantages, value targets and proximal log-probs for ``--correction``, ``[T, E]``.
+
+    The proximal policy is the learner's before this update: the clip's anchor and V-trace's
+    target (with no correction, the behaviour policy is both). ``dones[t]`` means step t ended
+    its episode; a time limit ends it without a bootstrap, as CleanRL's ``dones``.
+    """
+    if args.correction == "none":
+        proximal = r["logprobs"]
+    else:
+        with torch.no_grad():
+            flat = r["obs"].reshape((-1, *r["obs"].shape[2:]))
+            _, proximal, _, _ = agent.get_action_and_value(flat, r["actions"].reshape(-1))
+        proximal = proximal.reshape(r["logprobs"].shape)
+    arrays = {name: r[name].cpu().numpy() for name in ("rewards", "values", "next_value")}
+    dones = r["dones"].cpu().numpy()
+    if args.correction == "vtrace":
+        targets = vtrace(
+            r["logprobs"].cpu().numpy(),
+            proximal.cpu().numpy(),
+            arrays["rewards"],
+            arrays["values"],
+            arrays["next_value"],
+            dones,
+            gamma=args.gamma,
+            lam=args.gae_lambda,
+        )
+    else:
+        targets = gae(
+            arrays["rewards"],
+            arrays["values"],
+            arrays["next_value"],
+            dones,
+            gamma=args.gamma,
+            lam=args.gae_lambda,
+        )
+    device = r["rewards"].device
+    advantages = torch.as_tensor(targets.advantages, dtype=torch.float32, device=device)
+    returns = torch.as_tensor(targets.returns, dtype=torch.float32, device=device)
+    return advantages, returns, proximal
 
 
 def ppo_update(
@@ -251,8 +300,13 @@ def ppo_update(
     b_advantages: torch.Tensor,
     b_returns: torch.Tensor,
     b_values: torch.Tensor,
+    b_behaviour: torch.Tensor,
 ) -> dict[str, float]:
-    """CleanRL's clipped PPO update on a flat batch; the ratio is against ``b_logprobs``."""
+    """CleanRL's clipped PPO update on a flat batch; the ratio is against ``b_logprobs``.
+
+    Each sample's loss is weighted by min(1, pi(b_logprobs) / pi(b_behaviour))
+    (:func:`aps.correction.decoupled_ppo_loss`): exactly 1 where the two are the same.
+    """
     b_inds = np.arange(b_obs.shape[0])
     clipfracs: list[float] = []
     for _epoch in range(args.update_epochs):
@@ -268,9 +322,9 @@ def ppo_update(
             mb_adv = b_advantages[mb]
             if args.norm_adv:
                 mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-            pg_loss1 = -mb_adv * ratio
-            pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+            pg_loss = decoupled_ppo_loss(
+                newlogprob, b_logprobs[mb], b_behaviour[mb], mb_adv, clip_coef=args.clip_coef
+            ).mean()
             newvalue = newvalue.view(-1)
             if args.clip_vloss:
                 v_unclipped = (newvalue - b_returns[mb]) ** 2
@@ -386,6 +440,7 @@ def report(
         "mode": args.mode,
         "sync": args.sync if args.mode == "detach" else None,
         "kl_threshold": args.kl_threshold if args.sync == "aps" else None,
+        "correction": args.correction,
         "seed": args.seed,
         "workers": args.workers,
         "envs_per_worker": args.envs_per_worker,
@@ -477,17 +532,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 r = detach_rollout(args, cluster, agent, state, device)
             global_step += args.batch_size
-            advantages, returns = gae(args, r["rewards"], r["dones"], r["values"], r["next_value"])
+            advantages, returns, proximal = corrected(args, agent, r)
+            # decoupled weighs each sample by pi_prox / pi_behaviour; V-trace's advantages
+            # already carry that weight, so it passes the proximal log-probs twice, as none.
+            behaviour = r["logprobs"] if args.correction == "decoupled" else proximal
             stats = ppo_update(
                 args,
                 agent,
                 optimizer,
                 r["obs"].reshape((-1, *envs.single_observation_space.shape)),
                 r["actions"].reshape(-1),
-                r["logprobs"].reshape(-1),
+                proximal.reshape(-1),
                 advantages.reshape(-1),
                 returns.reshape(-1),
                 r["values"].reshape(-1),
+                behaviour.reshape(-1),
             )
             elapsed = time.perf_counter() - start_time
             mean_return = float(np.mean(state["returns"])) if state["returns"] else None

@@ -22,11 +22,21 @@ instead of taking turns; each batch is then acted with weights at least one upda
 those it is trained on (the lag in the metrics counts versions at delivery, so it does not
 show this update).
 
-PPO stays correct with stale workers because the probability ratio uses the behaviour
-log-probabilities the workers report (the policy that really acted). Advantages use the
-learner's critic by default (``--no-recompute-values`` uses the values the workers' stale
-critics reported, as the paper's prototype did); the bootstrap value always comes from the
-learner's critic.
+Stale data is corrected by :mod:`aps.correction`, as ``--correction`` says; every choice
+uses the behaviour log-probabilities the workers report (the policy that really acted):
+
+- ``decoupled`` (the default): decoupled PPO (Hilton et al., "Batch size-invariance for
+  policy optimization"): the clip anchored at the learner's policy before the update, each
+  sample weighted by min(1, pi_learner / pi_behaviour); GAE advantages;
+- ``vtrace``: V-trace (IMPALA) advantages and value targets against the learner's policy
+  before the update, with rho-bar = c-bar = 1 and ``--gae-lambda``, the clip anchored there;
+- ``none``: PPO clipped against the behaviour policy (the paper's objective), GAE.
+
+``--decoupled`` and ``--no-decoupled`` are aliases of ``--correction decoupled`` and
+``--correction none``. A time limit ends an episode without a bootstrap, as CleanRL's
+``dones`` do. Advantages use the learner's critic by default (``--no-recompute-values`` uses
+the values the workers' stale critics reported, as the paper's prototype did); the bootstrap
+value always comes from the learner's critic.
 
     python examples/ppo_cluster.py --sync aps --kl-threshold 0.05
     python examples/ppo_cluster.py --sync always --track-tb
@@ -80,6 +90,9 @@ from torch.distributions.categorical import Categorical
 from torch.distributions.normal import Normal
 
 import aps
+from aps.correction import decoupled_ppo_loss, gae, vtrace
+
+CORRECTIONS = ("none", "decoupled", "vtrace")
 
 
 def arg(default: Any, help: str) -> Any:
@@ -133,7 +146,9 @@ class Args:
     )
     fixed_versions: int = arg(4, "fixed: sync a worker once it is this many versions behind")
     recompute_values: bool = arg(True, "GAE with the learner's critic (else the workers' values)")
-    decoupled: bool = arg(True, "clip against the learner's policy, reweight by behaviour")
+    correction: str = arg(
+        "decoupled", "stale data: decoupled (clip at the learner's policy), vtrace or none"
+    )
 
     # PPO.
     total_timesteps: int = arg(100_000, "total env steps of the experiment")
@@ -166,7 +181,20 @@ def parse_args(argv: list[str] | None = None) -> Args:
         else:
             parser.add_argument(flag, type=types[kind], default=f.default)
         parser._actions[-1].help = f.metadata["help"] + " (default: %(default)s)"
+    for flag, value in (("--decoupled", "decoupled"), ("--no-decoupled", "none")):
+        parser.add_argument(
+            flag,
+            dest="correction",
+            action="store_const",
+            const=value,
+            default=argparse.SUPPRESS,
+            help=f"alias of --correction {value}",
+        )
     args = Args(**vars(parser.parse_args(argv)))
+    if args.correction not in CORRECTIONS:
+        parser.error(
+            f"--correction must be one of {', '.join(CORRECTIONS)}, got {args.correction!r}"
+        )
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
     if args.compression not in (None, *aps.compression.SETTINGS):
@@ -558,45 +586,55 @@ def train(
             logprobs = torch.as_tensor(b.logprob)  # behaviour log-probs: the policy that acted
             done_flags = b.terminated | b.truncated
             reward = b.reward if scale_rewards is None else scale_rewards(b.reward, done_flags)
-            rewards = torch.as_tensor(reward, dtype=torch.float32)
-            dones = torch.as_tensor(done_flags, dtype=torch.float32)
 
-            # Advantages: GAE, bootstrapped from next_obs with the learner's critic. dones[t]
-            # means step t ended an episode (SameStep: obs[t + 1] is already the next one).
+            # Flatten the batch.
+            b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape((-1, *envs.single_action_space.shape))
             with torch.no_grad():
                 if args.recompute_values or b.value is None:
                     values = agent.get_value(obs).squeeze(-1)
                 else:
                     values = torch.as_tensor(b.value)
                 next_obs = torch.as_tensor(b.next_obs, dtype=torch.float32)  # MuJoCo: float64
-                next_value = agent.get_value(next_obs).reshape(1, -1)
-                advantages = torch.zeros_like(rewards)
-                lastgaelam = torch.zeros(num_envs)
-                for t in reversed(range(args.num_steps)):
-                    nextvalues = next_value[0] if t == args.num_steps - 1 else values[t + 1]
-                    nextnonterminal = 1.0 - dones[t]
-                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-                    lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-                    advantages[t] = lastgaelam
-                returns_t = advantages + values
-
-            # Flatten the batch.
-            b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape((-1, *envs.single_action_space.shape))
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns_t.reshape(-1)
-            b_values = values.reshape(-1)
-            # --decoupled (Hilton et al. 2021, "Batch size-invariance for policy optimization"):
-            # clip the ratio against the learner's policy before this update (the proximal
-            # policy) instead of the workers' stale one, and correct for the behaviour policy
-            # with importance weights pi_prox / pi_behaviour, truncated at 1 as in V-trace.
-            if args.decoupled:
-                with torch.no_grad():
+                next_value = agent.get_value(next_obs).reshape(-1)
+                # The learner's policy before this update (the proximal policy): the clip's
+                # anchor and V-trace's target. With no correction the behaviour policy is both.
+                if args.correction == "none":
+                    b_prox_logprobs = b_logprobs
+                else:
                     _, b_prox_logprobs, _, _ = agent.get_action_and_value(b_obs, b_actions)
-                    b_weights = (b_prox_logprobs - b_logprobs).exp().clamp(max=1.0)
+
+            # aps.correction: advantages and value targets bootstrapped from next_obs with the
+            # learner's critic. done_flags[t]: step t ended an episode (SameStep: obs[t + 1] is
+            # already the next one's), a time limit without a bootstrap, as CleanRL's dones.
+            if args.correction == "vtrace":
+                targets = vtrace(
+                    b.logprob,
+                    b_prox_logprobs.reshape(b.logprob.shape).numpy(),
+                    reward,
+                    values.numpy(),
+                    next_value.numpy(),
+                    done_flags,
+                    gamma=args.gamma,
+                    lam=args.gae_lambda,
+                )
             else:
-                b_prox_logprobs, b_weights = b_logprobs, torch.ones_like(b_logprobs)
+                targets = gae(
+                    reward,
+                    values.numpy(),
+                    next_value.numpy(),
+                    done_flags,
+                    gamma=args.gamma,
+                    lam=args.gae_lambda,
+                )
+            b_advantages = torch.as_tensor(targets.advantages, dtype=torch.float32).reshape(-1)
+            b_returns = torch.as_tensor(targets.returns, dtype=torch.float32).reshape(-1)
+            b_values = values.reshape(-1)
+            # The loss weighs each sample by pi_prox / pi_behaviour (capped at 1) under
+            # decoupled; V-trace's advantages already carry that weight, so it passes the
+            # proximal log-probs twice (a weight of exactly 1), as does no correction.
+            b_behaviour = b_logprobs if args.correction == "decoupled" else b_prox_logprobs
 
             # Optimize the policy and value network.
             b_inds = np.arange(batch_size)
@@ -622,12 +660,14 @@ def train(
                             mb_advantages.std() + 1e-8
                         )
 
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(
-                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
-                    )
-                    pg_loss = (b_weights[mb_inds] * torch.max(pg_loss1, pg_loss2)).mean()
+                    # Policy loss: PPO's clipped loss anchored at b_prox_logprobs, weighted.
+                    pg_loss = decoupled_ppo_loss(
+                        newlogprob,
+                        b_prox_logprobs[mb_inds],
+                        b_behaviour[mb_inds],
+                        mb_advantages,
+                        clip_coef=args.clip_coef,
+                    ).mean()
 
                     # Value loss
                     newvalue = newvalue.view(-1)
@@ -747,7 +787,8 @@ def train(
         "lag_max": metrics.lag_max,
         "hidden_size": args.hidden_size,
         "num_layers": args.num_layers,
-        "decoupled": args.decoupled,
+        "correction": args.correction,
+        "decoupled": args.correction == "decoupled",
         "metrics": metrics.as_dict(),
         "verdict": aps.metrics.verdict(metrics.since(first)).line,  # what bounded the run
         "curve": curve,

@@ -86,20 +86,30 @@ def test_ppo_cluster(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_ppo_cluster_paper_objective_worker_values_in_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "correction"), [(["--no-decoupled"], "none"), (["--correction", "vtrace"], "vtrace")]
+)
+def test_ppo_cluster_corrections_with_worker_values_in_process(
+    tmp_path: Path, flags: list[str], correction: str
+) -> None:
+    out = tmp_path / "result.json"
     stdout = run(
         "ppo_cluster.py",
         *TINY,
         "--sync",
         "fixed",
-        "--no-decoupled",
+        *flags,
         "--no-recompute-values",
         "--transport",
         "memory",
         "--no-progress",
+        "--json",
+        str(out),
         cwd=tmp_path,
     )
     assert "summary: final mean return" in stdout
+    result = json.loads(out.read_text())
+    assert result["correction"] == correction and result["global_step"] == 256
 
 
 @pytest.mark.timeout(120)
