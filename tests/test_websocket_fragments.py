@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+import aps.transports._websocket_connections as connections
 import aps.transports.websocket as ws
 from aps.errors import ConnectionLost, FrameTooLarge, TransportClosed
 from aps.transports.websocket import (
@@ -59,13 +60,13 @@ def cut(message: bytes, sizes: list[int]) -> Iterator[bytes]:
 def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes the websocket transport asks aps._buffers for, in order."""
     sizes: list[int] = []
-    real = ws.allocate
+    real = connections.allocate
 
     def spy(size: int) -> Any:
         sizes.append(size)
         return real(size)
 
-    monkeypatch.setattr(ws, "allocate", spy)
+    monkeypatch.setattr(connections, "allocate", spy)
     return sizes
 
 
@@ -261,7 +262,7 @@ def test_only_immutable_large_payloads_are_written_without_a_copy() -> None:
     def sent(payload: bytes | bytearray | memoryview) -> list[Any]:
         """What a listener's protocol writes for one binary frame of ``payload``."""
         server = ServerProtocol()
-        ws._send_uncopied(server, server.send_frame, Frame(Opcode.BINARY, payload))
+        connections.send_uncopied(server, server.send_frame, Frame(Opcode.BINARY, payload))
         return server.data_to_send()
 
     def parsed(writes: list[Any]) -> Frame:

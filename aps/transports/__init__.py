@@ -5,7 +5,8 @@ The contracts are in :mod:`aps.transports.base`; URL schemes map to factories th
 :mod:`aps.transports.tcp`, :mod:`aps.transports.unix`, :mod:`aps.transports.websocket` and
 :mod:`aps.transports.memory`; the first three are imported only when a URL needs them. Every
 built-in listener counts its connections from their first byte against a
-:class:`PreauthBudget` (:mod:`aps.transports.budget`); stream transports share
+:class:`PreauthBudget` (:mod:`aps.transports.budget`); the socket listeners (TCP, Unix,
+WebSocket) build on :mod:`aps.transports.listener`, and stream transports share
 :mod:`aps.transports.stream`.
 
 Example:

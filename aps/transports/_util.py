@@ -13,6 +13,7 @@ from aps.errors import AuthError, ConfigError, TransportClosed
 
 __all__ = [
     "AcceptQueue",
+    "address_url",
     "check_ssl_side",
     "detach",
     "format_host",
@@ -39,6 +40,16 @@ def owned_payload(view: memoryview) -> bytes | memoryview:
 def format_host(host: str) -> str:
     """Return ``host`` ready for a URL: IPv6 literals go in brackets."""
     return f"[{host}]" if ":" in host else host
+
+
+def address_url(scheme: str, address: object, fallback: str) -> str:
+    """``scheme://host:port`` for a socket's ``(host, port, ...)`` address, else ``fallback``.
+
+    How logs and errors name a peer; IPv6 hosts go in brackets.
+    """
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
+    return fallback
 
 
 def is_loopback_host(host: str) -> bool:

@@ -29,9 +29,8 @@ import asyncio
 import collections
 import itertools
 import sys
-from types import TracebackType
-from typing import Self
 
+from aps._resource import AsyncResource
 from aps._typing import Frame
 from aps.errors import (
     ConfigError,
@@ -56,7 +55,7 @@ _pair_ids = itertools.count(1)
 _CEILING = sys.maxsize
 
 
-class MemoryTransport:
+class MemoryTransport(AsyncResource):
     """One end of an in-process connection. Create pairs with :func:`memory_transport_pair`.
 
     Attributes:
@@ -159,17 +158,6 @@ class MemoryTransport:
             other._peer_closed = True
             other._wake()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<MemoryTransport peer={self.peer!r} {state}>"
@@ -215,7 +203,7 @@ def memory_transport_pair(
     )
 
 
-class MemoryListener:
+class MemoryListener(AsyncResource):
     """Accepts in-process connections made with :meth:`MemoryFactory.connect`.
 
     Closing it unbinds the name; connections nobody accepted are closed, accepted ones stay
@@ -257,17 +245,6 @@ class MemoryListener:
             del _listeners[self._name]
         for transport in self._queue.close():
             await transport.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"<MemoryListener {self.url}>"

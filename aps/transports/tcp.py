@@ -38,17 +38,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
-import ssl
-from types import TracebackType
-from typing import Any, Self
 from urllib.parse import urlsplit
 
+from aps._resource import AsyncResource
 from aps._typing import Frame
 from aps.errors import (
     ConfigError,
-    ConnectError,
     ConnectionLost,
     EndOfStream,
     FrameTooLarge,
@@ -57,22 +53,19 @@ from aps.errors import (
 )
 from aps.framing import (
     HEADER_SIZE,
-    check_max_frame_size,
     frame_header,
     frame_view,
 )
 from aps.transports._util import (
-    AcceptQueue,
+    address_url,
     check_ssl_side,
-    detach,
     format_host,
     is_loopback_host,
     owned_payload,
 )
-from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
-from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, PreauthBudget, Ticket
+from aps.transports.budget import Ticket
+from aps.transports.listener import SocketFactory, SocketListener, bind
 from aps.transports.stream import (
-    Acceptor,
     StreamConnection,
     dial,
     looks_like_tls,
@@ -83,9 +76,6 @@ from aps.transports.stream import (
 log = logging.getLogger(__name__)
 
 __all__ = ["TCPFactory", "TCPListener", "TCPTransport"]
-
-# Connections the kernel queues for accept() while the listener is busy or paused.
-_ACCEPT_BACKLOG = 128
 
 
 # Frames up to this size are copied behind their header and written with one call (one
@@ -99,7 +89,7 @@ _COALESCE_LIMIT = 64 * 2**10
 _CLOSE_TIMEOUT = 5.0
 
 
-class TCPTransport:
+class TCPTransport(AsyncResource):
     """One TCP (or TLS) connection carrying length-prefixed frames.
 
     Created by :meth:`TCPFactory.connect` and :meth:`TCPListener.accept`.
@@ -340,23 +330,12 @@ class TCPTransport:
             # A reset, a TLS error or the timeout: the connection is unusable either way.
             transport.abort()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<{type(self).__name__} peer={self.peer!r} {state}>"
 
 
-class TCPListener:
+class TCPListener(SocketListener[TCPTransport]):
     """A bound TCP (or TLS) server socket; create it with :meth:`TCPFactory.listen`.
 
     The listener accepts connections itself, so that every one is counted from its first
@@ -365,133 +344,40 @@ class TCPListener:
     passes. A TLS connection costs nothing but its socket until its first bytes arrive; bytes
     that are not a TLS hello close it with one line. When the process runs out of file
     descriptors, accepting pauses briefly and one line per interval says so
-    (:class:`~aps.transports.stream.Acceptor`).
+    (:class:`~aps.transports.stream.Acceptor`). See
+    :class:`~aps.transports.listener.SocketListener` for the arguments.
     """
 
     _transport_type = TCPTransport
 
-    def __init__(
-        self,
-        *,
-        scheme: str,
-        requested: str,
-        max_frame_size: int,
-        ssl_context: ssl.SSLContext | None = None,
-        preauth: PreauthBudget | None = None,
-    ) -> None:
-        self._scheme = scheme
-        self._url = requested
-        self._max_frame_size = max_frame_size
-        self._ssl = ssl_context
-        self.preauth = preauth if preauth is not None else PreauthBudget()
-        """The pre-auth budget of this listener's connections; see :mod:`aps.transports.budget`."""
-        self._acceptor: Acceptor | None = None
-        self._queue: AcceptQueue[TCPTransport] = AcceptQueue(f"listener {requested}")
+    def _protocol(self, ticket: Ticket) -> StreamConnection:
+        connection = StreamConnection(self._max_frame_size, self._on_connect)
+        connection.preauth = ticket
+        return connection
 
-    @property
-    def url(self) -> str:
-        """The bound address, port 0 resolved: ``tcp://127.0.0.1:54321``."""
-        return self._url
-
-    @property
-    def is_local(self) -> bool:
-        """Whether only this host can connect: the bound address is a loopback one."""
-        return is_loopback_host(urlsplit(self._url).hostname or "")
-
-    async def accept(self) -> TCPTransport:
-        """Wait for the next connection (after its TLS handshake, if any).
-
-        A connection that ended while it waited (evicted, timed out, or closed by its peer)
-        is skipped. Unless the budget was adopted (by a learner's gate), the connection's
-        ticket is released here.
-
-        Cancellation: no connection is lost.
-
-        Raises:
-            TransportClosed: the listener was closed (also wakes a pending call).
-        """
-        while True:
-            transport = await self._queue.get()
-            connection = transport._connection
-            if connection.lost:
-                detach(transport.aclose)
-                continue
-            if connection.preauth is not None and not self.preauth.holds_after_accept:
-                connection.preauth.release()
-            return transport
-
-    async def aclose(self) -> None:
-        """Stop listening and wake pending ``accept`` calls; idempotent.
-
-        Connections already accepted stay open; connections nobody accepted (in their TLS
-        handshake or in the queue) are closed.
-        """
-        if self._queue.closed:
-            return
-        unaccepted = self._queue.close()
-        if self._acceptor is not None:
-            await self._acceptor.aclose()
-        for transport in unaccepted:
-            await transport.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.url}>"
-
-    def _serve(self, sock: socket.socket) -> None:
-        """Start accepting on the bound, listening ``sock``."""
-        max_frame_size, on_connect = self._max_frame_size, self._on_connect
-
-        def protocol(ticket: Ticket) -> StreamConnection:
-            connection = StreamConnection(max_frame_size, on_connect)
-            connection.preauth = ticket
-            return connection
-
-        self._acceptor = Acceptor(
-            sock,
-            budget=self.preauth,
-            ssl_context=self._ssl,
-            protocol=protocol,
-            peer=self._peer_at,
-            what=f"listener {self._url}",
-        )
+    def _take(self, transport: TCPTransport) -> bool:
+        return not transport._connection.lost
 
     def _on_connect(self, connection: StreamConnection) -> None:
         assert connection.transport is not None  # this runs in connection_made
         if connection.preauth is not None:
             connection.preauth.on_abort(connection.transport.abort)
-        transport = self._transport_type(
-            connection,
-            connection.transport,
-            peer=self._peer_for(connection),
-            max_frame_size=self._max_frame_size,
+        self._arrived(
+            self._transport_type(
+                connection,
+                connection.transport,
+                peer=self._peer_for(connection),
+                max_frame_size=self._max_frame_size,
+            )
         )
-        if not self._queue.put(transport):
-            # The listener closed while this connection was being set up.
-            detach(transport.aclose)
-
-    def _peer_at(self, address: object) -> str:
-        """How logs name the peer at ``address`` (what ``accept`` returned)."""
-        if isinstance(address, tuple) and len(address) >= 2:
-            return f"{self._scheme}://{format_host(str(address[0]))}:{address[1]}"
-        return f"{self._scheme}://unknown"
 
     def _peer_for(self, connection: StreamConnection) -> str:
+        """How logs name the peer of ``connection`` (its transport's address)."""
         assert connection.transport is not None
         return _peer_of(connection.transport, self._scheme, fallback=f"{self._scheme}://unknown")
 
 
-class TCPFactory:
+class TCPFactory(SocketFactory):
     """Creates TCP transports and listeners, with TLS if given SSL contexts.
 
     Args:
@@ -506,22 +392,6 @@ class TCPFactory:
     Raises:
         ConfigError: ``max_frame_size`` or a pre-auth limit is out of range.
     """
-
-    def __init__(
-        self,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        server_ssl_context: ssl.SSLContext | None = None,
-        client_ssl_context: ssl.SSLContext | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        preauth_limit: int = DEFAULT_LIMIT,
-        preauth_per_host: int = DEFAULT_PER_HOST,
-    ) -> None:
-        self.max_frame_size = check_max_frame_size(max_frame_size)
-        self._preauth_limits = {"limit": preauth_limit, "per_host": preauth_per_host}
-        PreauthBudget(**self._preauth_limits)  # refuses bad limits now, not at listen
-        self._server_ssl = server_ssl_context or ssl_context
-        self._client_ssl = client_ssl_context or ssl_context
 
     async def connect(self, url: str, *, timeout: float | None = None) -> TCPTransport:
         """Connect to ``tcp://host:port`` (and complete the TLS handshake, if configured).
@@ -558,7 +428,8 @@ class TCPFactory:
 
         Port 0 binds a free port. If the host then resolves to several addresses (as
         ``localhost`` may, to IPv4 and IPv6), only the first is bound, so that
-        :attr:`TCPListener.url` names one port that reaches the listener.
+        :attr:`TCPListener.url` names one port that reaches the listener. An empty host
+        binds IPv6 and IPv4 on one socket where the system can.
 
         Raises:
             ConnectError: the address is in use, not local, or does not resolve.
@@ -566,42 +437,15 @@ class TCPFactory:
         """
         scheme, host, port = _parse_url(url, listening=True)
         context = check_ssl_side(self._server_ssl, "server", url, "TCPFactory")
-        listener = TCPListener(
-            scheme=scheme,
-            requested=url,
+        sock = await bind(url, host, port, dual_stack=True)
+        bound_host, bound_port = sock.getsockname()[:2]
+        return TCPListener(
+            sock,
+            url=f"{scheme}://{format_host(bound_host)}:{bound_port}",
             max_frame_size=self.max_frame_size,
             ssl_context=context,
             preauth=self._preauth(),
         )
-        try:
-            family, address = await _bind_address(host, port)
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                if os.name == "posix":  # as asyncio does: rebinding a port in TIME_WAIT
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6 and host is None:
-                    with contextlib.suppress(OSError):  # both families, where it can
-                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                sock.bind(address)
-                sock.listen(_ACCEPT_BACKLOG)
-            except BaseException:
-                sock.close()
-                raise
-        except OSError as exc:
-            raise ConnectError(
-                f"cannot listen on {url!r}: {reason(exc)}; pick another port "
-                "(0 picks a free one) or stop the process that holds it",
-                url=url,
-            ) from exc
-        bound_host, bound_port = sock.getsockname()[:2]
-        listener._url = f"{scheme}://{format_host(bound_host)}:{bound_port}"
-        listener._serve(sock)
-        return listener
-
-    def _preauth(self) -> PreauthBudget:
-        """A fresh budget for one listener, with this factory's limits."""
-        limits = self._preauth_limits
-        return PreauthBudget(**limits)
 
     def __repr__(self) -> str:
         tls = "tls" if self._server_ssl or self._client_ssl else "plain"
@@ -635,24 +479,5 @@ def _parse_url(url: str, *, listening: bool) -> tuple[str, str | None, int]:
     return parts.scheme, host, port
 
 
-async def _bind_address(host: str | None, port: int) -> tuple[int, tuple[Any, ...]]:
-    """The family and address to bind for ``host`` (``None``: every interface).
-
-    The first that resolves, so that one port reaches the listener.
-    """
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
-    if host is None and socket.has_dualstack_ipv6():
-        for family, _, _, _, address in infos:
-            if family == socket.AF_INET6:
-                return family, address
-    family, _, _, _, address = infos[0]
-    return family, address
-
-
 def _peer_of(transport: asyncio.BaseTransport, scheme: str, *, fallback: str) -> str:
-    address = transport.get_extra_info("peername")
-    if isinstance(address, tuple) and len(address) >= 2:
-        return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
-    return fallback
+    return address_url(scheme, transport.get_extra_info("peername"), fallback)

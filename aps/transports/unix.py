@@ -45,6 +45,7 @@ from urllib.parse import unquote, urlsplit
 from aps.errors import ConfigError, ConnectError
 from aps.framing import check_max_frame_size
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
+from aps.transports.listener import ACCEPT_BACKLOG
 from aps.transports.stream import StreamConnection, dial, reason
 from aps.transports.tcp import TCPListener, TCPTransport
 
@@ -55,9 +56,6 @@ MAX_PATH_BYTES = 107 if sys.platform.startswith("linux") else 103
 the BSDs), the terminating NUL included."""
 
 _SEND_BUFFER = 4 * 2**20
-
-# Connections the kernel queues for accept() while the listener is busy or paused.
-_ACCEPT_BACKLOG = 128
 
 _USAGE = "write it as unix:///absolute/path.sock, or unix:// for a fresh private path"
 
@@ -82,21 +80,27 @@ class UnixTransport(TCPTransport):
 
 
 class UnixListener(TCPListener):
-    """A listening Unix socket; create it with :meth:`UnixFactory.listen`."""
+    """A listening Unix socket; create it with :meth:`UnixFactory.listen`.
+
+    Its :attr:`url` is the socket's, a generated path resolved
+    (``unix:///tmp/aps-x1y2/learner.sock``). ``aclose`` also removes the socket file, and the
+    directory made for a generated path.
+
+    Args:
+        sock: the bound, listening socket; the listener owns it from here.
+        path: its file.
+        owned_dir: the directory made for it (removed at ``aclose``), or ``None``.
+        max_frame_size: the largest frame an accepted transport sends or receives.
+    """
 
     _transport_type = UnixTransport
 
     def __init__(
-        self, *, requested: str, path: str, owned_dir: str | None, max_frame_size: int
+        self, sock: socket.socket, *, path: str, owned_dir: str | None, max_frame_size: int
     ) -> None:
-        super().__init__(scheme="unix", requested=requested, max_frame_size=max_frame_size)
         self._path = path
         self._owned_dir = owned_dir
-
-    @property
-    def url(self) -> str:
-        """The socket's URL, a generated path resolved: ``unix:///tmp/aps-x1y2/learner.sock``."""
-        return self._url
+        super().__init__(sock, url=f"unix://{path}", max_frame_size=max_frame_size)
 
     @property
     def is_local(self) -> bool:
@@ -108,20 +112,13 @@ class UnixListener(TCPListener):
         """The socket file's path."""
         return self._path
 
-    async def aclose(self) -> None:
-        """Stop listening, remove the socket file (and the directory made for it); idempotent.
-
-        Connections already accepted stay open; connections nobody accepted are closed.
-        """
-        closing = not self._queue.closed
-        await super().aclose()
-        if closing:
-            with contextlib.suppress(OSError):  # removed by someone else: nothing to clean
-                if stat.S_ISSOCK(os.lstat(self._path).st_mode):
-                    os.unlink(self._path)
-            if self._owned_dir is not None:
-                with contextlib.suppress(OSError):
-                    os.rmdir(self._owned_dir)
+    def _stopped(self) -> None:
+        with contextlib.suppress(OSError):  # removed by someone else: nothing to clean
+            if stat.S_ISSOCK(os.lstat(self._path).st_mode):
+                os.unlink(self._path)
+        if self._owned_dir is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._owned_dir)
 
     def _peer_for(self, connection: StreamConnection) -> str:
         return self._url
@@ -192,13 +189,10 @@ class UnixFactory:
                 ) from exc
         else:
             _clear_stale(path, url)
-        listener = UnixListener(
-            requested=url, path=path, owned_dir=owned_dir, max_frame_size=self.max_frame_size
-        )
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
-            sock.listen(_ACCEPT_BACKLOG)
+            sock.listen(ACCEPT_BACKLOG)
         except OSError as exc:
             sock.close()
             if owned_dir is not None:
@@ -209,9 +203,9 @@ class UnixFactory:
                 "and this user may write to it",
                 url=url,
             ) from exc
-        listener._url = f"unix://{path}"
-        listener._serve(sock)
-        return listener
+        return UnixListener(
+            sock, path=path, owned_dir=owned_dir, max_frame_size=self.max_frame_size
+        )
 
     def __repr__(self) -> str:
         return f"UnixFactory(max_frame_size={self.max_frame_size})"

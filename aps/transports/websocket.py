@@ -18,14 +18,16 @@ Clients connect directly: proxy settings in the environment (``HTTPS_PROXY``...)
 the local network (or 127.0.0.1) whatever the shell exports.
 
 Large frames travel as fragmented messages (:data:`FRAGMENT_SIZE`). Both ends gather the
-fragments they receive as they arrive (:class:`_Gatherer`, hooked into the connections'
+fragments they receive as they arrive (a ``Gatherer``, hooked into the connections'
 ``process_event``), and a listener writes large immutable payloads without copying them
-into each frame (:func:`_send_uncopied`, in place of its protocol's ``send_frame``). Those
-two seams of websockets' sans-I/O design, and its protocol's ``writes`` list, have the same
-shape in websockets 14.2 to 17.4, the releases the WebSocket tests pass on.
+into each frame (``send_uncopied``, in place of its protocol's ``send_frame``): both in
+:mod:`aps.transports._websocket_connections`, with the connection a listener bounds until
+its peer proved the token. Those two seams of websockets' sans-I/O design, and its
+protocol's ``writes`` list, have the same shape in websockets 14.2 to 17.4, the releases the
+WebSocket tests pass on.
 
-A listener accepts its sockets itself (:class:`~aps.transports.stream.Acceptor`), so that
-each counts against its pre-auth budget from the first byte, TLS included; it builds each
+A listener accepts its sockets itself (:class:`~aps.transports.listener.SocketListener`), so
+that each counts against its pre-auth budget from the first byte, TLS included; it builds each
 ``ServerConnection`` (with its ``ServerProtocol``) as websockets' ``serve`` would, and hands
 it to the connection handler of a websockets ``Server`` that is never bound.
 """
@@ -34,19 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
-import os
-import socket
 import ssl
-import struct
-from collections.abc import Callable, Iterator
-from types import TracebackType
-from typing import Any, Self, cast
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
-from aps._buffers import allocate, seal
+from aps._resource import AsyncResource
 from aps._typing import Frame
 from aps.errors import (
     ConfigError,
@@ -61,21 +58,18 @@ from aps.errors import (
 )
 from aps.framing import check_max_frame_size, frame_view
 from aps.transports._util import (
-    AcceptQueue,
+    address_url,
     check_ssl_side,
-    detach,
     format_host,
     is_loopback_host,
     owned_payload,
     tls_refused,
 )
-from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
-from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, PreauthBudget, Ticket
-from aps.transports.stream import Acceptor
+from aps.transports.budget import DEFAULT_LIMIT, Ticket
+from aps.transports.listener import SocketFactory, SocketListener, bind
 
 try:
     from websockets.asyncio.client import ClientConnection, connect as ws_connect
-    from websockets.asyncio.connection import Connection
     from websockets.asyncio.server import Server, ServerConnection, serve as ws_serve
     from websockets.exceptions import (
         ConnectionClosed,
@@ -84,14 +78,27 @@ try:
         PayloadTooBig,
         WebSocketException,
     )
-    from websockets.frames import CloseCode, Frame as WsFrame, Opcode
-    from websockets.protocol import Event, Protocol, Side, State
-    from websockets.server import ServerProtocol
+    from websockets.frames import CloseCode
 except ImportError as exc:  # pragma: no cover - exercised by hiding the package in a test
     raise MissingDependency(
         "the ws:// and wss:// transports need the websockets package (version 14.2 or newer); "
         "install it with pip install 'aps-rl[websocket]'"
     ) from exc
+
+# Imported once websockets is known to be there; the limits and seams are named here too,
+# where they were first defined.
+from aps.transports._websocket_connections import (
+    LIMIT_ATTRIBUTE,
+    MAX_OPENING_BYTES as MAX_OPENING_BYTES,
+    PREAUTH_CONTROL_FRAMES as PREAUTH_CONTROL_FRAMES,
+    UNACCEPTED_FRAME_SIZE as UNACCEPTED_FRAME_SIZE,
+    UNCOPIED_SIZE as UNCOPIED_SIZE,
+    GatheringClient,
+    PreauthConnection,
+    TooManyFragments as TooManyFragments,
+    WaitingRoom,
+    max_fragments as max_fragments,
+)
 
 __all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]
 
@@ -99,10 +106,6 @@ __all__ = ["WebSocketFactory", "WebSocketListener", "WebSocketTransport"]
 _DIRECT: dict[str, Any] = (
     {"proxy": None} if "proxy" in inspect.signature(ws_connect.__init__).parameters else {}
 )
-
-# The protocol's limit on incoming messages: max_message_size in current websockets (beside
-# a limit per fragment), max_size in older releases such as 13.
-_LIMIT = "max_message_size" if hasattr(Protocol(Side.SERVER), "max_message_size") else "max_size"
 
 # Seconds websockets waits for the peer's half of the closing handshake before it drops the
 # TCP connection. A live peer answers in milliseconds.
@@ -115,221 +118,10 @@ websockets buffers and slices each incoming WebSocket frame whole: one 40 MB fra
 receiver three fresh 40 MB buffers (its stream buffer, the slice, the message), and fresh
 memory is what large transfers pay for. In 1 MiB fragments the first two stay small and are
 reused, and the receiving end copies each fragment into the message as it arrives (see
-:class:`_Gatherer`). The peer sees one message. (256 KiB fragments cost a weight sync the
-same CPU, 64 KiB ones more: see benchmarks/README.md.)
+:class:`~aps.transports._websocket_connections.Gatherer`). The peer sees one message.
+(256 KiB fragments cost a weight sync the same CPU, 64 KiB ones more: see
+benchmarks/README.md.)
 """
-
-
-def max_fragments(limit: int) -> int:
-    """The most fragments of one message under a message limit of ``limit`` bytes.
-
-    aps itself sends :data:`FRAGMENT_SIZE` pieces; a peer may use smaller ones, down to
-    16 KiB on average, plus a few. Before accept (a 16 KiB limit) that is 65 fragments: a
-    pending connection cannot park thousands of one-byte (or empty) fragments.
-    """
-    return 64 + limit // (16 * 1024)
-
-
-class TooManyFragments(Exception):
-    """A message came in more fragments than :func:`max_fragments` allows (closes it)."""
-
-    def __init__(self, count: int, limit: int) -> None:
-        super().__init__(
-            f"a message in more than {count - 1} fragments under a limit of {limit} bytes; "
-            f"at most {max_fragments(limit)} are read"
-        )
-
-
-class _Gatherer:
-    """Assembles a fragmented binary message as its fragments arrive.
-
-    websockets itself keeps every fragment until the last one and then joins them: a 40 MB
-    message holds 40 MB of fragments and a fresh 40 MB ``bytes``, all memory the process has
-    not touched for a while. Here each fragment is copied into the message when it arrives
-    and freed at once, so the fragments' memory is reused. The message itself goes into a
-    buffer of the size the previous fragmented message had, from :mod:`aps._buffers`, which
-    reuses one that nothing refers to any more (weights arrive at the same size every time).
-    A message of another size is joined from its fragments, as websockets would.
-
-    Nothing larger than the connection's message limit is allocated: the guess is taken only
-    within the limit, and websockets refuses a message whose fragments exceed the limit
-    before it reads the fragment that would. A message in more than :func:`max_fragments`
-    pieces is refused (:class:`TooManyFragments`), and pieces are joined into one growing
-    buffer as they come, so tiny fragments cost their bytes, not an object each. A text
-    message's fragments are handed on as they come (websockets assembles them, and aps
-    refuses the message), but counted against the same limit.
-    """
-
-    def __init__(self) -> None:
-        self.expected = 0  # the size of the last fragmented message
-        self._buffer: bytes | bytearray | None = None
-        self._view: memoryview | None = None
-        self._joined = bytearray()  # the message so far, when there is no guessed buffer
-        self._size = 0
-        self._count = 0
-        self._gathering = False
-        self._passing = False  # a fragmented text message: counted, handed on as it comes
-
-    def add(self, frame: WsFrame, limit: int | None) -> WsFrame | None:
-        """Return the frame to hand on: ``frame``, a whole message, or ``None`` for now.
-
-        ``limit``: the connection's largest message in bytes (``None``: no limit).
-
-        Raises:
-            TooManyFragments: the message came in more pieces than the limit allows.
-        """
-        if frame.opcode is Opcode.BINARY and not frame.fin:
-            self.clear()
-            self._gathering = True
-            guess = self.expected
-            if 0 < guess and len(frame.data) <= guess and (limit is None or guess <= limit):
-                self._buffer, self._view = allocate(guess)
-        elif frame.opcode is Opcode.TEXT and not frame.fin:
-            self.clear()
-            self._passing = True
-        elif frame.opcode is not Opcode.CONT or not (self._gathering or self._passing):
-            return frame  # a whole message, or a control frame
-        self._count += 1
-        if limit is not None and self._count > max_fragments(limit):
-            count = self._count
-            self.clear()
-            raise TooManyFragments(count, limit)
-        if self._passing:
-            # websockets keeps a text message's fragments as frames until the last one:
-            # counted here all the same, so that it cannot keep thousands of them.
-            if frame.fin:
-                self._passing = False
-                self._count = 0
-            return frame
-        data = frame.data
-        end = self._size + len(data)
-        view = self._view
-        if view is not None and end <= view.nbytes:
-            view[self._size : end] = data
-        else:
-            if view is not None:  # longer than the previous one: join it instead
-                self._joined += view[: self._size]
-                self._drop_buffer()
-            self._joined += data
-        self._size = end
-        if not frame.fin:
-            return None
-        return WsFrame(Opcode.BINARY, self._finish())
-
-    def _finish(self) -> bytes:
-        self._gathering = False
-        self._count = 0
-        self.expected = size = self._size
-        view, buffer = self._view, self._buffer
-        if view is None or buffer is None:
-            message = bytes(self._joined)
-            self._joined = bytearray()
-            return message
-        self._view = self._buffer = None
-        if size == view.nbytes:
-            view.release()
-            return seal(buffer)
-        message = bytes(view[:size])  # shorter than the previous one
-        view.release()
-        return message
-
-    def clear(self) -> None:
-        """Forget a message half gathered (the connection ended), so its buffer is reused."""
-        self._gathering = False
-        self._passing = False
-        self._size = 0
-        self._count = 0
-        self._joined = bytearray()
-        self._drop_buffer()
-
-    def _drop_buffer(self) -> None:
-        if self._view is not None:
-            self._view.release()
-        self._view = self._buffer = None
-
-
-class _Gathering(Connection):
-    """A connection (client or server) that gathers fragmented messages with a :class:`_Gatherer`.
-
-    Mixed in before websockets' ``ClientConnection`` or ``ServerConnection``.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.aps_gatherer = _Gatherer()
-        self.aps_refused = False
-        """Whether the connection was aborted for what it sent (the rest is dropped)."""
-
-    def aps_refuse(self) -> None:
-        """Abort the connection now; events already parsed from its bytes go nowhere."""
-        self.aps_refused = True
-        self.aps_gatherer.clear()
-        self.transport.abort()
-
-    def process_event(self, event: Event) -> None:
-        if self.aps_refused:
-            # One read may hold thousands of frames, parsed before the first is seen here:
-            # none after the refusal may reach websockets' queues.
-            return
-        if isinstance(event, WsFrame):  # not the opening handshake
-            try:
-                handed_on = self.aps_gatherer.add(event, getattr(self.protocol, _LIMIT))
-            except TooManyFragments:
-                # Closed at once: its fragments are gone, and so is anything after them.
-                self.aps_refuse()
-                return
-            if handed_on is None:
-                return  # gathering: websockets sees the message once it is whole
-            event = handed_on
-        super().process_event(event)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.aps_gatherer.clear()
-        super().connection_lost(exc)
-
-
-class _GatheringClient(_Gathering, ClientConnection):
-    """A client connection that gathers fragmented messages as they arrive."""
-
-
-UNCOPIED_SIZE = 64 * 1024
-"""Data frames of at least this many bytes that a listener sends leave without a copy."""
-
-
-def _send_uncopied(
-    protocol: ServerProtocol, serialize: Callable[[WsFrame], None], frame: WsFrame
-) -> None:
-    """A listener's ``protocol.send_frame``: large immutable payloads leave without a copy.
-
-    websockets builds every frame it sends into a new buffer, header and payload, which costs
-    a copy of each fragment of a large frame (a client must copy anyway, to mask). A server's
-    frames are not masked, so here a large payload that nothing can change (``bytes``, or a
-    flat view of ``bytes``) goes to the socket as it is, after a header built alone.
-    Everything else takes websockets' own path: small and control frames, mutable payloads
-    (the caller may reuse its buffer once ``send`` returns), extensions, debug logging.
-    """
-    data = frame.data
-    immutable = type(data) is bytes or (
-        isinstance(data, memoryview)
-        and type(data.obj) is bytes
-        and data.format == "B"
-        and data.ndim == 1
-        and data.c_contiguous
-    )
-    if not immutable or len(data) < UNCOPIED_SIZE or protocol.extensions or protocol.debug:
-        serialize(frame)
-        return
-    frame.check()
-    head = (
-        (0b10000000 if frame.fin else 0)
-        | (0b01000000 if frame.rsv1 else 0)
-        | (0b00100000 if frame.rsv2 else 0)
-        | (0b00010000 if frame.rsv3 else 0)
-        | frame.opcode
-    )
-    # 127: a 64-bit length follows (the form for payloads of 64 KiB or more); no mask bit.
-    protocol.writes.append(struct.pack("!BBQ", head, 127, len(data)))
-    protocol.writes.append(data)  # type: ignore[arg-type]  # a bytes-like, written as is
 
 
 def _fragments(view: memoryview) -> Iterator[memoryview]:
@@ -344,7 +136,7 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-class WebSocketTransport:
+class WebSocketTransport(AsyncResource):
     """One WebSocket connection; each frame is one binary message.
 
     Created by :meth:`WebSocketFactory.connect` and :meth:`WebSocketListener.accept`.
@@ -399,7 +191,7 @@ class WebSocketTransport:
     @max_frame_size.setter
     def max_frame_size(self, value: int) -> None:
         value = check_max_frame_size(value, ceiling=2**63 - 1)
-        setattr(self._connection.protocol, _LIMIT, value)
+        setattr(self._connection.protocol, LIMIT_ATTRIBUTE, value)
         self._max_frame_size = value
 
     async def send(self, frame: Frame) -> None:
@@ -497,17 +289,6 @@ class WebSocketTransport:
         """
         await self._close(CloseCode.NORMAL_CLOSURE, "")
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<WebSocketTransport peer={self.peer!r} {state}>"
@@ -559,33 +340,9 @@ MAX_OPENING = DEFAULT_LIMIT
 """The most connections a listener holds before they proved the token (its pre-auth budget's
 default limit; opening handshakes and connections waiting in the accept queue included)."""
 
-MAX_OPENING_BYTES = 16 * 1024
-"""The most bytes a connection may send before its opening handshake is done: the HTTP
-request and its headers (an aps client sends a few hundred). More closes it at once."""
-
-UNACCEPTED_FRAME_SIZE = 16 * 1024
-"""The largest message read from a connection nobody has accepted yet (in at most
-``max_fragments(UNACCEPTED_FRAME_SIZE)`` fragments); accept() restores the listener's limit.
-
-As large as the handshake frames a learner reads until the token is proved
-(``aps.codec.HANDSHAKE_FRAME_SIZE``): an aps peer sends nothing before it is accepted."""
-
-PREAUTH_CONTROL_FRAMES = 8
-"""Pings and pongs a connection may send while it holds a pre-auth ticket; more closes it.
-An aps peer sends none (aps has its own heartbeats)."""
-
-# Bytes websockets parses at a time from a connection that holds a pre-auth ticket: at most
-# a few hundred frame objects exist before the first of them can be refused.
-_PREAUTH_READ = 4096
-
-# Messages queued before a connection is accepted, at most (websockets' max_queue): each is
-# within UNACCEPTED_FRAME_SIZE, and nobody reads them until accept. accept() restores
-# websockets' default.
-_UNACCEPTED_QUEUE = 1
+# websockets' default queue of received messages (high and low water marks), which accept()
+# restores (see UNACCEPTED_QUEUE).
 _ACCEPTED_QUEUE = (16, 4)
-
-# Connections the kernel queues for accept() while the listener is busy or paused.
-_ACCEPT_BACKLOG = 128
 
 
 class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -612,7 +369,7 @@ class _Serving:
         return self._listener.is_serving()
 
 
-class WebSocketListener:
+class WebSocketListener(SocketListener[WebSocketTransport]):
     """A WebSocket server; create it with :meth:`WebSocketFactory.listen`.
 
     The listener accepts connections itself (as the TCP one does): every connection takes a
@@ -621,31 +378,18 @@ class WebSocketListener:
     it or its deadline passes, so idle connections can neither use up the process's file
     descriptors nor keep an honest worker out. Until it is accepted, a connection may send
     :data:`MAX_OPENING_BYTES` of opening handshake, messages of at most
-    :data:`UNACCEPTED_FRAME_SIZE` and, in fragments, few of them (see :class:`_Gatherer`).
-    While its ticket is held (until accept, or until the token is proved once a learner's
-    gate adopted the budget), a text message or more than :data:`PREAUTH_CONTROL_FRAMES`
-    pings and pongs close it at once, and what it sends is parsed a few KiB at a time.
+    :data:`UNACCEPTED_FRAME_SIZE` and, in fragments, few of them (see
+    :class:`~aps.transports._websocket_connections.Gatherer`). While its ticket is held
+    (until accept, or until the token is proved once a learner's gate adopted the budget), a
+    text message or more than :data:`PREAUTH_CONTROL_FRAMES` pings and pongs close it at
+    once, and what it sends is parsed a few KiB at a time
+    (:class:`~aps.transports._websocket_connections.PreauthConnection`). The server ignores
+    the request path; :attr:`url` keeps the one the listener was given. See
+    :class:`~aps.transports.listener.SocketListener` for the arguments.
     """
 
-    def __init__(
-        self,
-        *,
-        requested: str,
-        max_frame_size: int,
-        ssl_context: ssl.SSLContext | None = None,
-        preauth: PreauthBudget | None = None,
-    ) -> None:
-        self._url = requested
-        self._max_frame_size = max_frame_size
-        self._ssl = ssl_context
-        self.preauth = preauth if preauth is not None else PreauthBudget()
-        """The pre-auth budget of this listener's connections; see :mod:`aps.transports.budget`."""
-        self._acceptor: Acceptor | None = None
-        self._queue: AcceptQueue[WebSocketTransport] = AcceptQueue(f"listener {requested}")
-        self._waiting: set[ServerConnection] = set()
-        self.oversized = 0
-        """Connections closed for sending more than :data:`MAX_OPENING_BYTES` before their
-        opening handshake was done."""
+    def _prepare(self) -> None:
+        self._room = WaitingRoom(self.preauth)
         # websockets' server object, never bound: it runs each connection's opening handshake
         # and handler (its per-connection logic), while this listener accepts the sockets.
         self._server: Server = ws_serve(
@@ -667,7 +411,15 @@ class WebSocketListener:
     @property
     def opening(self) -> int:
         """Connections not accepted yet (opening handshakes and the accept queue)."""
-        return len(self._waiting)
+        return len(self._room)
+
+    @property
+    def oversized(self) -> int:
+        """Connections closed for sending too much opening handshake.
+
+        More than :data:`MAX_OPENING_BYTES` before their opening handshake was done.
+        """
+        return self._room.oversized
 
     @property
     def refused(self) -> int:
@@ -678,235 +430,43 @@ class WebSocketListener:
         """
         return self.preauth.evicted + self.preauth.refused + self.oversized
 
-    def _connection_class(self) -> type[ServerConnection]:
-        """The ServerConnection that counts this listener's unaccepted connections."""
-        listener = self
-
-        class _Counted(_Gathering, ServerConnection):
-            """Counts unaccepted connections; gathers fragmented messages as the client does."""
-
-            aps_waiting = False
-
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, **kwargs)
-                protocol = self.protocol
-                protocol.send_frame = functools.partial(  # type: ignore[method-assign]
-                    _send_uncopied, protocol, protocol.send_frame
-                )
-                self.aps_ticket: Ticket | None = None
-                self.aps_opening_bytes = 0
-                self.aps_control_frames = 0
-
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                ticket = self.aps_ticket
-                if ticket is not None:
-                    ticket.on_abort(cast(asyncio.Transport, transport).abort)
-                super().connection_made(transport)
-                listener._waiting.add(self)
-                self.aps_waiting = True
-
-            def process_event(self, event: Event) -> None:
-                ticket = self.aps_ticket
-                if (
-                    isinstance(event, WsFrame)
-                    and ticket is not None
-                    and ticket.held
-                    and not self.aps_refused
-                ):
-                    why = self._aps_preauth_refusal(event)
-                    if why:
-                        ticket.release()
-                        if self.aps_waiting:
-                            # Not accepted yet: nobody else will say why it ended (once
-                            # accepted, the learner's gate logs the lost connection itself).
-                            listener.preauth.note(
-                                f"{ticket.peer}: ConnectionLost: {why} before proving the "
-                                "token; closed it"
-                            )
-                        self.aps_refuse()
-                        return
-                super().process_event(event)
-
-            def _aps_preauth_refusal(self, frame: WsFrame) -> str:
-                """Why ``frame`` closes a connection that has not proved anything, or ``""``."""
-                if frame.opcode is Opcode.TEXT:
-                    # websockets keeps a text message's fragments as frames, and aps
-                    # refuses text anyway: an aps peer never sends any.
-                    return "sent a text message"
-                if frame.opcode in (Opcode.PING, Opcode.PONG):
-                    # Each ping is answered whether or not the peer reads: pongs would
-                    # pile up in the write buffer.
-                    self.aps_control_frames += 1
-                    if self.aps_control_frames > PREAUTH_CONTROL_FRAMES:
-                        return f"sent more than {PREAUTH_CONTROL_FRAMES} pings or pongs"
-                return ""
-
-            def data_received(self, data: bytes) -> None:
-                ticket = self.aps_ticket
-                if (
-                    ticket is None
-                    or not ticket.held
-                    or len(data) <= _PREAUTH_READ
-                    or self.protocol.state is not State.OPEN  # the opening is capped in bytes
-                ):
-                    self._aps_data_received(data)
-                    return
-                # Before the token is proved, websockets parses a read in small pieces: one
-                # read of tiny frames would otherwise become thousands of frame objects at
-                # once, before the first of them could be refused.
-                view = memoryview(data)
-                for start in range(0, len(view), _PREAUTH_READ):
-                    if self.aps_refused or self.transport.is_closing():
-                        return
-                    self._aps_data_received(bytes(view[start : start + _PREAUTH_READ]))
-
-            def _aps_data_received(self, data: bytes) -> None:
-                if self.protocol.state is State.CONNECTING:
-                    # websockets buffers a request line and headers up to 1 MiB; a pending
-                    # connection may cost a few KiB.
-                    self.aps_opening_bytes += len(data)
-                    if self.aps_opening_bytes > MAX_OPENING_BYTES:
-                        listener.oversized += 1
-                        ticket = self.aps_ticket
-                        if ticket is not None and ticket.held:
-                            ticket.release()
-                            listener.preauth.note(
-                                f"{ticket.peer}: ConnectionLost: sent more than "
-                                f"{MAX_OPENING_BYTES} bytes of opening handshake; closed it"
-                            )
-                        self.transport.abort()
-                        return
-                super().data_received(data)
-
-            def connection_lost(self, exc: Exception | None) -> None:
-                listener.taken(self)
-                if self.aps_ticket is not None:
-                    self.aps_ticket.release()
-                super().connection_lost(exc)
-
-        return _Counted
-
-    def taken(self, connection: ServerConnection) -> None:
-        """``connection`` no longer waits: it was accepted, or it ended."""
-        if getattr(connection, "aps_waiting", False):
-            connection.aps_waiting = False  # type: ignore[attr-defined]
-            self._waiting.discard(connection)
-
-    @property
-    def url(self) -> str:
-        """The bound address, port 0 resolved: ``ws://127.0.0.1:54321/``."""
-        return self._url
-
-    @property
-    def is_local(self) -> bool:
-        """Whether only this host can connect: the bound address is a loopback one."""
-        return is_loopback_host(urlsplit(self._url).hostname or "")
-
-    async def accept(self) -> WebSocketTransport:
-        """Wait for the next connection whose opening handshake succeeded.
-
-        A connection that ended while it waited is skipped. Unless the budget was adopted
-        (by a learner's gate), the connection's ticket is released here.
-
-        Cancellation: no connection is lost.
-
-        Raises:
-            TransportClosed: the listener was closed (also wakes a pending call).
-        """
-        while True:
-            transport = await self._queue.get()
-            connection = transport._connection
-            self.taken(connection)  # type: ignore[arg-type]
-            if connection.transport.is_closing():
-                detach(transport.aclose)
-                continue
-            ticket: Ticket | None = getattr(connection, "aps_ticket", None)
-            if ticket is not None and not self.preauth.holds_after_accept:
-                ticket.release()
-            transport.max_frame_size = self._max_frame_size
-            messages: Any = getattr(connection, "recv_messages", None)
-            if hasattr(messages, "high") and hasattr(messages, "low"):
-                messages.high, messages.low = _ACCEPTED_QUEUE
-            return transport
-
-    async def aclose(self) -> None:
-        """Stop listening and wake pending ``accept`` calls; idempotent.
-
-        Connections already accepted stay open; connections nobody accepted are closed.
-        """
-        if self._queue.closed:
-            return
-        unaccepted = self._queue.close()
-        if self._acceptor is not None:
-            await self._acceptor.aclose()
-        for transport in unaccepted:
-            await transport.aclose()
-        # Connections still in their opening handshake would otherwise live on until their
-        # deadline, after their listener (and perhaps their loop) ended.
-        for connection in list(self._waiting):
-            connection.transport.abort()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"<WebSocketListener {self.url}>"
-
-    def _serve(self, sock: socket.socket) -> None:
-        """Start accepting on the bound, listening ``sock``."""
-        counted = self._connection_class()
-        server = self._server
-        limit = min(self._max_frame_size, UNACCEPTED_FRAME_SIZE)
-
-        def protocol(ticket: Ticket) -> ServerConnection:
-            connection = counted(
-                ServerProtocol(max_size=limit, logger=server.logger),
-                server,
-                ping_interval=None,
-                ping_timeout=None,
-                close_timeout=_CLOSE_TIMEOUT,
-                max_queue=_UNACCEPTED_QUEUE,
-            )
-            connection.aps_ticket = ticket  # type: ignore[attr-defined]
-            return connection
-
-        self._acceptor = Acceptor(
-            sock,
-            budget=self.preauth,
-            ssl_context=self._ssl,
-            protocol=protocol,
-            peer=self._peer_at,
-            what=f"listener {self._url}",
+    def _protocol(self, ticket: Ticket) -> PreauthConnection:
+        return PreauthConnection(
+            self._server,
+            room=self._room,
+            ticket=ticket,
+            max_frame_size=self._max_frame_size,
+            close_timeout=_CLOSE_TIMEOUT,
         )
 
-    def _peer_at(self, address: object) -> str:
-        scheme = self._url.partition("://")[0] or "ws"
-        if isinstance(address, tuple) and len(address) >= 2:
-            return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
-        return f"{scheme}://unknown"
+    def _take(self, transport: WebSocketTransport) -> bool:
+        connection = transport._connection
+        self._room.leave(connection)
+        if connection.transport.is_closing():
+            return False
+        transport.max_frame_size = self._max_frame_size
+        messages: Any = getattr(connection, "recv_messages", None)
+        if hasattr(messages, "high") and hasattr(messages, "low"):
+            messages.high, messages.low = _ACCEPTED_QUEUE
+        return True
+
+    def _stopped(self) -> None:
+        self._room.abort_all()
 
     async def _handle(self, connection: ServerConnection) -> None:
         # websockets closes a connection when its handler returns, so the handler lives as
         # long as the transport: it waits for the connection to end, by either side.
-        transport = WebSocketTransport(
-            connection,
-            peer=_peer_of(connection, self._url),
-            max_frame_size=min(self._max_frame_size, UNACCEPTED_FRAME_SIZE),
+        self._arrived(
+            WebSocketTransport(
+                connection,
+                peer=_peer_of(connection, self._url),
+                max_frame_size=min(self._max_frame_size, UNACCEPTED_FRAME_SIZE),
+            )
         )
-        if not self._queue.put(transport):
-            detach(transport.aclose)
         await connection.wait_closed()
 
 
-class WebSocketFactory:
+class WebSocketFactory(SocketFactory):
     """Creates WebSocket transports and listeners for ``ws://`` and ``wss://`` URLs.
 
     Args:
@@ -923,21 +483,7 @@ class WebSocketFactory:
         ConfigError: ``max_frame_size`` or a pre-auth limit is out of range.
     """
 
-    def __init__(
-        self,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        server_ssl_context: ssl.SSLContext | None = None,
-        client_ssl_context: ssl.SSLContext | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        preauth_limit: int = DEFAULT_LIMIT,
-        preauth_per_host: int = DEFAULT_PER_HOST,
-    ) -> None:
-        self.max_frame_size = check_max_frame_size(max_frame_size, ceiling=2**63 - 1)
-        self._preauth_limits = {"limit": preauth_limit, "per_host": preauth_per_host}
-        PreauthBudget(**self._preauth_limits)  # refuses bad limits now, not at listen
-        self._server_ssl = server_ssl_context or ssl_context
-        self._client_ssl = client_ssl_context or ssl_context
+    max_frame_ceiling = 2**63 - 1  # a WebSocket frame's length has 63 bits
 
     async def connect(self, url: str, *, timeout: float | None = None) -> WebSocketTransport:
         """Connect to a ``ws://`` or ``wss://`` URL and complete the opening handshake.
@@ -963,7 +509,7 @@ class WebSocketFactory:
                     compression=None,
                     ping_interval=None,
                     close_timeout=_CLOSE_TIMEOUT,
-                    create_connection=_GatheringClient,
+                    create_connection=GatheringClient,
                     **_DIRECT,
                 )
         except TimeoutError as exc:
@@ -1007,37 +553,16 @@ class WebSocketFactory:
                 "server_ssl_context= (an ssl.PROTOCOL_TLS_SERVER context with "
                 "load_cert_chain) to WebSocketFactory, or use ws://"
             )
-        listener = WebSocketListener(
-            requested=url,
-            max_frame_size=self.max_frame_size,
-            ssl_context=context,
-            preauth=PreauthBudget(**self._preauth_limits),
-        )
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )
-            family, _, _, _, address = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                if os.name == "posix":  # as asyncio does: rebinding a port in TIME_WAIT
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-                sock.listen(_ACCEPT_BACKLOG)
-            except BaseException:
-                sock.close()
-                raise
-        except OSError as exc:
-            raise ConnectError(
-                f"cannot listen on {url!r}: {(exc.strerror or str(exc)).lower()}; pick another "
-                "port (0 picks a free one) or stop the process that holds it",
-                url=url,
-            ) from exc
+        sock = await bind(url, host, port, dual_stack=False)
         bound_host, bound_port = sock.getsockname()[:2]
         scheme = "wss" if secure else "ws"
-        listener._url = f"{scheme}://{format_host(bound_host)}:{bound_port}{path}"
-        listener._serve(sock)
-        return listener
+        return WebSocketListener(
+            sock,
+            url=f"{scheme}://{format_host(bound_host)}:{bound_port}{path}",
+            max_frame_size=self.max_frame_size,
+            ssl_context=context,
+            preauth=self._preauth(),
+        )
 
     def __repr__(self) -> str:
         return f"WebSocketFactory(max_frame_size={self.max_frame_size})"
@@ -1074,8 +599,5 @@ def _parse_url(url: str, *, listening: bool) -> tuple[bool, str | None, int, str
 
 
 def _peer_of(connection: ClientConnection | ServerConnection, fallback: str) -> str:
-    address = connection.remote_address
     scheme = fallback.partition("://")[0] or "ws"
-    if isinstance(address, tuple) and len(address) >= 2:
-        return f"{scheme}://{format_host(str(address[0]))}:{address[1]}"
-    return fallback
+    return address_url(scheme, connection.remote_address, fallback)
