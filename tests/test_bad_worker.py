@@ -286,7 +286,10 @@ async def test_drop_goes_on_with_the_honest_workers(
         await prepare(learner, mode)
         if mode == "chunks":
             stream = learner.chunks(4)
-            seen = [(await anext(stream)).worker_id for _ in range(6)]
+            seen: list[int] = []
+            async with asyncio.timeout(20):  # until the learner hung up on the bad worker
+                while len(seen) < 6 or not task.done():
+                    seen.append((await anext(stream)).worker_id)
             await stream.aclose()
             assert set(seen) == {good}
         else:

@@ -18,6 +18,7 @@ from websockets.asyncio.client import ClientConnection, connect
 import aps.transports._websocket_connections as connections
 import aps.transports.websocket as ws
 from aps.errors import ConnectionLost, FrameTooLarge, TransportClosed
+from aps.testing import until
 from aps.transports.websocket import (
     _DIRECT,
     FRAGMENT_SIZE,
@@ -134,7 +135,8 @@ async def test_a_receive_cancelled_in_the_middle_of_a_message_loses_nothing() ->
     async with raw_to_aps() as (raw, server):
         sending = asyncio.create_task(raw.send(pieces()))
         waiting = asyncio.create_task(server.receive())
-        await asyncio.sleep(0.05)  # the first fragment has arrived
+        gatherer = server._connection.aps_gatherer  # type: ignore[union-attr]
+        await until(lambda: gatherer._size > 0, DEADLINE)  # the first fragment has arrived
         assert not waiting.done()
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
