@@ -415,6 +415,10 @@ class _Spec:
     plan: tuple[tuple[str, bytes, int, Callable[[Any], bool]], ...]
     # Fields declared with OMIT_NONE: left out of the frame while None, None when absent.
     omitted: frozenset[str] = frozenset()
+    # The fields a frame must hold (all but the omitted), and the packed "t" and tag that
+    # follow the map header: made once, for the frames whose header counts their fields.
+    required: frozenset[str] = frozenset()
+    tail: bytes = b""
 
 
 def _is_array(value: Any) -> bool:
@@ -449,6 +453,17 @@ _ATOMS: dict[object, tuple[Callable[[Any], bool], str]] = {
     bytes: (lambda v: type(v) is bytes, "bytes"),
     type(None): (lambda v: v is None, "None"),
 }
+
+
+_EXACT_TYPES: dict[object, tuple[type, ...]] = {
+    int: (int,),
+    float: (float, int),
+    bool: (bool,),
+    str: (str,),
+    bytes: (bytes,),
+    type(None): (type(None),),
+}
+"""The exact types each of :data:`_ATOMS`'s checks accepts."""
 
 
 def _origin(hint: object) -> object:
@@ -499,6 +514,11 @@ def _field_for(name: str, hint: object) -> _Field:
             raise TypeError(f"aps.codec cannot carry a field annotated {hint!r} ({name})")
     if len(checks) == 1:
         return _Field(name, _PLAIN, checks[0], words[0])
+    if all(option in _ATOMS for option in options):
+        # A union of atoms (``float | None``, say) is one lookup of the value's exact type;
+        # _ATOMS's checks are exact-type tests (float's accepts int too).
+        exact = frozenset(kind for option in options for kind in _EXACT_TYPES[option])
+        return _Field(name, _PLAIN, lambda v: type(v) in exact, " or ".join(words))
     return _Field(name, _PLAIN, lambda v: any(c(v) for c in checks), " or ".join(words))
 
 
@@ -513,14 +533,18 @@ def _spec_for(cls: type[Message]) -> _Spec:
     head += _packb("t") + _packb(cls.TAG)
     plan = tuple((f.name, _packb(f.name), f.kind, f.check) for f in fields)
     omitted = frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(OMIT_NONE))
-    return _Spec(cls, cls.TAG, fields, names, head, plan, omitted)
+    tail = _packb("t") + _packb(cls.TAG)
+    return _Spec(cls, cls.TAG, fields, names, head, plan, omitted, names - omitted, tail)
 
 
 def _head(spec: _Spec, message: Message) -> bytes:
     """The map header, "t" and tag of a message whose ``OMIT_NONE`` fields may be left out."""
-    count = len(spec.fields) + 1 - sum(getattr(message, n) is None for n in spec.omitted)
+    count = len(spec.fields) + 1
+    for name in spec.omitted:
+        if getattr(message, name) is None:
+            count -= 1
     head = bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
-    return head + _packb("t") + _packb(spec.tag)
+    return head + spec.tail
 
 
 _SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
@@ -1093,7 +1117,7 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
     spec = specs.get(tag) if type(tag) is str else None
     if spec is None:
         raise WireError(f"unknown message tag {tag!r:.80}; known tags: {known}")
-    if spec.omitted and spec.names - spec.omitted <= body.keys() <= spec.names:
+    if spec.omitted and spec.required <= body.keys() <= spec.names:
         for name in spec.omitted:
             body.setdefault(name, None)
     if body.keys() != spec.names:

@@ -49,6 +49,7 @@ gradients locally and reports only its count, until ``CollectGradients`` asks fo
 
 from __future__ import annotations
 
+import struct
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -94,6 +95,7 @@ __all__ = [
     "StepResult",
     "StopGradients",
     "TIMINGS",
+    "TIMINGS_FORMAT",
     "Weights",
     "Welcome",
 ]
@@ -123,19 +125,25 @@ bounds in its Ready), a map's tag comes first and no key twice, and a ``Ready`` 
 ``initial_state``, ``episode_start`` (recurrent policies) and ``agent_active`` (multi-agent
 envs). The bump names the mismatch at the Challenge rather than as a refused Ready.
 
-Version 9 added the worker's own timings to its answers (``env_seconds``,
-``inference_seconds``, ``encode_seconds`` on :class:`ResetResult`, :class:`StepResult` and
-:class:`RolloutChunk`), the heartbeat's round trip (``Heartbeat.ping`` and ``pong``), and the
-live view's request for the learner's figures (:class:`MetricsRequest`,
-:class:`ProbeMetrics`); all optional fields, which a version 8 peer would refuse."""
+Version 9 added the worker's own timings to its answers (``timings`` on
+:class:`ResetResult`, :class:`StepResult` and :class:`RolloutChunk`), the heartbeat's round
+trip (``Heartbeat.ping`` and ``pong``), and the live view's request for the learner's figures
+(:class:`MetricsRequest`, :class:`ProbeMetrics`), which a version 8 peer would refuse."""
 
 
 TIMINGS = ("env_seconds", "inference_seconds", "encode_seconds")
-"""The optional fields in which a worker's answers (:class:`ResetResult`, :class:`StepResult`,
-:class:`RolloutChunk`) carry the worker's own timings, in seconds: its envs' time for this
-answer, its policy's (DETACH), and encoding its previous answer. A few bytes per answer,
-never a message of their own; the learner adds them to the worker's
-:class:`aps.metrics.WorkerMetrics` after checking each is a finite number >= 0."""
+"""What a worker's answers (:class:`ResetResult`, :class:`StepResult`, :class:`RolloutChunk`)
+carry in their ``timings`` field, in this order: its envs' time for this answer, its policy's
+(DETACH's forward passes; 0 in lockstep), and its own work on the answers (encoding,
+compression included, of the previous answer; for a chunk, packing it as well), in seconds,
+as :data:`TIMINGS_FORMAT` packs them. 22 bytes per answer, never a message of their own; the
+learner adds them to the worker's :class:`aps.metrics.WorkerMetrics` after checking each is
+a finite number in range. One field of bytes that every answer holds, rather than three
+optional numbers: the codec writes and reads it as fast as any plain field."""
+
+TIMINGS_FORMAT = struct.Struct("<3f")
+"""How ``timings`` are packed: three little-endian float32, 12 bytes."""
+
 
 OMIT_NONE = "aps.omit_none"
 """Field metadata key of an optional field that frames not using it leave out.
@@ -282,12 +290,8 @@ class ResetResult(Message):
     obs: Any
     info: Any
     seq: int = 0
-    env_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker's envs took for this answer (see :data:`TIMINGS`)."""
-    inference_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker's policy took for this answer: DETACH's forward passes."""
-    encode_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker took to encode (and compress) its previous answer."""
+    timings: bytes | None = None
+    """The worker's own timings for this answer: see :data:`TIMINGS` (``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,12 +315,8 @@ class StepResult(Message):
     truncated: Array
     info: Any
     seq: int = 0
-    env_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker's envs took for this answer (see :data:`TIMINGS`)."""
-    inference_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker's policy took for this answer: DETACH's forward passes."""
-    encode_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker took to encode (and compress) its previous answer."""
+    timings: bytes | None = None
+    """The worker's own timings for this answer: see :data:`TIMINGS` (``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -389,12 +389,8 @@ class RolloutChunk(Message):
     observation was a live agent's, so its action was used and its reward, ``terminated`` and
     ``truncated`` are that agent's; false where the slot held no agent (reward 0, no flags,
     the action ignored). ``None`` (and absent) for any other env."""
-    env_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker's envs took for this answer (see :data:`TIMINGS`)."""
-    inference_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker's policy took for this answer: DETACH's forward passes."""
-    encode_seconds: float | None = field(default=None, metadata={OMIT_NONE: True})
-    """Seconds the worker took to encode (and compress) its previous answer."""
+    timings: bytes | None = None
+    """The worker's own timings for this answer: see :data:`TIMINGS` (``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

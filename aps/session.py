@@ -258,8 +258,14 @@ class Session:
             )
         self._connection.send(message)
         self._last_send = time.monotonic()
-        if self.tally is not None:
-            self._count_sent(len(frame))
+        tally = self.tally
+        if tally is not None:
+            if self._compressor is None:
+                size = len(frame)
+                tally.bytes_sent += size
+                tally.bytes_sent_raw += size
+            else:
+                self._count_sent(len(frame))
         await self._transport.send(frame)
 
     def _count_sent(self, size: int) -> None:

@@ -90,6 +90,8 @@ def frame(body: dict[str, Any]) -> bytes:
     body = {**dict.fromkeys(_NUMBERED.get(str(body.get("t")), ()), 0), **body}
     if body.get("t") == "reset":
         body.setdefault("seeds", None)
+    if body.get("t") in ("step_result", "reset_result"):
+        body.setdefault("timings", None)
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 

@@ -612,7 +612,7 @@ LIES = {
 def reset_result(obs: Any) -> bytes:
     """A ResetResult frame holding ``obs``, packed by hand as a lying peer would."""
     frame: bytes = msgpack.packb(
-        {"t": "reset_result", "obs": obs, "info": {}, "seq": 0}, use_bin_type=True
+        {"t": "reset_result", "obs": obs, "info": {}, "seq": 0, "timings": None}, use_bin_type=True
     )
     return frame
 

@@ -20,7 +20,7 @@ from gymnasium import spaces
 
 import aps
 from aps import codec
-from aps.messages import Message, StepResult
+from aps.messages import TIMINGS_FORMAT, Message, StepResult
 from aps.metrics import Metrics, WorkerMetrics
 from aps.testing.chaos import until
 from tests.conftest import FAST, WorkerTasks
@@ -171,26 +171,38 @@ async def test_the_round_trip_is_measured_while_a_stream_waits(workers: WorkerTa
     assert rtt is not None and rtt > 0
 
 
-def lying(value: float) -> Any:
+def lying(timings: Any) -> Any:
     def alter(message: Message) -> bytes:
         assert isinstance(message, StepResult)
-        return codec.encode(dataclasses.replace(message, env_seconds=value))
+        return codec.encode(dataclasses.replace(message, timings=timings))
 
     return alter
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e9])
-async def test_a_worker_that_reports_an_impossible_timing_is_lost(
-    workers: WorkerTasks, value: float
+@pytest.mark.parametrize(
+    "timings",
+    [
+        TIMINGS_FORMAT.pack(float("nan"), 0.0, 0.0),
+        TIMINGS_FORMAT.pack(0.0, float("inf"), 0.0),
+        TIMINGS_FORMAT.pack(0.0, 0.0, -1.0),
+        TIMINGS_FORMAT.pack(1e9, 0.0, 0.0),
+        bytes(11),
+        bytes(13),
+    ],
+)
+async def test_a_worker_that_reports_impossible_timings_is_lost(
+    workers: WorkerTasks, timings: Any
 ) -> None:
     async with aps.Learner(TCP, num_workers=2, timeouts=FAST, on_worker_lost="raise") as learner:
         workers.start(learner.url, num_envs=ENVS)
         await until(lambda: len(learner.workers) == 1)
-        bad, task = start_altered(workers, learner.url, (StepResult,), lying(value))
+        bad, task = start_altered(workers, learner.url, (StepResult,), lying(timings))
         await learner.reset(seed=0)
-        with pytest.raises(aps.ProtocolError, match=f"^worker {bad.worker_id} .*env_seconds="):
+        with pytest.raises(aps.ProtocolError, match=f"^worker {bad.worker_id} sent timings "):
             await learner.step(np.zeros(2 * ENVS, np.int64))
         await asyncio.wait_for(task, 20)
+        liar = next(w for w in learner.metrics.workers if w.worker_id == bad.worker_id)
+        assert liar.env_steps == 0 and liar.answers == 1  # its reset counted, not its step
 
 
 def test_the_blocking_env_and_the_sb3_adapter_show_the_same_figures() -> None:

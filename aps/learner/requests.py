@@ -20,6 +20,7 @@ from aps.learner.replace import Recovery, lost
 from aps.learner.slots import Check, Remote, SlotHooks, Slots
 from aps.messages import (
     TIMINGS,
+    TIMINGS_FORMAT,
     ErrorReport,
     Message,
     Request,
@@ -50,28 +51,40 @@ _TIMED = (ResetResult, StepResult, RolloutChunk)
 
 
 def _record(remote: Remote, answer: ResetResult | StepResult | RolloutChunk) -> None:
-    """Add the worker's own timings in ``answer`` to its figures.
+    """Count ``answer`` in its worker's figures, with the timings it carries.
+
+    See :data:`~aps.messages.TIMINGS`; an answer without timings adds only its count.
 
     Raises:
-        ProtocolError: a timing is not a finite number of seconds in 0..:data:`MAX_TIMING`
+        ProtocolError: ``timings`` is not three numbers of seconds in 0..:data:`MAX_TIMING`
             (nothing is added then).
     """
-    timings = (answer.env_seconds, answer.inference_seconds, answer.encode_seconds)
-    for name, value in zip(TIMINGS, timings, strict=True):
-        if value is not None and not 0.0 <= value <= MAX_TIMING:  # NaN fails both
+    timings = answer.timings
+    env = inference = encode = 0.0
+    if timings is not None:
+        # Written out (this runs per answer); NaN fails both comparisons.
+        if len(timings) == TIMINGS_FORMAT.size:
+            env, inference, encode = TIMINGS_FORMAT.unpack(timings)
+        if not (
+            len(timings) == TIMINGS_FORMAT.size
+            and 0.0 <= env <= MAX_TIMING
+            and 0.0 <= inference <= MAX_TIMING
+            and 0.0 <= encode <= MAX_TIMING
+        ):
+            shown = TIMINGS_FORMAT.unpack(timings) if len(timings) == 12 else timings[:40]
             raise ProtocolError(
-                f"worker {remote.info.worker_id} reported {name}={value!r} in its "
-                f"{type(answer).__name__}; a timing is seconds, finite and in 0..{MAX_TIMING}: "
-                "the worker is not a compatible aps worker"
+                f"worker {remote.info.worker_id} sent timings {shown!r} in its "
+                f"{type(answer).__name__}; expected {TIMINGS_FORMAT.size} bytes of three "
+                f"float32 seconds ({', '.join(TIMINGS)}), each in 0..{MAX_TIMING}: the worker "
+                "is not a compatible aps worker"
             )
     metrics = remote.metrics
-    env, inference, encode = timings
     metrics.answers += 1
-    metrics.env_seconds += env or 0.0
-    metrics.inference_seconds += inference or 0.0
-    metrics.encode_seconds += encode or 0.0
     if type(answer) is StepResult:
         metrics.env_steps += remote.info.num_envs
+    metrics.env_seconds += env
+    metrics.inference_seconds += inference
+    metrics.encode_seconds += encode
 
 
 def worker_error(remote: Remote, report: ErrorReport) -> WorkerError:

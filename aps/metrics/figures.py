@@ -10,8 +10,8 @@ read.
 
 Where each figure is measured (``docs/observability.md`` says what each means):
 
-- On the worker, and carried in the answers and chunks it sends anyway (three optional floats,
-  never a message of their own): the time its envs took, its policy's forward passes
+- On the worker, and carried in the answers and chunks it sends anyway (three float32 numbers
+  in one field, never a message of their own): the time its envs took, its policy's forward passes
   (DETACH), and encoding its answers (compression included).
 - On the learner, per connection: bytes each way on the wire and at their full size (before
   compression and frame delta), the time spent decoding the worker's frames, the heartbeat

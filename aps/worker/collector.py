@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 from aps.batching import check_space, empty_batch, map_arrays
 from aps.errors import ConfigError, InvalidState, ProtocolError
-from aps.messages import RolloutChunk, Weights
+from aps.messages import TIMINGS_FORMAT, RolloutChunk, Weights
 from aps.multiagent import AGENT_ACTIVE
 from aps.vector import AnyVectorEnv
 
@@ -259,11 +259,9 @@ class Collector:
             initial_state=initial,
             episode_start=starts,
             agent_active=active,
-            env_seconds=stepping,
-            inference_seconds=acting,
         )
         packing = max(0.0, clock() - began - stepping - acting)
-        return dataclasses.replace(chunk, encode_seconds=packing)
+        return dataclasses.replace(chunk, timings=TIMINGS_FORMAT.pack(stepping, acting, packing))
 
     def _stack_cut(self, cut: list[tuple[int, int, Any]]) -> Any:
         """The truncated steps' last observations of a structured space, ``[K, ...]`` each."""

@@ -22,6 +22,7 @@ from aps.batching import action_layout, check_batch
 from aps.delivery import ANSWERS, AnswerCache
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
+    TIMINGS_FORMAT,
     Answer,
     EnvCall,
     EnvCallResult,
@@ -126,8 +127,9 @@ class StepServer:
             answer = await self._rollout(request)
             if type(answer) is RolloutChunk:
                 # The chunk's own packing (the collector's) and the previous answer's encoding.
-                packing = answer.encode_seconds or 0.0
-                answer = dataclasses.replace(answer, encode_seconds=packing + self._encode_seconds)
+                env, inference, packing = TIMINGS_FORMAT.unpack(answer.timings or bytes(12))
+                timings = TIMINGS_FORMAT.pack(env, inference, packing + self._encode_seconds)
+                answer = dataclasses.replace(answer, timings=timings)
         # Encoded once: the frame is what is sent, and what is kept for a resend.
         started = time.perf_counter()
         try:
@@ -332,8 +334,7 @@ class StepServer:
             truncated=truncated,
             info=info,
             seq=request.seq,
-            env_seconds=env_seconds,
-            encode_seconds=self._encode_seconds,
+            timings=TIMINGS_FORMAT.pack(env_seconds, 0.0, self._encode_seconds),
         )
 
     def _reset(self, request: ResetRequest) -> ResetResult | ErrorReport:
@@ -360,8 +361,7 @@ class StepServer:
             obs=obs,
             info=info,
             seq=request.seq,
-            env_seconds=env_seconds,
-            encode_seconds=self._encode_seconds,
+            timings=TIMINGS_FORMAT.pack(env_seconds, 0.0, self._encode_seconds),
         )
 
 
