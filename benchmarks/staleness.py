@@ -293,6 +293,49 @@ def summarize(runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
     }
 
 
+def rounded(value: Any) -> Any:
+    """``value`` with every float rounded to 4 significant digits (the raw runs stay small)."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(v) for v in value]
+    return value
+
+
+def columns(run: dict[str, Any]) -> dict[str, Any]:
+    """One run's per-update figures as columns: ``lags[k][figure]`` lists over updates.
+
+    ``lags[k]`` starts at update ``k + 1``, the first with version ``v - k`` kept.
+    """
+    updates = run["updates"]
+    lags = {
+        str(k): {
+            name: [u["lags"][str(k)][name] for u in updates if str(k) in u.get("lags", {})]
+            for name in FIGURES
+        }
+        for k in range(1, LAGS + 1)
+    }
+    return {
+        "seed": run["seed"],
+        "seconds": run["seconds"],
+        "env_steps": [u["env_steps"] for u in updates],
+        "return_last20": [u["return_last20"] for u in updates],
+        "lags": lags,
+        "episodes": len(run["returns"]),
+    }
+
+
+def write_result(result: dict[str, Any], path: Path) -> None:
+    """The summary indented for reading; each run's figures as rounded columns, one line each."""
+    head = json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1)
+    runs = ",\n  ".join(
+        json.dumps(rounded(columns(run)), separators=(",", ":")) for run in result["runs"]
+    )
+    path.write_text(f'{head[:-2]},\n "runs": [\n  {runs}\n ]\n}}\n')
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """KL mean / p95 / max, clip fraction and loss against lag, per seed and pooled."""
     import matplotlib
@@ -391,7 +434,7 @@ def main() -> None:
         "runs": runs,
     }
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, stem.with_suffix(".json"))
     plot(result, stem.with_suffix(".png"))
     print(json.dumps(result["summary"]["k1_drift_over_threshold"], indent=1))
     print("final return (last 20 episodes):", result["summary"]["final_return_last20"])
