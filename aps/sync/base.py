@@ -24,6 +24,13 @@ def _no_divergence() -> float:
     )
 
 
+def _no_update_drift() -> float:
+    raise InvalidState(
+        "this SyncContext was built without measure_update_drift; pass a callable that "
+        "returns the divergence of the learner's previous version from its newest"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class SyncContext:
     """Everything a strategy may look at for one worker at one decision point.
@@ -48,6 +55,13 @@ class SyncContext:
             ``inf``). It is called at most once per context, through :meth:`divergence`, and
             only by strategies that need it; strategies that never call it cost nothing. The
             default raises :class:`~aps.errors.InvalidState`.
+        measure_update_drift: a zero-argument callable returning one update's own drift: the
+            same divergence, on the same states, of the learner's previous version
+            (``learner_version - 1``) from its newest (``>= 0``; NaN when the previous
+            version is no longer kept). Called at most once per context, through
+            :meth:`update_drift`, by strategies that scale their threshold by it
+            (:class:`~aps.sync.RelativeAPS`). The default raises
+            :class:`~aps.errors.InvalidState`.
 
     Raises:
         ConfigError: a version below ``-1`` or a negative step count or duration.
@@ -59,7 +73,11 @@ class SyncContext:
     steps_since_sync: int = 0
     seconds_since_sync: float = 0.0
     measure_divergence: Callable[[], float] = field(default=_no_divergence, repr=False)
+    measure_update_drift: Callable[[], float] = field(default=_no_update_drift, repr=False)
     _divergence: list[float] = field(
+        default_factory=list, init=False, repr=False, compare=False, hash=False
+    )
+    _update_drift: list[float] = field(
         default_factory=list, init=False, repr=False, compare=False, hash=False
     )
 
@@ -106,6 +124,20 @@ class SyncContext:
         if not self._divergence:
             self._divergence.append(float(self.measure_divergence()))
         return self._divergence[0]
+
+    def update_drift(self) -> float:
+        """One update's own drift on the worker's states, measured on first use.
+
+        Calls :attr:`measure_update_drift` the first time and returns the cached value after
+        that, as :meth:`divergence` does.
+
+        Raises:
+            InvalidState: the context was built without ``measure_update_drift``.
+            Exception: whatever ``measure_update_drift`` raises, unchanged (nothing is cached).
+        """
+        if not self._update_drift:
+            self._update_drift.append(float(self.measure_update_drift()))
+        return self._update_drift[0]
 
     @property
     def divergence_measured(self) -> bool:
