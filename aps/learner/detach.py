@@ -119,6 +119,7 @@ class Detach:
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
         self._warned_stall = False
+        self._keep_previous = False
         self._pumps: Pumps | None = None  # the open stream's, while chunks() runs
         pool.on_abandon(Mode.STREAM, self.end_stream)
 
@@ -212,25 +213,33 @@ class Detach:
             return False
         slot = self._slot(remote)
 
-        def divergence() -> float:
-            # Measured once per decision: the context keeps the value (SyncContext.divergence
-            # calls this at most once), the metrics record it.
+        def measure(version: int) -> float:
             acted_on, recurrent = slot.acted_on, slot.acted_recurrent
             # No chunk yet: nothing to measure on, so treat the worker as far away.
             if acted_on is None:
-                value = math.inf
-            elif recurrent is not None:
+                return math.inf
+            if recurrent is not None:
                 # The action distribution depends on the state: replay the chunk's steps
                 # through both versions from the state the worker started it with.
                 acted: Any = acted_on  # an array: recurrent policies take array observations
                 obs, starts, state = sample_sequences(
                     acted, recurrent[1], recurrent[0], versions.max_states
                 )
-                value = versions.divergence(held, obs, state=state, episode_start=starts)
-            else:
-                value = versions.divergence(held, sample_states(acted_on, versions.max_states))
+                return versions.divergence(version, obs, state=state, episode_start=starts)
+            return versions.divergence(version, sample_states(acted_on, versions.max_states))
+
+        def divergence() -> float:
+            # Measured once per decision: the context keeps the value (SyncContext.divergence
+            # calls this at most once), the metrics record it.
+            value = measure(held)
             remote.metrics.divergences.append(value)
             return value
+
+        def update_drift() -> float:
+            # From the first ask on, the previous version outlives pruning (see _prune).
+            self._keep_previous = True
+            previous = versions.current - 1
+            return measure(previous) if versions.has(previous) else math.nan
 
         context = SyncContext(
             worker_id=remote.info.worker_id,
@@ -239,6 +248,7 @@ class Detach:
             steps_since_sync=slot.steps_since_sync,
             seconds_since_sync=time.monotonic() - slot.synced_at,
             measure_divergence=divergence,
+            measure_update_drift=update_drift,
         )
         if self.sync.should_sync(context):
             if overlap:
@@ -290,7 +300,10 @@ class Detach:
 
     def _prune(self) -> None:
         if self.versions is not None:
-            self.versions.prune({r.metrics.version for r in self._pool.remotes})
+            held = {r.metrics.version for r in self._pool.remotes}
+            if self._keep_previous:  # a strategy measures one update's drift against it
+                held.add(self.versions.current - 1)
+            self.versions.prune(held)
 
     # Chunks.
 

@@ -428,6 +428,10 @@ class PolicyVersions:
             self._compressed[key] = frame
         return frame
 
+    def has(self, version: int) -> bool:
+        """Whether ``version`` is still kept (published and not pruned)."""
+        return version in self._weights
+
     def nbytes(self, version: int) -> int:
         """Bytes of ``version``'s arrays."""
         return self._nbytes[version]
