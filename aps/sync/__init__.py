@@ -11,6 +11,8 @@ Built-ins:
 - :class:`FixedInterval`: every ``versions`` versions or every ``steps`` env steps (baseline).
 - :class:`APS`: when the worker's policy diverged from the learner's by more than a KL
   threshold, or once it is ``max_lag`` versions behind (16 by default; ``None``: no bound).
+- :class:`RelativeAPS`: :class:`APS` with its threshold in updates' worth of drift (the
+  divergence over the learner's own last-update KL on the same states), bounded by ``max_lag``.
 - :class:`AnyOf`, :class:`AllOf`: compose strategies, short-circuiting in order.
 - :class:`Never`: keep the first version forever (the zero-traffic reference).
 """
@@ -18,7 +20,15 @@ Built-ins:
 from __future__ import annotations
 
 from aps.sync.base import SyncContext, SyncStrategy
-from aps.sync.strategies import APS, AllOf, AlwaysSync, AnyOf, FixedInterval, Never
+from aps.sync.strategies import (
+    APS,
+    AllOf,
+    AlwaysSync,
+    AnyOf,
+    FixedInterval,
+    Never,
+    RelativeAPS,
+)
 
 __all__ = [
     "APS",
@@ -27,6 +37,7 @@ __all__ = [
     "AnyOf",
     "FixedInterval",
     "Never",
+    "RelativeAPS",
     "SyncContext",
     "SyncStrategy",
 ]

@@ -1,4 +1,4 @@
-"""The built-in sync strategies: two baselines, APS, combinators, and Never.
+"""The built-in sync strategies: two baselines, APS and RelativeAPS, combinators, and Never.
 
 Every built-in is a frozen dataclass that holds only its parameters, checks them when built
 (:class:`~aps.errors.ConfigError` naming the value), and answers ``False`` whenever the worker
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from aps.errors import ConfigError
 from aps.sync.base import SyncContext, SyncStrategy
 
-__all__ = ["APS", "AllOf", "AlwaysSync", "AnyOf", "FixedInterval", "Never"]
+__all__ = ["APS", "AllOf", "AlwaysSync", "AnyOf", "FixedInterval", "Never", "RelativeAPS"]
 
 
 def _check_count(owner: str, name: str, value: object) -> None:
@@ -171,6 +171,86 @@ class APS:
         if self.max_lag is not None and lag >= self.max_lag:
             return True
         return ctx.divergence() > self.kl_threshold
+
+
+@dataclass(frozen=True, slots=True)
+class RelativeAPS:
+    """APS with its threshold in updates' worth of drift: a signal that means the same on pixels.
+
+    The decision, in order:
+
+    1. ``ctx.lag <= 0``: no sync, nothing measured.
+    2. the worker holds no version: sync, without measuring.
+    3. ``max_lag`` is set and ``ctx.lag >= max_lag``: sync, without measuring.
+    4. otherwise: sync when ``ctx.divergence() > updates * ctx.update_drift()`` (strict),
+       both measured on the same states the worker just acted on. A NaN on either side
+       (the previous version no longer kept) syncs nothing; ``max_lag`` still bounds it.
+
+    ``ctx.divergence()`` is :class:`APS`'s signal, the mean per-state ``KL(pi_worker ||
+    pi_learner)``; ``ctx.update_drift()`` is the same KL of the learner's previous version
+    from its newest: how far one update moves the policy on those states. Their ratio counts
+    how many updates' worth the worker has fallen behind, whatever the env's own scale.
+
+    Why not an absolute threshold: measured on MinAtar Breakout (``benchmarks/staleness.py``,
+    PPO, 1024 env-steps per update, 3 seeds; ``docs/detach.md``, "A signal for pixels"), one
+    update moved the policy by a median mean KL of 0.0027 nats, 0.27x the smallest threshold
+    people give APS (0.01) and 0.05x a common one (0.05). The mean KL grew about linearly with
+    the lag, reaching 0.042 at 16 versions: ``APS(0.05)`` never fires there and every sync
+    comes from ``max_lag``, as it did on Atari. The 95th percentile of the per-state KL was
+    4.3-4.7x the mean at every lag, so a tail statistic is the same signal at another scale
+    and still needs a threshold tuned per env. The ratio to the same update's own drift was
+    close to the lag itself (medians 4.7 at lag 4, 8.8 at 8, 16.7 at 16; alike on every seed)
+    and varied from update to update (25th-75th percentiles 3.0-7.2 at lag 4): it syncs
+    sooner while the policy moves the same way update after update, later while it wanders.
+
+    What it costs: a second KL measurement per decision (two forward passes over at most
+    ``max_states`` states), and the learner keeps the previous version's weights once a
+    decision has asked for its drift.
+
+    Args:
+        updates: how many updates' worth of drift the worker may fall behind before it is
+            synced; a finite number ``> 0``. On the workload above, 4 synced at about lag 4.
+        max_lag: a worker this many versions behind is synced whatever the divergence, as in
+            :class:`APS`. An int ``>= 1``; default 16. ``None`` removes the bound.
+
+    Raises:
+        ConfigError: ``updates`` not a finite number > 0, or a ``max_lag`` that is neither an
+            int >= 1 nor ``None``.
+    """
+
+    updates: float
+    max_lag: int | None = 16
+
+    def __post_init__(self) -> None:
+        updates = self.updates
+        if (
+            isinstance(updates, bool)
+            or not isinstance(updates, int | float)
+            or not math.isfinite(updates)
+            or updates <= 0
+        ):
+            raise ConfigError(
+                f"RelativeAPS(updates=...) must be a finite number > 0 (updates' worth of "
+                f"drift, e.g. 4), got {updates!r}"
+            )
+        object.__setattr__(self, "updates", float(updates))
+        lag = self.max_lag
+        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 1):
+            raise ConfigError(
+                f"RelativeAPS(max_lag=...) must be an int >= 1 (versions), or None for no "
+                f"staleness bound, got {lag!r}"
+            )
+
+    def should_sync(self, ctx: SyncContext) -> bool:
+        """Return ``True`` when the worker is too stale or more than ``updates`` updates behind."""
+        lag = ctx.lag
+        if lag <= 0:
+            return False
+        if not ctx.holds_weights:
+            return True
+        if self.max_lag is not None and lag >= self.max_lag:
+            return True
+        return ctx.divergence() > self.updates * ctx.update_drift()
 
 
 def _check_members(owner: str, strategies: tuple[object, ...]) -> None:
