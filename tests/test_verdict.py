@@ -356,6 +356,30 @@ def test_idle_workers_with_chunks_waiting_are_held_back_by_the_learner() -> None
     assert "and 1 chunk waits for the training loop" in one.line
 
 
+def test_idle_workers_and_a_learner_that_rarely_waits_in_rollout_name_the_learner() -> None:
+    # rollout() asks both workers and waits for both chunks: 10 calls, 20 chunks, waits of
+    # 0.4 s in a 2 s window; the learner trains the other 1.6 s while the workers idle.
+    window = dataclasses.replace(
+        detach(acting(0, env=0.2), acting(1, env=0.2), cpu=0.9),
+        lockstep_calls=10,
+        lockstep_wait_seconds=0.4,
+    )
+    result = verdict(window)
+    assert result.bound == "learner"
+    assert result.line == (
+        "learner-bound: workers are busy only 10% of the time, and the learner waits for "
+        "their chunks only 20% of its time (10 rollouts); its own loop between them takes "
+        "80% (its process uses 45% of a core)"
+    )
+    assert result.shares["wait"] == pytest.approx(0.2)
+    # Waiting most of the window: not the learner's loop.
+    waited = dataclasses.replace(window, lockstep_wait_seconds=1.2)
+    assert verdict(waited).bound == "wire"
+    # A chunk stream with a reset in the window: its chunks came without calls.
+    stream = dataclasses.replace(window, lockstep_calls=1)
+    assert verdict(stream).bound == "wire"
+
+
 def test_idle_workers_and_a_busy_learner_process_name_the_learner() -> None:
     window = detach(acting(0, env=0.4, decode_seconds=0.2), cpu=1.8)
     result = verdict(window)

@@ -207,7 +207,8 @@ class Metrics:
     cpu_seconds: float = 0.0
     """CPU time of the learner's process, all its threads (``time.process_time()``)."""
     lockstep_calls: int = 0
-    """Lockstep calls (``reset``, ``step``) that reached workers."""
+    """Calls that asked every worker and waited for every answer: lockstep resets, steps and
+    env calls, and DETACH's ``rollout()``."""
     lockstep_wait_seconds: float = 0.0
     """Time those calls waited, from their first request sent to their last answer."""
     queue_depth: int = 0
