@@ -42,6 +42,7 @@ from aps.messages import (
     Request,
     ResetRequest,
     ResetResult,
+    StepRequest,
     StepResult,
 )
 
@@ -313,12 +314,13 @@ class Lockstep:
             _, space = pool.require_workers()
             parts = split(space, check_batch(space, actions, total), counts)
         # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
-        # request is numbered by the outbox as it is built, so it is built only once.
+        # request is built with the numbers its outbox will give it, so numbering it
+        # (Outbox.number) does not build it a second time.
         reset_next = self._reset_next
         return [
             FRESH_RESET
             if remote in reset_next or pool.needs_reset(remote)
-            else remote.outbox.step(part)
+            else StepRequest(actions=part, seq=remote.outbox.sent, acked=remote.outbox.received)
             for remote, part in zip(remotes, parts, strict=True)
         ]
 
