@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -111,7 +112,7 @@ from aps._wire import (
 from aps.compression import EXT_COMPRESSED, Compressor, inflater
 from aps.errors import FrameTooLarge, WireError
 from aps.frame_delta import EXT_FRAME_DELTA
-from aps.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, RolloutChunk
+from aps.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, register_message
 from aps.spaces import sample_nbytes, space_from_wire, space_to_wire
 
 __all__ = [
@@ -130,6 +131,7 @@ __all__ = [
     "decode",
     "decode_handshake",
     "encode",
+    "register",
 ]
 
 DEFAULT_MAX_FRAME_SIZE: Final = 256 * 2**20
@@ -569,6 +571,28 @@ _ARRAYS_BY_TAG: dict[str, int] = {tag: _arrays_of(spec) for tag, spec in _SPECS_
 _KNOWN_TAGS = ", ".join(sorted(_SPECS_BY_TAG))
 
 
+def register(cls: type[Message]) -> None:
+    """Carry ``cls``, a message type of a mode's own, from now on (on both sides).
+
+    It joins :data:`aps.messages.MESSAGE_TYPES` (see :func:`aps.messages.register`) and the
+    codec's tables: its fields are checked as every built-in type's are. A mode registers
+    its types through :func:`aps.protocol.register_request`, which calls this.
+
+    Raises:
+        ConfigError: ``cls`` is no frozen message dataclass, or its tag is taken.
+        TypeError: a field's annotation is one the codec cannot carry (the field is named).
+    """
+    global _KNOWN_TAGS
+    if _SPECS_BY_CLASS.get(cls) is not None:
+        return
+    spec = _spec_for(cls)  # before it is registered: a field the codec cannot carry refuses
+    register_message(cls)
+    _SPECS_BY_TAG[cls.TAG] = spec
+    _SPECS_BY_CLASS[cls] = spec
+    _ARRAYS_BY_TAG[cls.TAG] = _arrays_of(spec)
+    _KNOWN_TAGS = ", ".join(sorted(_SPECS_BY_TAG))
+
+
 def _type_name(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"a numpy array of dtype {value.dtype}"
@@ -611,13 +635,14 @@ def encode(
         )
     if compressor is not None and _ARRAYS_BY_TAG[spec.tag] == _PLAIN_ARRAYS:
         compressor = None  # a space's bounds travel uncompressed: the decoder refuses them so
-    if frame_delta and type(message) is RolloutChunk:
-        obs = message.obs
+    placed = type(message).FRAME_DELTA if frame_delta else None
+    if placed is not None:
+        obs = getattr(message, placed)
         # Each array of a structured obs (a Dict or Tuple space's) is split on its own.
         delta = _frame_delta.split(obs) if type(obs) is np.ndarray else _split_leaves(obs)
         if delta is not None:
             body = _body(spec, message)
-            body["obs"] = delta
+            body[placed] = delta
             try:
                 return _pack_frame(body, compressor)
             except Exception as exc:
@@ -842,11 +867,13 @@ def decode(
     inflates = compression != "none" and _may_hold(_COMPRESSED_CODE, frame, size)
     rebuilds = frame_delta and _may_hold(_FRAME_DELTA_CODE, frame, size)
     allowance: Allowance | None = None
+    tag: str | None = None
     if inflates or rebuilds:
         if rate is not None:
             rate.frame(size)
         allowance = Allowance(max_frame_size, rate)
-        ext_hook = _inflating_hook(_peek_tag(frame), compression, frame_delta, allowance, pending)
+        tag = _peek_tag(frame)
+        ext_hook = _inflating_hook(tag, compression, frame_delta, allowance, pending)
     if size > SCAN_FROM:
         # What decoding will allocate is charged before msgpack builds anything (a frame of
         # many small objects is refused), and the large arrays are found on the way. Only
@@ -875,23 +902,29 @@ def decode(
     except Exception as exc:
         raise WireError(f"frame of {size} bytes is not valid msgpack: {exc}") from exc
     if pending:
-        # Only a chunk's hook makes placeholders: where they are is all that is left to check
-        # before the work of rebuilding one. They may sit at the obs, or at leaves of an obs
-        # that is a dict or tuple of arrays (a structured observation space's), each its own
-        # frame stack; nowhere else.
-        obs = body.get("obs") if type(body) is dict else None
+        # Only the hook of a message type with a FRAME_DELTA field (a chunk's) makes
+        # placeholders: where they are is all that is left to check before the work of
+        # rebuilding one. They may sit at that field, or at leaves of a dict or tuple of
+        # arrays it holds (a structured observation space's), each its own frame stack;
+        # nowhere else.
+        assert tag is not None  # a hook that makes placeholders was made for a known tag
+        spec = _SPECS_BY_TAG[tag]
+        field = spec.cls.FRAME_DELTA
+        assert field is not None
+        obs = body.get(field) if type(body) is dict else None
         placed = [obs] if type(obs) is _frame_delta.Pending else _pending_leaves(obs)
         if len(placed) != len(pending) or not all(
             a is b for a, b in zip(placed, pending, strict=False)
         ):
             inside = {0: "none", 1: "one"}.get(len(placed), str(len(placed)))
             raise WireError(
-                f"{RolloutChunk.TAG} message holds {len(pending)} frame-delta arrays, "
-                f"{inside} of them its obs or an array of its obs; only a rollout chunk's obs "
-                "(or an array of its dict or tuple) may travel as one"
+                f"{tag} message holds {len(pending)} frame-delta arrays, {inside} of them its "
+                f"{field} or an array of its {field}; only a {_words(spec.cls)}'s {field} (or "
+                "an array of its dict or tuple) may travel as one"
             )
-        if _CHUNK_KEYS - _CHUNK_OMITTED <= body.keys() <= _CHUNK_KEYS:  # else _message names it
-            body["obs"] = _map_tree(_rebuilt, obs, 0)
+        keys = spec.names | {"t"}
+        if keys - spec.omitted <= body.keys() <= keys:  # else _message names it
+            body[field] = _map_tree(_rebuilt, obs, 0)
     if type(body) is dict and body.get("t") == Ready.TAG:
         _check_ready(body, max_frame_size)
     message = _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
@@ -900,8 +933,19 @@ def decode(
     return message
 
 
-_CHUNK_KEYS = _SPECS_BY_TAG[RolloutChunk.TAG].names | {"t"}
-_CHUNK_OMITTED = _SPECS_BY_TAG[RolloutChunk.TAG].omitted
+def _delta_fields() -> str:
+    """Where frame-delta arrays may travel, for an error's text."""
+    places = [
+        f"a {_words(spec.cls)}'s {spec.cls.FRAME_DELTA}"
+        for spec in _SPECS_BY_TAG.values()
+        if spec.cls.FRAME_DELTA is not None
+    ]
+    return " or ".join(places) + " may travel as one"
+
+
+def _words(cls: type[Message]) -> str:
+    """``RolloutChunk`` as "rollout chunk": a message type's name in an error's text."""
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
 
 
 def _pending_leaves(obs: Any) -> list[_frame_delta.Pending]:
@@ -997,7 +1041,8 @@ def _inflating_hook(
             )
     rebuild: Callable[[bytes], Any] | None = None
     if frame_delta:
-        if tag == RolloutChunk.TAG:
+        spec = _SPECS_BY_TAG.get(tag) if tag is not None else None
+        if spec is not None and spec.cls.FRAME_DELTA is not None:
             unpack = _frame_delta.unpacker(allowance, make_ext_hook(MAX_OBJECT_DEPTH, inflate))
 
             def rebuild(payload: bytes) -> _frame_delta.Pending:
@@ -1006,11 +1051,7 @@ def _inflating_hook(
                 return placeholder
 
         else:
-            rebuild = _refuse(
-                lambda: (
-                    f"frame-delta array in {where()}; only a rollout chunk's obs may travel as one"
-                )
-            )
+            rebuild = _refuse(lambda: f"frame-delta array in {where()}; only {_delta_fields()}")
     return make_ext_hook(0, inflate, rebuild)
 
 

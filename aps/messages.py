@@ -57,6 +57,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from aps._typing import Array, ArrayTree
+from aps.errors import ConfigError
 
 __all__ = [
     "ENV_CALL_KINDS",
@@ -98,6 +99,7 @@ __all__ = [
     "TIMINGS_FORMAT",
     "Weights",
     "Welcome",
+    "register_message",
 ]
 
 PROTOCOL_VERSION = 9
@@ -157,9 +159,16 @@ are unchanged by the recurrent fields). New fields still come with a protocol bu
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
-    """Base of all messages; ``TAG`` is the short name that identifies the type on the wire."""
+    """Base of all messages; ``TAG`` is the short name that identifies the type on the wire.
+
+    ``FRAME_DELTA`` names the one field whose frame stacks may travel as their newest frames
+    on a connection that negotiated frame delta (see :mod:`aps.frame_delta`): the array it
+    holds, or each array of a dict or tuple of arrays it holds. ``None``: no field may; the
+    codec refuses a frame-delta array anywhere in such a message.
+    """
 
     TAG: ClassVar[str] = ""
+    FRAME_DELTA: ClassVar[str | None] = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -360,6 +369,7 @@ class RolloutChunk(Message):
     """
 
     TAG: ClassVar[str] = "chunk"
+    FRAME_DELTA: ClassVar[str | None] = "obs"
     version: int
     obs: ArrayTree
     actions: Array
@@ -693,7 +703,42 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ProbeMetrics,
     )
 }
-"""Every message type by its wire tag."""
+"""Every message type by its wire tag: the built-in ones, then any a mode registered (see
+:func:`register_message`)."""
+
+
+def register_message(cls: type[Message]) -> None:
+    """Add ``cls``, a message type of a mode's own, to :data:`MESSAGE_TYPES`.
+
+    Registering the same class again changes nothing. A mode calls
+    :func:`aps.protocol.register_request`, which registers its types here and with the codec.
+
+    Raises:
+        ConfigError: ``cls`` is not a frozen, slotted, keyword-only dataclass subclass of
+            :class:`Message` with a ``TAG`` of its own, or another type holds its tag.
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, Message)
+        and params is not None
+        and params.frozen
+        and "__slots__" in cls.__dict__
+        and cls.TAG
+        and cls.TAG != Message.TAG
+    ):
+        raise ConfigError(
+            f"{cls!r} cannot be a message type: declare it "
+            "@dataclass(frozen=True, slots=True, kw_only=True) as a subclass of "
+            "aps.messages.Message with a TAG of its own"
+        )
+    held = MESSAGE_TYPES.get(cls.TAG)
+    if held is not None and held is not cls:
+        raise ConfigError(
+            f"the tag {cls.TAG!r} of {cls.__qualname__} is taken by {held.__module__}."
+            f"{held.__qualname__}; give {cls.__qualname__} another TAG"
+        )
+    MESSAGE_TYPES[cls.TAG] = cls
 
 
 Request = ResetRequest | StepRequest | RolloutRequest | EnvCall
