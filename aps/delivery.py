@@ -1,6 +1,7 @@
 """Reliable delivery of numbered requests, as state machines with no I/O.
 
-Requests (resets, steps, rollouts, env calls) are numbered per worker session: ``seq``
+Requests (resets, steps, rollouts, env calls, and the kinds modes add: see
+:data:`aps.protocol.REQUESTS`) are numbered per worker session: ``seq``
 counts from 0, every answer carries the ``seq`` it answers, and ``acked`` tells the worker
 how many answers the learner has received (see :mod:`aps.messages`). Two objects keep the
 books, one at each end, and neither touches a socket, a clock or the event loop, so they
@@ -28,30 +29,12 @@ import enum
 from typing import Generic, TypeVar
 
 from aps.errors import ProtocolError
-from aps.messages import (
-    EnvCall,
-    EnvCallResult,
-    ErrorReport,
-    Message,
-    Request,
-    ResetRequest,
-    ResetResult,
-    RolloutChunk,
-    RolloutRequest,
-    StepRequest,
-    StepResult,
-)
-from aps.protocol import MAX_IN_FLIGHT
+from aps.messages import ErrorReport, Message, Request
+from aps.protocol import ANSWERS, MAX_IN_FLIGHT
 
+# ANSWERS (what answers each kind of request) is read from the request kinds' rows,
+# aps.protocol.REQUESTS; it is named here too, where the outbox checks answers against it.
 __all__ = ["ANSWERS", "Accepted", "AnswerCache", "Outbox"]
-
-ANSWERS: dict[type[Message], type[Message]] = {
-    ResetRequest: ResetResult,
-    StepRequest: StepResult,
-    RolloutRequest: RolloutChunk,
-    EnvCall: EnvCallResult,
-}
-"""What answers each kind of request (an :class:`~aps.messages.ErrorReport` answers any)."""
 
 _A = TypeVar("_A")
 
@@ -95,20 +78,13 @@ class Outbox:
         """Answers owed that will be discarded when they come (see :meth:`forget`)."""
         return self._discard
 
-    def step(self, actions: object) -> StepRequest:
-        """The next step request, numbered as :meth:`number` will number it.
-
-        The per-step path: a :class:`~aps.messages.StepRequest` built here goes through
-        :meth:`number` without being built a second time.
-        """
-        return StepRequest(actions=actions, seq=self.sent, acked=self.received)
-
     def number(self, request: Request) -> Request:
         """Give ``request`` the next ``seq`` (and the current ``acked``) and note it unanswered.
 
         Returns:
             The numbered request, to send now or after a resume (``request`` itself when it
-            carries those numbers already, as :meth:`step`'s do).
+            carries those numbers already: lockstep builds each step with ``seq=sent`` and
+            ``acked=received``, so that the per-step path builds it once).
         """
         if request.seq != self.sent or request.acked != self.received:
             request = dataclasses.replace(request, seq=self.sent, acked=self.received)

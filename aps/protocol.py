@@ -17,11 +17,15 @@ acts on anything the learner said. The token itself never crosses the wire.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import hmac
+from collections.abc import Callable
+from typing import Any
 
-from aps.errors import AuthError, InvalidState, ProtocolError, VersionMismatch
+from aps import codec
+from aps.errors import AuthError, ConfigError, InvalidState, ProtocolError, VersionMismatch
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
@@ -58,17 +62,21 @@ from aps.messages import (
 )
 
 __all__ = [
+    "ANSWERS",
     "MAX_IN_FLIGHT",
+    "REQUESTS",
     "NONCE_SIZE",
     "TRANSITIONS",
     "Connection",
     "Direction",
+    "RequestKind",
     "Role",
     "State",
     "check_hello",
     "check_learner_proof",
     "learner_proof",
     "prove",
+    "register_request",
     "worker_proof",
 ]
 
@@ -109,6 +117,7 @@ class State(enum.Enum):
     AWAIT_RESET = "await_reset"
     AWAIT_STEP = "await_step"
     AWAIT_CALL = "await_call"  # an env call (get_attr, set_attr, call, render) sent
+    AWAIT_ANSWER = "await_answer"  # a request of a mode's own kind sent (see RequestKind)
     COLLECTING = "collecting"  # rollout requests outstanding (both sides; counted)
     GRADIENTS = "gradients"  # gradient rounds running (both sides)
     STOPPING = "stopping"  # gradient mode asked to end, the worker's last reports may follow
@@ -119,6 +128,7 @@ class State(enum.Enum):
     RESETTING = "resetting"
     STEPPING = "stepping"
     CALLING = "calling"
+    SERVING = "serving"  # answering a request of a mode's own kind (see RequestKind)
     # Both.
     PROBED = "probed"  # a probe's proofs were sent: it may ask for the spaces, then it ends
     PROBE_SPACES = "probe_spaces"  # the probe asked for the spaces
@@ -147,25 +157,8 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.AWAIT_READY, _R, Ready): State.IDLE,
         (State.AWAIT_READY, _R, ErrorReport): State.CLOSED,
         (State.IDLE, _S, Reject): State.CLOSED,
-        (State.IDLE, _S, ResetRequest): State.AWAIT_RESET,
-        (State.IDLE, _S, StepRequest): State.AWAIT_STEP,
-        (State.AWAIT_RESET, _R, ResetResult): State.IDLE,
-        (State.AWAIT_RESET, _R, ErrorReport): State.IDLE,
-        (State.AWAIT_STEP, _R, StepResult): State.IDLE,
-        (State.AWAIT_STEP, _R, ErrorReport): State.IDLE,
-        (State.IDLE, _S, EnvCall): State.AWAIT_CALL,
-        (State.AWAIT_CALL, _R, EnvCallResult): State.IDLE,
-        (State.AWAIT_CALL, _R, ErrorReport): State.IDLE,
         (State.IDLE, _S, Weights): State.IDLE,
-        # Weights need no answer: they may follow a reset or step the worker has not answered
-        # (a replacement worker is reset while a new version is published).
-        (State.AWAIT_RESET, _S, Weights): State.AWAIT_RESET,
-        (State.AWAIT_STEP, _S, Weights): State.AWAIT_STEP,
-        (State.IDLE, _S, RolloutRequest): State.COLLECTING,
         (State.COLLECTING, _S, Weights): State.COLLECTING,
-        (State.COLLECTING, _S, RolloutRequest): State.COLLECTING,
-        (State.COLLECTING, _R, RolloutChunk): State.COLLECTING,
-        (State.COLLECTING, _R, ErrorReport): State.COLLECTING,
         (State.IDLE, _S, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _S, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _R, GradientReport): State.GRADIENTS,
@@ -195,21 +188,8 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.WELCOMED, _S, Ready): State.IDLE,
         (State.WELCOMED, _S, ErrorReport): State.CLOSED,
         (State.IDLE, _R, Reject): State.CLOSED,
-        (State.IDLE, _R, ResetRequest): State.RESETTING,
-        (State.IDLE, _R, StepRequest): State.STEPPING,
-        (State.RESETTING, _S, ResetResult): State.IDLE,
-        (State.RESETTING, _S, ErrorReport): State.IDLE,
-        (State.STEPPING, _S, StepResult): State.IDLE,
-        (State.STEPPING, _S, ErrorReport): State.IDLE,
-        (State.IDLE, _R, EnvCall): State.CALLING,
-        (State.CALLING, _S, EnvCallResult): State.IDLE,
-        (State.CALLING, _S, ErrorReport): State.IDLE,
         (State.IDLE, _R, Weights): State.IDLE,
-        (State.IDLE, _R, RolloutRequest): State.COLLECTING,
         (State.COLLECTING, _R, Weights): State.COLLECTING,
-        (State.COLLECTING, _R, RolloutRequest): State.COLLECTING,
-        (State.COLLECTING, _S, RolloutChunk): State.COLLECTING,
-        (State.COLLECTING, _S, ErrorReport): State.COLLECTING,
         (State.IDLE, _R, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _R, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _S, GradientReport): State.GRADIENTS,
@@ -228,9 +208,167 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
 }
 """``(state, direction, message type) -> next state`` for each role; anything else is refused.
 
-``COLLECTING`` also counts the rollout requests outstanding: each request adds one, each
-chunk (or error report) answers one, and the last answer returns the connection to ``IDLE``.
+The rows of the numbered requests are not written here: each :class:`RequestKind` in
+:data:`REQUESTS` adds its own (see :meth:`RequestKind.transitions`).
+
+``COLLECTING`` also counts the requests outstanding of a pipelined kind (rollouts): each
+request adds one, each answer (or error report) answers one, and the last answer returns the
+connection to ``IDLE``.
 """
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestKind:
+    """One kind of numbered request: the one row the protocol, delivery and the worker read.
+
+    From it come the request's rows in :data:`TRANSITIONS`, what answers it
+    (:data:`ANSWERS`, which :class:`aps.delivery.Outbox` checks every answer against), and
+    how the worker's step server (:class:`aps.worker.steps.StepServer`) answers it. A mode
+    adds its kind with :func:`register_request` from its own module.
+
+    ``request`` must have the int fields ``seq`` and ``acked`` (defaulting to 0), and
+    ``answer`` the int field ``seq``, as :class:`~aps.messages.StepRequest` and
+    :class:`~aps.messages.StepResult` do; an :class:`~aps.messages.ErrorReport` answers any
+    request.
+    """
+
+    request: type[Message]
+    answer: type[Message]
+    serve: str | Callable[[Any, Any], Any]
+    """How the worker answers: a function called as ``serve(server, request)`` with the
+    worker's step server, returning the answer (or an awaitable of it); or, for the built-in
+    kinds, the name of the step server's method that does. An exception it raises is sent to
+    the learner as an :class:`~aps.messages.ErrorReport` by the server for the built-in
+    kinds; a mode's function returns ``ErrorReport.of(exc, request.seq)`` itself."""
+    awaiting: State = State.AWAIT_ANSWER
+    """The learner's state while the answer is owed."""
+    serving: State = State.SERVING
+    """The worker's state while it answers."""
+    weights: bool = False
+    """Whether the learner may send :class:`~aps.messages.Weights` while the answer is owed:
+    weights need no answer, so they may follow a reset or a step the worker has not answered
+    (a replacement worker is reset while a new version is published)."""
+    pipelined: bool = False
+    """Whether the learner may have several outstanding (rollouts): both sides are then in
+    the counted state ``COLLECTING`` (``awaiting`` and ``serving`` are not read), which
+    :class:`~aps.messages.Weights` may enter and leave as well."""
+
+    def transitions(self, role: Role) -> dict[tuple[State, Direction, type[Message]], State]:
+        """This kind's rows of ``role``'s table."""
+        ask, get = (_S, _R) if role is Role.LEARNER else (_R, _S)
+        request, answer = self.request, self.answer
+        rows: dict[tuple[State, Direction, type[Message]], State]
+        if self.pipelined:
+            on = State.COLLECTING
+            rows = {
+                (State.IDLE, ask, request): on,
+                (on, ask, request): on,
+                (on, get, answer): on,
+                (on, get, ErrorReport): on,
+            }
+            return rows
+        on = self.awaiting if role is Role.LEARNER else self.serving
+        rows = {
+            (State.IDLE, ask, request): on,
+            (on, get, answer): State.IDLE,
+            (on, get, ErrorReport): State.IDLE,
+        }
+        if self.weights and role is Role.LEARNER:
+            rows[on, _S, Weights] = on
+        return rows
+
+
+REQUESTS: dict[type[Message], RequestKind] = {}
+"""Every kind of numbered request by its request type: the built-in ones, then any a mode
+registered (see :func:`register_request`)."""
+
+ANSWERS: dict[type[Message], type[Message]] = {}
+"""What answers each kind of request (an :class:`~aps.messages.ErrorReport` answers any),
+read from :data:`REQUESTS`."""
+
+_COUNTED: set[type[Message]] = set()  # the pipelined requests: COLLECTING counts them
+
+
+def register_request(kind: RequestKind) -> None:
+    """Add ``kind`` to :data:`REQUESTS`: its rows, its answer, its worker's handler.
+
+    Call it from the module of the mode that owns ``kind``, at import, on both sides (the
+    learner's and the worker's processes import the mode's module). Its message types are
+    registered with the codec (:func:`aps.codec.register`). Registering the same row again
+    changes nothing.
+
+    Raises:
+        ConfigError: another row holds ``kind.request``, ``kind`` leaves a state that is
+            not its own (IDLE, say), or its types are no message types the codec can carry
+            or their tags are taken.
+    """
+    held = REQUESTS.get(kind.request)
+    if held == kind:
+        return
+    if held is not None:
+        raise ConfigError(
+            f"{kind.request.__qualname__} is a request kind already ({held}); register each "
+            "request type once"
+        )
+    rows = {role: kind.transitions(role) for role in Role}
+    for role, table in TRANSITIONS.items():
+        taken = sorted(
+            f"{state.value} {direction.value} {message.__name__}"
+            for (state, direction, message) in rows[role]
+            if (state, direction, message) in table
+        )
+        if taken:
+            raise ConfigError(
+                f"{kind.request.__qualname__}'s rows for the {role.value} are taken: "
+                f"{', '.join(taken)}; give the kind states of its own (awaiting=, serving=)"
+            )
+    bare = [
+        message.__qualname__
+        for message, names in ((kind.request, ("seq", "acked")), (kind.answer, ("seq",)))
+        if not {f.name for f in dataclasses.fields(message)} >= set(names)
+    ]
+    if bare:
+        raise ConfigError(
+            f"{' and '.join(bare)} lack the numbering fields of a request kind: a request "
+            "needs `seq: int = 0` and `acked: int = 0`, an answer `seq: int = 0`"
+        )
+    codec.register(kind.request)
+    codec.register(kind.answer)
+    for role, table in TRANSITIONS.items():
+        table.update(rows[role])
+    REQUESTS[kind.request] = kind
+    ANSWERS[kind.request] = kind.answer
+    if kind.pipelined:
+        _COUNTED.add(kind.request)
+
+
+# The built-in kinds, served by the step server's own methods. Here rather than beside each
+# mode: the learner's modes and the worker's server both read them, and a learner's table
+# must hold them whether or not the worker's package was imported.
+for _kind in (
+    RequestKind(
+        ResetRequest,
+        ResetResult,
+        "_reset",
+        awaiting=State.AWAIT_RESET,
+        serving=State.RESETTING,
+        weights=True,
+    ),
+    RequestKind(
+        StepRequest,
+        StepResult,
+        "_step",
+        awaiting=State.AWAIT_STEP,
+        serving=State.STEPPING,
+        weights=True,
+    ),
+    RequestKind(
+        EnvCall, EnvCallResult, "_env_call", awaiting=State.AWAIT_CALL, serving=State.CALLING
+    ),
+    RequestKind(RolloutRequest, RolloutChunk, "_rollout", pipelined=True),
+):
+    register_request(_kind)
+del _kind
 
 _HANDSHAKING = frozenset(
     {
@@ -299,7 +437,7 @@ class Connection:
         if following is None:
             return False
         if following is State.COLLECTING:
-            if kind is RolloutRequest:
+            if kind in _COUNTED:
                 self.rollouts_pending += 1
             elif kind is not Weights:  # a chunk or an error report answers one request
                 self.rollouts_pending -= 1

@@ -34,9 +34,9 @@ def test_requests_are_numbered_in_order_and_carry_the_answers_received() -> None
     assert list(outbox.resend()) == [second, third]
 
 
-def test_a_step_built_by_the_outbox_is_not_built_again() -> None:
+def test_a_step_built_with_the_outbox_numbers_is_not_built_again() -> None:
     outbox = Outbox()
-    step = outbox.step(actions=[1, 2])
+    step = StepRequest(actions=[1, 2], seq=outbox.sent, acked=outbox.received)
     assert outbox.number(step) is step
     stale = StepRequest(actions=[1, 2], seq=7, acked=3)
     renumbered = outbox.number(stale)

@@ -2,17 +2,20 @@
 
 A :class:`StepServer` lives as long as one worker session (it survives resumes, not a new
 session). It answers resets, steps, rollouts and env calls by name (Gymnasium's ``call``,
-``get_attr``, ``set_attr``, ``render``) with whole batches, one message per request; an env
-that raises is reported to the learner as an :class:`~aps.messages.ErrorReport` and the
-server keeps serving. Every answer is kept, encoded, until the learner acknowledges it, so
-that after a resume the learner gets the answers it missed and no request runs twice.
+``get_attr``, ``set_attr``, ``render``) with whole batches, one message per request, and
+every kind of request a mode registered (:func:`aps.protocol.register_request`) with that
+kind's handler; an env (or a mode's handler) that raises is reported to the learner as an
+:class:`~aps.messages.ErrorReport` and the server keeps serving. Every answer is kept,
+encoded, until the learner acknowledges it, so that after a resume the learner gets the
+answers it missed and no request runs twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -23,7 +26,6 @@ from aps.delivery import ANSWERS, AnswerCache
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
 from aps.messages import (
     TIMINGS_FORMAT,
-    Answer,
     EnvCall,
     EnvCallResult,
     ErrorReport,
@@ -38,6 +40,7 @@ from aps.messages import (
     Weights,
 )
 from aps.multiagent import MultiAgentVectorEnv
+from aps.protocol import REQUESTS
 from aps.session import Session
 from aps.spaces import value_to_wire
 from aps.vector import AnyVectorEnv, EnvPoolVectorEnv
@@ -45,6 +48,9 @@ from aps.worker.collector import Collector
 from aps.worker.envs import WRAPPER_CLASSES, wrapper_classes
 
 __all__ = ["StepServer"]
+
+_Handler = tuple[Callable[[Any], Any], bool]
+"""A request kind's handler bound to one server, and whether it returns an awaitable."""
 
 
 class StepServer:
@@ -76,6 +82,12 @@ class StepServer:
         # What check_batch accepts for an array action space, worked out once: the actions
         # of every step are still checked against it (they come from the network).
         self._action_layout = action_layout(envs.single_action_space, envs.num_envs)
+        # Each request kind's handler (aps.protocol.REQUESTS), bound once: the dispatch of a
+        # request is one lookup. A kind registered after the server was built is bound when
+        # its first request comes.
+        self._handlers: dict[type[Message], _Handler] = {}
+        for kind in REQUESTS:
+            self._bind(kind)
 
     @property
     def served(self) -> int:
@@ -115,21 +127,10 @@ class StepServer:
             same = kept[2] == session.encoding
             await session.send(kept[0], frame=kept[1] if same else None)
             return True
-        answer: Answer
-        if type(request) is StepRequest:
-            answer = self._step(request)
-        elif isinstance(request, ResetRequest):
-            answer = self._reset(request)
-        elif isinstance(request, EnvCall):
-            answer = self._env_call(request)
-        else:
-            assert isinstance(request, RolloutRequest)
-            answer = await self._rollout(request)
-            if type(answer) is RolloutChunk:
-                # The chunk's own packing (the collector's) and the previous answer's encoding.
-                env, inference, packing = TIMINGS_FORMAT.unpack(answer.timings or bytes(12))
-                timings = TIMINGS_FORMAT.pack(env, inference, packing + self._encode_seconds)
-                answer = dataclasses.replace(answer, timings=timings)
+        handler, awaits = self._handlers.get(type(request)) or self._bind(type(request))
+        answer: Any = handler(request)
+        if awaits:
+            answer = await answer
         # Encoded once: the frame is what is sent, and what is kept for a resend.
         started = time.perf_counter()
         try:
@@ -152,6 +153,25 @@ class StepServer:
         self._answers.keep((answer, frame, session.encoding))
         await session.send(answer, frame=frame)
         return False
+
+    def _bind(self, kind: type[Message]) -> _Handler:
+        """The handler of ``kind``'s row, bound to this server (and kept)."""
+        row = REQUESTS.get(kind)
+        if row is None:
+            raise ProtocolError(
+                f"the learner sent a {kind.__name__}, which is no kind of request this worker "
+                f"answers ({', '.join(sorted(k.__name__ for k in REQUESTS))}); register its "
+                "mode on the worker too (import the module that calls register_request)"
+            )
+        serve = row.serve
+        handler: Callable[[Any], Any]
+        if isinstance(serve, str):
+            handler = getattr(self, serve)  # a built-in kind: it reports its own errors
+        else:
+            handler = _reporting(serve, self)
+        bound = (handler, inspect.iscoroutinefunction(handler))
+        self._handlers[kind] = bound
+        return bound
 
     def load_weights(self, weights: Weights) -> None:
         """Take a new policy version (weights have no answer: a bad one fails the next rollout)."""
@@ -180,9 +200,13 @@ class StepServer:
             return ErrorReport.of(self._weights_error, seq)
         try:
             # Acted off the event loop: a new version keeps arriving meanwhile.
-            return await self.collector.collect_async(request.num_steps, seq)
+            chunk = await self.collector.collect_async(request.num_steps, seq)
         except Exception as exc:
             return ErrorReport.of(exc, seq)
+        # The chunk's own packing (the collector's) and the previous answer's encoding.
+        env, inference, packing = TIMINGS_FORMAT.unpack(chunk.timings or bytes(12))
+        timings = TIMINGS_FORMAT.pack(env, inference, packing + self._encode_seconds)
+        return dataclasses.replace(chunk, timings=timings)
 
     def _env_call(self, request: EnvCall) -> EnvCallResult | ErrorReport:
         # The base vector env: a wrapper (the rebuilding async one) does not forward by name.
@@ -363,6 +387,29 @@ class StepServer:
             seq=request.seq,
             timings=TIMINGS_FORMAT.pack(env_seconds, 0.0, self._encode_seconds),
         )
+
+
+def _reporting(serve: Callable[[Any, Any], Any], server: StepServer) -> Callable[[Any], Any]:
+    """A mode's handler bound to ``server``, with what it raises sent as an ErrorReport."""
+    if inspect.iscoroutinefunction(serve):
+
+        async def answer_async(request: Any) -> Message:
+            try:
+                answer: Message = await serve(server, request)
+            except Exception as exc:
+                return ErrorReport.of(exc, request.seq)
+            return answer
+
+        return answer_async
+
+    def answer(request: Any) -> Message:
+        try:
+            answer: Message = serve(server, request)
+        except Exception as exc:
+            return ErrorReport.of(exc, request.seq)
+        return answer
+
+    return answer
 
 
 def _check_public(kind: str, name: str, args: Any, kwargs: Any) -> None:

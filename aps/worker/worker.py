@@ -30,7 +30,7 @@ import os
 import random
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from gymnasium.vector import AutoresetMode
 
@@ -55,21 +55,18 @@ from aps.errors import (
 from aps.messages import (
     PROTOCOL_VERSION,
     Challenge,
-    EnvCall,
     ErrorReport,
     GradientRound,
     Hello,
     Ready,
     Reject,
-    ResetRequest,
-    RolloutRequest,
-    StepRequest,
+    Request,
     Weights,
     Welcome,
 )
 from aps.multiagent import agents_per_env, is_parallel_env
 from aps.pg.sampling import GradientSampler
-from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
+from aps.protocol import NONCE_SIZE, REQUESTS, Role, check_learner_proof, worker_proof
 from aps.session import Session, Timeouts
 from aps.transports.base import Transport, TransportFactory
 from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
@@ -693,11 +690,10 @@ class Worker:
             if not serving and not isinstance(request, Reject):
                 serving = True
                 log.info("worker %s serves the learner at %s", self._name(), session.peer)
-            # A step first: one type test for the request every lockstep step brings.
-            if type(request) is StepRequest or isinstance(
-                request, ResetRequest | RolloutRequest | EnvCall
-            ):
-                if await server.answer(session, request):
+            # Every numbered request, of any kind (aps.protocol.REQUESTS): one lookup, which
+            # the step every lockstep step brings costs no more than a type test.
+            if type(request) in REQUESTS:
+                if await server.answer(session, cast(Request, request)):
                     self.replayed += 1
             elif isinstance(request, Weights):
                 # Between chunks: a version that arrived while a chunk was acted (in the
