@@ -298,40 +298,44 @@ def register_request(kind: RequestKind) -> None:
     changes nothing.
 
     Raises:
-        ConfigError: another row holds ``kind.request``, ``kind`` leaves a state that is
-            not its own (IDLE, say), or its types are no message types the codec can carry
-            or their tags are taken.
+        ConfigError: another row holds ``kind.request``; its types lack the numbering
+            fields, are no message types the codec can carry, or their tags are taken; or
+            its transitions clash with the table's (a row there leads to another state).
     """
     held = REQUESTS.get(kind.request)
     if held == kind:
         return
     if held is not None:
         raise ConfigError(
-            f"{kind.request.__qualname__} is a request kind already ({held}); register each "
-            "request type once"
+            f"{kind.request.__qualname__} is a request kind already (answered by "
+            f"{held.answer.__qualname__}, served by {held.serve!r}); register each request "
+            "type once, with one row"
         )
-    rows = {role: kind.transitions(role) for role in Role}
-    for role, table in TRANSITIONS.items():
-        taken = sorted(
-            f"{state.value} {direction.value} {message.__name__}"
-            for (state, direction, message) in rows[role]
-            if (state, direction, message) in table
-        )
-        if taken:
-            raise ConfigError(
-                f"{kind.request.__qualname__}'s rows for the {role.value} are taken: "
-                f"{', '.join(taken)}; give the kind states of its own (awaiting=, serving=)"
-            )
     bare = [
         message.__qualname__
         for message, names in ((kind.request, ("seq", "acked")), (kind.answer, ("seq",)))
-        if not {f.name for f in dataclasses.fields(message)} >= set(names)
+        if not set(getattr(message, "__dataclass_fields__", ())) >= set(names)
     ]
     if bare:
         raise ConfigError(
             f"{' and '.join(bare)} lack the numbering fields of a request kind: a request "
             "needs `seq: int = 0` and `acked: int = 0`, an answer `seq: int = 0`"
         )
+    rows = {role: kind.transitions(role) for role in Role}
+    for role, table in TRANSITIONS.items():
+        # A row two kinds share (an ErrorReport's in a state both use) must lead to the
+        # same state in both.
+        taken = sorted(
+            f"{state.value} {direction.value} {message.__name__}"
+            for (state, direction, message), following in rows[role].items()
+            if table.get((state, direction, message), following) is not following
+        )
+        if taken:
+            raise ConfigError(
+                f"{kind.request.__qualname__}'s rows for the {role.value} clash with rows "
+                f"that lead elsewhere: {', '.join(taken)}; give the kind other states "
+                "(awaiting=, serving=; the defaults suit one answer at a time)"
+            )
     codec.register(kind.request)
     codec.register(kind.answer)
     for role, table in TRANSITIONS.items():
