@@ -9,15 +9,19 @@ touches, which are the echo mode's.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
 import aps
+from aps import codec, protocol
 from aps.codec import decode, encode
 from aps.errors import ConfigError, WorkerError
 from aps.messages import MESSAGE_TYPES, Message, register_message
@@ -33,7 +37,6 @@ from aps.protocol import (
     register_request,
 )
 from tests.conftest import WorkerTasks
-from tests.echo_mode import ECHO, Echo, Echoed, echo, serve
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
@@ -47,13 +50,48 @@ THE_FILES = (
 )
 """What docs/modes.md says a new mode of numbered requests touches, in its order."""
 
+
+@pytest.fixture
+def mode() -> Iterator[ModuleType]:
+    """The echo mode, registered for one test; the tables are as they were afterwards.
+
+    Registered at import, as a mode is, but imported here rather than at the top: the
+    other tests of a run read the built-in tables (the codec's list of known tags, say).
+    """
+    tables: list[dict[Any, Any]] = [
+        MESSAGE_TYPES,
+        REQUESTS,
+        ANSWERS,
+        *TRANSITIONS.values(),
+        codec._SPECS_BY_TAG,
+        codec._SPECS_BY_CLASS,
+        codec._ARRAYS_BY_TAG,
+    ]
+    saved = [dict(table) for table in tables]
+    known, counted = codec._KNOWN_TAGS, set(protocol._COUNTED)
+    module = importlib.import_module("tests.echo_mode")
+    register_request(module.ECHO)  # again: an earlier test's teardown took the row out
+    try:
+        yield module
+    finally:
+        for table, before in zip(tables, saved, strict=True):
+            table.clear()
+            table.update(before)
+        codec._KNOWN_TAGS = known
+        protocol._COUNTED.clear()
+        protocol._COUNTED.update(counted)
+
+
 THE_ECHO_FILES = ("tests/echo_mode.py", "tests/test_echo_mode.py", "docs/modes.md")
 """What the echo mode touched: its module, its test (which registers it by importing the
 module), and its section of docs/modes.md."""
 
 
 @pytest.mark.timeout(60)
-async def test_an_echo_round_trips_through_real_workers_over_tcp(workers: WorkerTasks) -> None:
+async def test_an_echo_round_trips_through_real_workers_over_tcp(
+    workers: WorkerTasks, mode: ModuleType
+) -> None:
+    echo, Echoed = mode.echo, mode.Echoed
     async with aps.Learner("tcp://127.0.0.1:0", num_workers=2) as learner:
         workers.start(learner.url, num_envs=1)
         workers.start(learner.url, num_envs=3)
@@ -79,7 +117,8 @@ async def test_an_echo_round_trips_through_real_workers_over_tcp(workers: Worker
         assert [answer.payload for answer in await echo(learner, 3)] == [3, 3]
 
 
-def test_the_row_is_in_every_table_the_protocol_delivery_and_codec_read() -> None:
+def test_the_row_is_in_every_table_the_protocol_delivery_and_codec_read(mode: ModuleType) -> None:
+    Echo, Echoed, ECHO = mode.Echo, mode.Echoed, mode.ECHO
     assert REQUESTS[Echo] is ECHO and ANSWERS[Echo] is Echoed
     assert MESSAGE_TYPES["echo"] is Echo and MESSAGE_TYPES["echoed"] is Echoed
     learner = TRANSITIONS[Role.LEARNER]
@@ -104,7 +143,8 @@ def test_the_row_is_in_every_table_the_protocol_delivery_and_codec_read() -> Non
         encode(Echoed(payload=None, num_envs="two", seq=0))  # type: ignore[arg-type]
 
 
-def test_a_row_is_registered_once_and_refused_where_it_clashes() -> None:
+def test_a_row_is_registered_once_and_refused_where_it_clashes(mode: ModuleType) -> None:
+    Echo, Echoed, ECHO, serve = mode.Echo, mode.Echoed, mode.ECHO, mode.serve
     register_request(ECHO)  # the same row again: nothing changes
     assert REQUESTS[Echo] is ECHO
     with pytest.raises(ConfigError, match="Echo is a request kind already"):
@@ -167,6 +207,17 @@ def test_no_aps_module_names_the_echo_mode() -> None:
     ]
     assert not named
     assert pattern.search((TESTS / "echo_mode.py").read_text())  # the search can find it
+
+
+def test_the_tables_are_the_built_in_ones_without_the_mode() -> None:
+    # What the fixture restores: no echo in the tables another test of the run reads.
+    assert "echo" not in MESSAGE_TYPES and "echo" not in codec._KNOWN_TAGS
+    assert {kind.__name__ for kind in REQUESTS} == {
+        "ResetRequest",
+        "StepRequest",
+        "EnvCall",
+        "RolloutRequest",
+    }
 
 
 def _listed(text: str, heading: str) -> list[str]:
