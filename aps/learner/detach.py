@@ -30,14 +30,15 @@ import math
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from types import AsyncGeneratorType
 from typing import Any
 
 import numpy as np
 
 from aps._typing import ArrayTree
 from aps.batching import batch_layout, check_part, misfit
-from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, Timeout, WorkerLost
-from aps.learner.pool import Mode, Remote, WorkerPool, expect
+from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, WorkerLost
+from aps.learner.pool import Lease, Mode, Remote, WorkerPool, expect
 from aps.learner.pump import Item, Pumps
 from aps.learner.rollouts import (
     STALL_LAG,
@@ -121,7 +122,6 @@ class Detach:
         self._warned_stall = False
         self._keep_previous = False
         self._pumps: Pumps | None = None  # the open stream's, while chunks() runs
-        pool.on_abandon(Mode.STREAM, self.end_stream)
 
     def _slot(self, remote: Remote) -> _SlotSync:
         slot = self._slots.get(remote)
@@ -188,6 +188,9 @@ class Detach:
                 try:
                     await self._send_weights(remote)
                 except WorkerLost as exc:
+                    # Outside any lease: publishing does not hold the workers (a chunk stream
+                    # publishes from inside its loop), yet a worker without its first version
+                    # can act no more.
                     pool.break_for_good(exc)
                     raise
         self._prune()
@@ -508,7 +511,6 @@ class Detach:
     async def rollout(self, num_steps: int) -> Rollout:
         """:meth:`Learner.rollout`, once the workers are admitted."""
         pool = self._pool
-        await pool.end_abandoned()
         self.require_policy("rollout")
         if not pool.was_reset:
             raise InvalidState("call reset() before rollout()")
@@ -572,9 +574,14 @@ class Detach:
         return self._stream
 
     async def end_stream(self) -> None:
-        """End an abandoned chunk stream (a new operation is about to use the workers)."""
-        if self._stream is not None:
-            await self._stream.aclose()
+        """End an abandoned chunk stream (a new operation is about to use the workers).
+
+        Not the stream that is running: one taking its own lease ends nothing but itself.
+        """
+        stream = self._stream
+        running = isinstance(stream, AsyncGeneratorType) and stream.ag_running
+        if stream is not None and not running:
+            await stream.aclose()
 
     async def _chunk_stream(
         self, num_steps: int, max_in_flight: int
@@ -587,21 +594,33 @@ class Detach:
         self.require_policy("chunks")
         if not pool.was_reset:
             raise InvalidState("call reset() before chunks()")
-        pool.enter(
+        this = self._stream
+        async with pool.lease(
             Mode.STREAM,
             "chunks",
             running="another reset/step/rollout is running",
             every_worker=False,
             verb="stream",
-        )
-        this = self._stream
+            drained=True,
+            end=self.end_stream,
+        ) as lease:
 
-        async def receive(remote: Remote) -> Message | None:
-            return await self._receive_chunk(remote, num_steps)
+            async def receive(remote: Remote) -> Message | None:
+                return await self._receive_chunk(remote, num_steps)
 
-        pumps = self._pumps = Pumps(pool, receive, name="aps chunks")
-        active = pool.active()
-        try:
+            pumps = self._pumps = Pumps(pool, receive, name="aps chunks")
+            active = pool.active()
+
+            async def wind_down() -> None:
+                try:
+                    await self._drain(await pumps.stop(), active, lease)
+                finally:
+                    if self._pumps is pumps:
+                        self._pumps = None
+                    if self._stream is this:
+                        self._stream = None
+
+            lease.on_release(wind_down)
             for remote in active:
                 self._slot(remote).lost = 0
                 await self._prepare(remote, "chunks")
@@ -619,16 +638,6 @@ class Detach:
                 chunk = self._accept_chunk(remote, expect(message, RolloutChunk))
                 yield chunk
                 await self._request_chunk(remote, num_steps)
-        except (WorkerLost, Timeout, ProtocolError) as exc:
-            pool.break_for_good(exc)
-            raise
-        finally:
-            await self._drain(await pumps.stop(), active)
-            if self._pumps is pumps:
-                self._pumps = None
-            pool.leave(Mode.STREAM)
-            if self._stream is this:
-                self._stream = None
 
     async def _prepare(self, remote: Remote, operation: str) -> None:
         """Reset a replacement's envs before it acts on its own."""
@@ -674,10 +683,11 @@ class Detach:
                 await self._request_chunk(remote, num_steps)
         return answer
 
-    async def _drain(self, left: Sequence[Item], remotes: Sequence[Remote]) -> None:
+    async def _drain(self, left: Sequence[Item], remotes: Sequence[Remote], lease: Lease) -> None:
         """Receive the answers still owed after a stream ends, so lockstep can resume.
 
-        ``left``: what the pumps delivered and the stream did not take.
+        The stream's wind-down (its lease judged what ended it first, and judges what this
+        raises). ``left``: what the pumps delivered and the stream did not take.
         """
         pool = self._pool
         failure: WorkerLost | ProtocolError | None = None
@@ -686,12 +696,11 @@ class Detach:
                 remote.metrics.dropped_chunks += 1
             elif isinstance(message, (WorkerLost, ProtocolError)) and failure is None:
                 failure = message
-        if pool.broken is not None:
+        if lease.broken is not None:
             return
         if failure is not None and pool.on_worker_lost == "raise":
             # A worker failed after the stream's last chunk and before its end: under "raise"
             # that is the caller's error, as it would have been one chunk sooner.
-            pool.break_for_good(failure)
             raise failure
         try:
             async with asyncio.timeout(pool.timeouts.step + pool.reconnect_timeout):
@@ -709,13 +718,11 @@ class Detach:
                         if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
         except (WorkerLost, ProtocolError) as exc:
-            if pool.on_worker_lost != "raise":
-                pool.break_for_good(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
-                return
-            pool.break_for_good(exc)  # as a failure the pumps delivered, above
-            raise
+            if pool.on_worker_lost == "raise":
+                raise  # as a failure the pumps delivered, above
+            lease.fail(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
         except (TimeoutError, ApsError) as exc:
-            pool.break_for_good(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
+            lease.fail(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
 
     async def aclose(self) -> None:
         """End the chunk stream, if one is open."""

@@ -237,8 +237,8 @@ class Learner(AsyncResource):
             return
         self._pool.begin_close()  # nothing below waits for a lost worker to resume
         await self._detach.aclose()
-        await self._rounds.stop()
-        await self._lockstep.cancel()
+        await self._rounds.aclose()
+        await self._lockstep.aclose()
         await self._pool.aclose()
 
     async def wait_for_workers(self, timeout: float | None = None) -> None:
@@ -716,7 +716,7 @@ class Learner(AsyncResource):
 
     async def stop_gradients(self) -> None:
         """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
-        await self._rounds.stop()
+        await self._rounds.aclose()
 
 
 def _check_policy_kwargs(policy_kwargs: object, policy: str | None) -> None:

@@ -33,7 +33,7 @@ from aps.batching import (
     split,
 )
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
-from aps.learner.pool import FRESH_RESET, Mode, Remote, WorkerPool, expect
+from aps.learner.pool import FRESH_RESET, Lease, Mode, Remote, WorkerPool, expect
 from aps.messages import (
     EnvCall,
     EnvCallResult,
@@ -67,6 +67,7 @@ class Lockstep:
     def __init__(self, pool: WorkerPool) -> None:
         self._pool = pool
         self._partial: dict[Remote, asyncio.Task[Message]] = {}  # send() -> recv()
+        self._lease: Lease | None = None  # held from the first send() to the last recv()
         self._answered: asyncio.Future[None] | None = None  # recv() waits; an answer wakes it
         # Slots whose next step is the NextStep reset step after a replacement's first reset
         # (see _restarted_step); whichever mode resets their envs next ends that.
@@ -125,15 +126,12 @@ class Lockstep:
         if not pool.was_reset:
             raise InvalidState("call reset() before step()")
         requests = self._step_requests(pool.remotes, actions, pool.counts)
-        answers = await pool.exchange(
-            requests,
-            "step",
-            redo=self._redo,
-            check=self._check,
-            running=self._running(),
-            within=pool.timeouts.step,
-        )
-        return self._step_results(pool.remotes, answers)
+        async with pool.lease(Mode.EXCHANGE, "step", running=self._running()):
+            answers = await pool.requests.exchange(
+                requests, "step", self._redo, check=self._check, within=pool.timeouts.step
+            )
+            # Stitched under the lease: answers that do not stitch break the workers.
+            return self._stitch(pool.remotes, answers)
 
     async def env_call(
         self,
@@ -155,8 +153,43 @@ class Lockstep:
             WorkerError: an env raised, or returned a value that is not plain data.
         """
         pool = self._pool
-        await pool.end_abandoned()
-        pool.check(kind, running=self._running())  # before the arguments are encoded
+        # Taken before the arguments are encoded: a learner that cannot call says so first.
+        lease = await pool.lease(Mode.EXCHANGE, kind, running=self._running()).take()
+        try:
+            requests, places = self._call_requests(kind, name, args, kwargs, values, indices)
+        except BaseException:
+            await lease.release()  # nothing was sent: the workers are in step
+            raise
+        answers = await pool.exchange(
+            requests, kind, redo=self._redo_call, within=pool.timeouts.step, lease=lease
+        )
+        result: list[Any] = [None] * sum(len(where) for where in places)
+        for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
+            got = expect(answer, EnvCallResult).values
+            if len(got) != len(where):
+                raise ProtocolError(
+                    f"worker {remote.info.worker_id} answered {kind}({name!r}) with {len(got)} "
+                    f"values for {len(where)} envs; the worker is not a compatible aps worker"
+                )
+            for place, value in zip(where, got, strict=True):
+                result[place] = value
+        return tuple(result)
+
+    def _call_requests(
+        self,
+        kind: str,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        values: Sequence[Any] | None,
+        indices: Sequence[int] | None,
+    ) -> tuple[list[Request], list[list[int]]]:
+        """One :class:`~aps.messages.EnvCall` per worker, checked to travel; where its values go.
+
+        Raises:
+            ConfigError: an argument is not plain data.
+        """
+        pool = self._pool
         chosen = range(sum(pool.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
         local: list[list[int]] = [[] for _ in pool.remotes]
@@ -178,24 +211,7 @@ class Lockstep:
                     f"the arguments of {kind}({name!r}) cannot travel to the workers: {exc}; "
                     "pass plain data (numbers, strings, numpy arrays, tuples, dicts with str keys)"
                 ) from None
-        answers = await pool.exchange(
-            requests,
-            kind,
-            redo=self._redo_call,
-            running=self._running(),
-            within=pool.timeouts.step,
-        )
-        result: list[Any] = [None] * len(chosen)
-        for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
-            got = expect(answer, EnvCallResult).values
-            if len(got) != len(where):
-                raise ProtocolError(
-                    f"worker {remote.info.worker_id} answered {kind}({name!r}) with {len(got)} "
-                    f"values for {len(where)} envs; the worker is not a compatible aps worker"
-                )
-            for place, value in zip(where, got, strict=True):
-                result[place] = value
-        return tuple(result)
+        return requests, places
 
     async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
@@ -205,7 +221,7 @@ class Lockstep:
         )
 
     def _running(self) -> str:
-        """What keeps the pool busy, for :meth:`WorkerPool.check`'s error."""
+        """What keeps the pool busy, for the error of a lease refused."""
         if self._partial:
             return "sent steps are not all received; recv() first"
         return "another operation is running"
@@ -324,20 +340,13 @@ class Lockstep:
             for remote, part in zip(remotes, parts, strict=True)
         ]
 
-    def _step_results(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
+    def _stitch(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
         """Stitch the step answers of ``remotes`` (in env order) into one batch.
 
         Raises:
-            ProtocolError: an answer is not a step of exactly its worker's envs; this
-                learner can no longer step then.
+            ProtocolError: an answer is not a step of exactly its worker's envs (under a
+                lease, which then breaks the workers).
         """
-        try:
-            return self._stitch(remotes, answers)
-        except ProtocolError as exc:
-            self._pool.break_for_good(exc)
-            raise
-
-    def _stitch(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
         obs: list[Any] = []
         reward: list[Array] = []
         terminated: list[Array] = []
@@ -406,13 +415,19 @@ class Lockstep:
         pool = self._pool
         if not pool.was_reset:
             raise InvalidState("call reset() before send()")
-        if not self._partial:
-            await pool.end_abandoned()
-            pool.check("send")
-        remotes = self._select(worker_ids)
-        requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
-        if not self._partial:
-            pool.enter(Mode.PARTIAL, "send")
+        lease = self._lease
+        if lease is None:
+            # Held until every step sent is received (recv) or cancelled (aclose).
+            lease = await pool.lease(Mode.PARTIAL, "send", drained=True).take()
+            lease.on_release(self._cancel_steps)
+        try:
+            remotes = self._select(worker_ids)
+            requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
+        except BaseException:
+            if lease is not self._lease:
+                await lease.release()  # nothing was sent: the workers are free again
+            raise
+        self._lease = lease
         for remote, request in zip(remotes, requests, strict=True):
             # Registered first: a send that fails below is still answered (or raised) in recv.
             task = asyncio.create_task(
@@ -423,8 +438,7 @@ class Lockstep:
             try:
                 await pool.requests.send_request(remote, request)
             except WorkerLost as exc:
-                pool.break_for_good(exc)
-                await self.cancel()
+                await self._release(exc)
                 raise
 
     def _select(self, worker_ids: Sequence[int] | None) -> list[Remote]:
@@ -496,18 +510,19 @@ class Lockstep:
                 failure = failure or pool.worker_error(remote, answer)
             else:
                 answers.append(answer)
+        result: StepReturn | None = None
+        if failure is None:
+            try:
+                result = self._stitch(ready, answers)
+            except ProtocolError as exc:
+                failure = exc
         if isinstance(failure, WorkerLost | Timeout | ProtocolError):
-            pool.break_for_good(failure)
-            await self.cancel()
-        if not waiting:
-            pool.leave(Mode.PARTIAL)
+            await self._release(failure)  # broken: no step is awaited any more
+        elif not waiting:
+            await self._release()
         if failure is not None:
             raise failure
-        try:
-            result = self._step_results(ready, answers)
-        except ProtocolError:
-            await self.cancel()  # the learner is broken: no step is awaited any more
-            raise
+        assert result is not None
         rows = [_row_ids(r.info.env_offset, r.info.num_envs, r.info.worker_id) for r in ready]
         env_ids = np.concatenate([env for env, _ in rows])  # copies: the cache stays intact
         info = result[4]
@@ -516,12 +531,21 @@ class Lockstep:
         info["_worker_id"] = np.ones(len(env_ids), dtype=np.bool_)
         return result
 
-    async def cancel(self) -> None:
-        """Cancel the steps sent and not received; the pool is free again."""
+    async def _release(self, failure: BaseException | None = None) -> None:
+        """Release the partial lease, judging ``failure``; steps outstanding are cancelled."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.release(failure)
+
+    async def _cancel_steps(self) -> None:
+        """The partial lease's wind-down: cancel the steps sent and not received."""
         tasks = list(self._partial.values())
         self._partial.clear()
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-            self._pool.leave(Mode.PARTIAL)
+
+    async def aclose(self) -> None:
+        """Cancel the steps sent and not received; the pool is free again."""
+        await self._release()

@@ -19,9 +19,10 @@
 When a connection takes over a slot, the pool asks each mode's :class:`SlotHooks` what that
 worker needs first (its weights, the current gradient round); the pool itself knows nothing of
 any mode. What the workers are used for now is the pool's :class:`Mode`, which only the pool
-writes: a mode enters with :meth:`WorkerPool.enter` and leaves with :meth:`WorkerPool.leave`,
-a mode that can be left open (a chunk stream) registers how it ends
-(:meth:`WorkerPool.on_abandon`), and workers out of step for good are :attr:`Mode.BROKEN`.
+writes, through a :class:`Lease` (``async with pool.lease(Mode.X, operation):``): taking it
+ends a mode a caller left open, refuses what cannot run now and enters the mode; releasing it
+turns a worker's failure into :attr:`Mode.BROKEN` (workers out of step for good) and always
+leaves.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import enum
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -88,10 +90,7 @@ __all__ = [
 
 
 class Mode(enum.Enum):
-    """What the pool's workers are used for now; only the pool writes it.
-
-    A mode enters through :meth:`WorkerPool.enter` and ends with :meth:`WorkerPool.leave`.
-    """
+    """What the pool's workers are used for now; only a :class:`Lease` writes it."""
 
     IDLE = "idle"
     EXCHANGE = "exchange"
@@ -143,6 +142,140 @@ class Launcher(Protocol):
     async def watch(self) -> None: ...
 
     async def stop(self, grace: float = ...) -> None: ...
+
+
+class Lease:
+    """The workers held for one mode, from :meth:`take` to :meth:`release`.
+
+    Made by :meth:`WorkerPool.lease`; an async context manager, or an object a mode keeps
+    across calls (partial steps from ``send`` to ``recv``, gradient rounds from their start
+    to their stop). The one place the lease sequence is written: taking it ends the mode a
+    caller left open, refuses what cannot run now and enters the mode; releasing it judges
+    the failure that ended it, runs the mode's wind-down (:meth:`on_release`) and leaves the
+    mode, whatever happened.
+    """
+
+    __slots__ = (
+        "_drained",
+        "_end",
+        "_every_worker",
+        "_held",
+        "_pool",
+        "_running",
+        "_verb",
+        "_wind_down",
+        "mode",
+        "operation",
+    )
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        mode: Mode,
+        operation: str,
+        running: str,
+        every_worker: bool,
+        verb: str | None,
+        drained: bool,
+        end: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self._pool = pool
+        self.mode = mode
+        self.operation = operation
+        self._running = running
+        self._every_worker = every_worker
+        self._verb = verb
+        self._drained = drained
+        self._end = end
+        self._wind_down: Callable[[], Awaitable[None]] | None = None
+        self._held = False
+
+    @property
+    def broken(self) -> ApsError | None:
+        """Why the workers are out of step for good, if they are (see :attr:`WorkerPool.broken`)."""
+        return self._pool.broken
+
+    async def take(self) -> Self:
+        """End the mode a caller left open, refuse what cannot run now, enter the mode.
+
+        Taking a lease already held does nothing.
+
+        Raises:
+            InvalidState: the workers are out of step for good, some were dropped and the
+                operation needs every worker's envs, or another operation holds them.
+        """
+        if self._held:
+            return self
+        pool = self._pool
+        if self._end is not None:
+            pool._enders[self.mode] = self._end
+        end = pool._abandoned()  # awaited only when one is open: no coroutine per step
+        if end is not None:
+            await end()
+        pool._refuse(self.operation, self._running, self._every_worker, self._verb)
+        pool._state = _LEASES[self.mode]
+        self._held = True
+        return self
+
+    def on_release(self, wind_down: Callable[[], Awaitable[None]]) -> None:
+        """Run ``wind_down`` on release: after the failure was judged, before the mode is left.
+
+        It sees broken workers as broken (a chunk stream then receives nothing more); what it
+        raises is judged as the holder's failure is, and propagates.
+        """
+        self._wind_down = wind_down
+
+    def fail(self, error: ApsError) -> None:
+        """Put the workers out of step for good, naming ``error``; the lease is still held.
+
+        For what the holder judges itself: a wind-down that did not end cleanly and raises
+        nothing. A later failure says why in its place.
+        """
+        self._pool.break_for_good(error)
+
+    async def release(self, failure: BaseException | None = None) -> None:
+        """Judge ``failure`` (what ended the lease, if anything), wind down, leave the mode.
+
+        A worker's failure (:class:`WorkerLost`, :class:`Timeout`, :class:`ProtocolError`)
+        breaks the workers for good, naming it; so does an interruption (anything but an
+        env's :class:`WorkerError`), since replies may still be in flight, unless the mode
+        is ``drained``. The mode is left even when the wind-down raises. Releasing a lease
+        not held does nothing.
+        """
+        if not self._held:
+            return
+        self._held = False
+        try:
+            if failure is not None:
+                self._judge(failure)
+            if self._wind_down is not None:
+                try:
+                    await self._wind_down()
+                except BaseException as exc:
+                    self._judge(exc)
+                    raise
+        finally:
+            self._pool._leave(self.mode)
+
+    def _judge(self, failure: BaseException) -> None:
+        if isinstance(failure, WorkerLost | Timeout | ProtocolError):
+            self.fail(failure)
+        elif not self._drained and not isinstance(failure, WorkerError):
+            self.fail(InvalidState(f"{self.operation}() was interrupted ({failure!r})"))
+
+    __aenter__ = take
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        failure: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if failure is None and self._wind_down is None and self._held:
+            self._held = False  # the common case, a step that went well, in one call
+            self._pool._leave(self.mode)
+            return
+        await self.release(failure)
 
 
 class WorkerPool:
@@ -538,7 +671,7 @@ class WorkerPool:
             )
         return self.spaces
 
-    # The pool's mode: written here only.
+    # The pool's mode: written here only, through a lease.
 
     @property
     def mode(self) -> Mode:
@@ -550,7 +683,7 @@ class WorkerPool:
         """Why the workers can no longer be used together, once that happened (for good)."""
         return self._state.error
 
-    def enter(
+    def lease(
         self,
         mode: Mode,
         operation: str,
@@ -558,59 +691,29 @@ class WorkerPool:
         running: str = "another operation is running",
         every_worker: bool = True,
         verb: str | None = None,
-    ) -> None:
-        """Lease the workers for ``mode``; :meth:`leave` gives them back.
+        drained: bool = False,
+        end: Callable[[], Awaitable[None]] | None = None,
+    ) -> Lease:
+        """The workers for ``mode``, as a scope: ``async with pool.lease(Mode.X, "op"):``.
 
-        ``every_worker``: the operation needs every worker's envs (chunk streams and
-        gradient rounds go on without dropped workers). ``verb``: what the learner can no
-        longer do once broken, for the error (default: ``operation``).
-
-        Raises:
-            InvalidState: see :meth:`check`.
+        See :class:`Lease`; a mode that holds the workers across calls keeps the lease and
+        calls its :meth:`~Lease.take` and :meth:`~Lease.release`. ``running``: what keeps the
+        pool busy, for the error. ``every_worker``: the operation needs every worker's envs
+        (chunk streams and gradient rounds go on without dropped workers). ``verb``: what the
+        learner can no longer do once broken, for the error (default: ``operation``).
+        ``drained``: the mode receives what is in flight when it ends (a chunk stream), so an
+        interruption leaves the workers in step; only a worker's failure breaks them. ``end``:
+        how the mode ends when its caller left it open and another operation begins (a chunk
+        stream the caller stopped iterating); without one, the next operation refuses.
         """
-        self.check(operation, running=running, every_worker=every_worker, verb=verb)
-        self._state = _LEASES[mode]
-
-    def on_abandon(self, mode: Mode, end: Callable[[], Awaitable[None]]) -> None:
-        """Register how a mode the caller left open ends when another operation begins.
-
-        A chunk stream the caller stopped iterating holds the workers until it is closed:
-        the stream's mode registers its closing here, and the next operation runs it (see
-        :meth:`end_abandoned`). Modes without such a hook refuse the next operation instead.
-        """
-        self._enders[mode] = end
-
-    async def end_abandoned(self) -> None:
-        """End the mode holding the workers if it registered how (see :meth:`on_abandon`).
-
-        A mode a break interrupted is ended too: its holder still has it open.
-        """
-        end = self._abandoned()
-        if end is not None:
-            await end()
-
-    def _abandoned(self) -> Callable[[], Awaitable[None]] | None:
-        """How the mode holding the workers ends, if it registered how (see :meth:`on_abandon`)."""
-        state = self._state
-        held = state.interrupted if state.mode is Mode.BROKEN else state.mode
-        return None if held is None else self._enders.get(held)
-
-    def leave(self, mode: Mode) -> None:
-        """End the lease of ``mode`` (nothing if another mode holds the workers).
-
-        Broken workers stay broken; the lease the break interrupted is over.
-        """
-        state = self._state
-        if state.mode is mode:
-            self._state = _LEASES[Mode.IDLE]
-        elif state.mode is Mode.BROKEN and state.interrupted is mode:
-            self._state = dataclasses.replace(state, interrupted=None)
+        return Lease(self, mode, operation, running, every_worker, verb, drained, end)
 
     def break_for_good(self, exc: ApsError) -> None:
         """Enter :attr:`Mode.BROKEN`: every later operation refuses, with ``exc``.
 
-        A later break says why in its place. The lease a break interrupted ends when its
-        holder leaves it (see :meth:`leave`).
+        For a failure noticed outside any lease (a lease judges its own: see
+        :meth:`Lease.release`). A later break says why in its place. The lease a break
+        interrupted ends when its holder releases it.
         """
         state = self._state
         if state.mode is Mode.BROKEN:
@@ -619,17 +722,17 @@ class WorkerPool:
             held = None if state.mode is Mode.IDLE else state.mode
             self._state = _State(Mode.BROKEN, exc, held)
 
-    def check(
-        self,
-        operation: str,
-        *,
-        running: str = "another operation is running",
-        every_worker: bool = True,
-        verb: str | None = None,
-    ) -> None:
-        """Refuse an operation over every worker's envs that the learner cannot make now.
+    def _abandoned(self) -> Callable[[], Awaitable[None]] | None:
+        """How the mode holding the workers ends, if its lease said how (``end``).
 
-        ``running`` says what keeps the pool busy, for the error.
+        A mode a break interrupted is ended too: its holder still has it open.
+        """
+        state = self._state
+        held = state.interrupted if state.mode is Mode.BROKEN else state.mode
+        return None if held is None else self._enders.get(held)
+
+    def _refuse(self, operation: str, running: str, every_worker: bool, verb: str | None) -> None:
+        """Refuse an operation over every worker's envs that the learner cannot make now.
 
         Raises:
             InvalidState: the workers are out of step for good, some were dropped, or another
@@ -642,11 +745,23 @@ class WorkerPool:
             )
         if every_worker and self.slots.dropped:
             raise InvalidState(
-                f"{operation}() needs every worker's envs, and workers {sorted(self.dropped)} "
-                "were dropped (on_worker_lost='drop'); use chunks(), or on_worker_lost='wait'"
+                f"{operation}() needs every worker's envs, and workers "
+                f"{sorted(self.slots.dropped)} were dropped (on_worker_lost='drop'); use "
+                "chunks(), or on_worker_lost='wait'"
             )
         if self._state.mode is not Mode.IDLE:
             raise InvalidState(f"{operation}() called while {running}")
+
+    def _leave(self, mode: Mode) -> None:
+        """End the lease of ``mode`` (nothing if another mode holds the workers).
+
+        Broken workers stay broken; the lease the break interrupted is over.
+        """
+        state = self._state
+        if state.mode is mode:
+            self._state = _LEASES[Mode.IDLE]
+        elif state.mode is Mode.BROKEN and state.interrupted is mode:
+            self._state = dataclasses.replace(state, interrupted=None)
 
     # One request per worker, all at once.
 
@@ -661,6 +776,7 @@ class WorkerPool:
         check: Check | None = None,
         running: str = "another operation is running",
         within: float | None = None,
+        lease: Lease | None = None,
     ) -> list[Message]:
         """Send one request per worker, then collect one answer from each, in worker order.
 
@@ -669,35 +785,21 @@ class WorkerPool:
         replacement took a worker over before answering (its envs start afresh); ``check``
         tests each answer, and ``within`` makes each answer due that many seconds after its
         request, heartbeats or not (``None``: a silence deadline; see
-        :meth:`Requests.answer_from`). A mode left open ends first (see
-        :meth:`end_abandoned`), then the pool is checked (:meth:`check`, with ``running``):
-        callers do not check it again. While it runs the pool is busy; a failure that leaves
-        the workers out of step marks the pool broken.
+        :meth:`Requests.answer_from`). It runs under a lease of :attr:`Mode.EXCHANGE` (with
+        ``running``; see :meth:`lease`), or under ``lease``, one of that mode the caller took
+        already (to check its arguments while holding the workers), released here.
 
         Raises:
-            InvalidState: see :meth:`check`.
+            InvalidState: the lease refused (see :meth:`Lease.take`).
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed; the pool is broken.
         """
-        end = self._abandoned()  # end_abandoned(), without a coroutine per step
-        if end is not None:
-            await end()
-        self.enter(Mode.EXCHANGE, operation, running=running)
-        try:
+        if lease is None:
+            lease = self.lease(Mode.EXCHANGE, operation, running=running)
+        async with lease:
             return await self.requests.exchange(
                 requests, operation, redo, before, after, check, within
             )
-        except (WorkerLost, Timeout, ProtocolError) as exc:
-            self.break_for_good(exc)
-            raise
-        except BaseException as exc:
-            # Cancelled or failed halfway: replies may still be in flight, so the
-            # lockstep with the workers is lost for good.
-            if not isinstance(exc, WorkerError):
-                self.break_for_good(InvalidState(f"{operation}() was interrupted ({exc!r})"))
-            raise
-        finally:
-            self.leave(Mode.EXCHANGE)
 
     # The slot table, recovery and the request service, as the modes reach them.
 

@@ -39,7 +39,7 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.gradients import RoundStore, allreduce_sum
-from aps.learner.pool import Mode, Remote, WorkerInfo, WorkerPool, expect
+from aps.learner.pool import Lease, Mode, Remote, WorkerInfo, WorkerPool, expect
 from aps.learner.pump import Pumps
 from aps.messages import (
     CollectGradients,
@@ -113,6 +113,7 @@ class GradientRounds:
         # The workers the current round was sent to: a replacement joins at the next round.
         self._members: frozenset[int] = frozenset()
         self._collect: tuple[CollectGradients, bytes] | None = None
+        self._lease: Lease | None = None  # held from the first start_round() to aclose()
 
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
@@ -143,8 +144,12 @@ class GradientRounds:
         """:meth:`Learner.start_round`, once the workers are admitted and a policy is set."""
         pool = self._pool
         if not self.active:
-            await pool.end_abandoned()
-            pool.enter(Mode.ROUNDS, "start_round", every_worker=False, verb="train")
+            # Held until aclose(): its wind-down stops every worker (see _stop_workers).
+            lease = pool.lease(
+                Mode.ROUNDS, "start_round", every_worker=False, verb="train", drained=True
+            )
+            self._lease = await lease.take()
+            lease.on_release(self._stop_workers)
             self.active = True
             self._remotes = pool.active()
             # Gradient mode samples from fresh resets; a replacement needs no reset now.
@@ -314,13 +319,23 @@ class GradientRounds:
             return
         raise ConfigError(f"worker {worker_id} is not taking part in gradient rounds")
 
-    async def stop(self) -> None:
-        """:meth:`Learner.stop_gradients`."""
-        if not self.active:
+    async def aclose(self) -> None:
+        """:meth:`Learner.stop_gradients`: leave gradient mode (nothing if not in it)."""
+        lease = self._lease
+        if not self.active or lease is None:
             return
+        try:
+            await lease.release()
+        finally:
+            self.active = False
+            self._lease = self._pumps = None
+            self._round = self._collect = None
+
+    async def _stop_workers(self) -> None:
+        """The lease's wind-down: every worker stops and confirms; late reports are dropped."""
         pool = self._pool
         if self._pumps is not None:
-            await self._pumps.stop()  # late reports are dropped
+            await self._pumps.stop()
         self._behind.clear()
         try:
             async with asyncio.timeout(pool.timeouts.step):
@@ -329,9 +344,5 @@ class GradientRounds:
                     while remote.session.state is State.STOPPING:
                         await remote.session.receive(timeout=None, operation="gradients to stop")
         except (TimeoutError, ApsError) as exc:
-            pool.break_for_good(InvalidState(f"gradient mode did not end cleanly ({exc!r})"))
-        finally:
-            self.active = False
-            pool.leave(Mode.ROUNDS)
-            self._pumps = None
-            self._round = self._collect = None
+            assert self._lease is not None
+            self._lease.fail(InvalidState(f"gradient mode did not end cleanly ({exc!r})"))
