@@ -203,7 +203,7 @@ class Learner(AsyncResource):
         self._started_at, self._cpu_at_start = time.monotonic(), time.process_time()
         self._timed = False
         self._rounds = GradientRounds(self._pool)
-        self._pool.hooks += [self._detach, self._rounds]
+        self._pool.modes.extend([self._detach, self._rounds, self._lockstep])
 
     # Lifecycle.
 
@@ -236,9 +236,8 @@ class Learner(AsyncResource):
         if self._pool.closed:
             return
         self._pool.begin_close()  # nothing below waits for a lost worker to resume
-        await self._detach.aclose()
-        await self._rounds.aclose()
-        await self._lockstep.aclose()
+        for mode in self._pool.modes:
+            await mode.aclose()
         await self._pool.aclose()
 
     async def wait_for_workers(self, timeout: float | None = None) -> None:

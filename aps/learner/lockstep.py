@@ -79,6 +79,16 @@ class Lockstep:
         self._obs_layouts: dict[int, tuple[tuple[int, ...], np.dtype[Any]] | None] = {}
         self._action_layouts: dict[int, tuple[tuple[int, ...], str] | None] = {}
 
+    # What a new connection needs (SlotHooks): nothing. A step it owes is redone by the
+    # exchange (see _redo), a partial step by its own task, and a replacement's envs are
+    # reset first wherever the pool's recovery says so.
+
+    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+        """Nothing to forget: the lockstep keeps no state of the lost worker's."""
+
+    async def rejoined(self, remote: Remote) -> None:
+        """Nothing to send first: the unanswered requests are sent again by the pool."""
+
     async def reset(
         self, *, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> tuple[Any, Info]:

@@ -78,6 +78,8 @@ from aps.transports.base import Listener, TransportFactory
 __all__ = [
     "FRESH_RESET",
     "Check",
+    "LearnerMode",
+    "Lease",
     "Mode",
     "OnWorkerLost",
     "Redo",
@@ -142,6 +144,17 @@ class Launcher(Protocol):
     async def watch(self) -> None: ...
 
     async def stop(self, grace: float = ...) -> None: ...
+
+
+class LearnerMode(SlotHooks, Protocol):
+    """A mode over the pool, as the pool and the learner see it.
+
+    Registered in :attr:`WorkerPool.modes`, which the pool tells when the worker serving a
+    slot changes (:class:`SlotHooks`) and the learner ends, in order, when it closes.
+    """
+
+    async def aclose(self) -> None:
+        """End what the mode holds (a chunk stream, gradient rounds, steps sent); idempotent."""
 
 
 class Lease:
@@ -321,18 +334,19 @@ class WorkerPool:
         self.figures: Callable[[], dict[str, Any]] = dict
         """The learner's figures as plain data, for ``aps top`` (set by the learner)."""
         self.launcher = launcher
-        self.hooks: list[SlotHooks] = []
-        """The modes to tell when the worker serving a slot changes."""
+        self.modes: list[LearnerMode] = []
+        """The modes, registered by the learner: told when the worker serving a slot changes,
+        ended in this order when the learner closes."""
         self.slots = Slots(num_workers)
         """The slot table."""
         self.recovery = Recovery(
             self.slots,
-            self.hooks,
+            self.modes,
             on_worker_lost=on_worker_lost,
             reconnect_timeout=reconnect_timeout,
         )
         """Losses, resumes, spares and replacements."""
-        self.requests = Requests(self.slots, self.recovery, self.hooks, timeouts)
+        self.requests = Requests(self.slots, self.recovery, self.modes, timeouts)
         """Numbered requests and their answers."""
         self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
 

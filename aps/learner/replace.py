@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,7 +62,7 @@ class Recovery:
     def __init__(
         self,
         slots: Slots,
-        hooks: list[SlotHooks],
+        hooks: Sequence[SlotHooks],
         *,
         on_worker_lost: OnWorkerLost,
         reconnect_timeout: float,

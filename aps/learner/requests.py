@@ -110,7 +110,7 @@ class Requests:
     """
 
     def __init__(
-        self, slots: Slots, recovery: Recovery, hooks: list[SlotHooks], timeouts: Timeouts
+        self, slots: Slots, recovery: Recovery, hooks: Sequence[SlotHooks], timeouts: Timeouts
     ) -> None:
         self._slots = slots
         self._recovery = recovery
