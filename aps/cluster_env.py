@@ -18,23 +18,21 @@ import os
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Literal, NoReturn, Self, TypeVar
+from typing import Any, Literal, NoReturn, Self, TypeVar, Unpack
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import VectorEnv
 
 from aps._portal import Pending, Portal
 from aps._typing import Array, Info
 from aps.compression import check_setting as check_compression
 from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError, rebuilt
-from aps.launch.base import Launcher
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
-from aps.learner.pool import OnWorkerLost
-from aps.learner.rollouts import Metrics, Rollout, WeightPrecision
+from aps.learner.config import LearnerOptions, ListenOptions, refuse_unknown
+from aps.learner.rollouts import Metrics, Rollout
 from aps.session import Timeouts
-from aps.sync import SyncStrategy
 from aps.transports.base import Listener
 from aps.transports.registry import default_local_transports, local_listen_url
 from aps.worker import EnvSpec
@@ -168,38 +166,6 @@ class ClusterEnv(VectorEnv):
     happens on the workers exactly as in Gymnasium's own vector envs; infos are merged with
     ``_key`` masks.
 
-    Args:
-        listen: the URL to bind, or a bound listener.
-        num_workers: how many workers to wait for.
-        token: shared secret the workers must prove (required off loopback).
-        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or
-            ``DISABLED`` (the caller resets ended envs with ``reset(options={"reset_mask":
-            mask})``), as in Gymnasium.
-        timeouts: deadlines, see :class:`~aps.session.Timeouts`.
-        insecure: allow a non-loopback address without a token.
-        use_uvloop: run the private loop on uvloop. Default: asyncio's own loop, which
-            restarts faster in the caller's thread at every call (see :mod:`aps._portal`).
-        policy: import path of a policy for worker-side inference (:meth:`rollout`).
-        sync: when workers get newly published versions (:mod:`aps.sync`).
-        launcher: starts the workers (``aps.launch.ray(...)``, ``aps.launch.slurm(...)``,
-            ``aps.launch.local(...)``); they are stopped when the env closes. See
-            :class:`aps.Learner`.
-        on_worker_lost: ``"raise"`` (default) or ``"wait"``: a worker that resumes its
-            session changes nothing; one that another worker replaces ends its envs'
-            episodes (``truncated``, ``info["worker_restarted"]``). See :class:`aps.Learner`.
-            ``"drop"`` is refused with a :class:`~aps.errors.ConfigError`: a vector env
-            steps all of its ``num_envs`` every call.
-        reconnect_timeout: how long ``"wait"`` waits, in seconds.
-        on_listening: called with the bound URL (port 0 resolved) before the constructor
-            waits for the workers, e.g. to print the command that starts them elsewhere.
-        policy_kwargs: keyword arguments for the ``policy`` factory; see :class:`aps.Learner`.
-        weight_precision: how published weights travel (``"exact"`` or ``"float16"``); see
-            :class:`aps.Learner`.
-        overlap_weights: let a chosen version travel while the worker keeps acting with the
-            one it holds; see :class:`aps.Learner`.
-        compression: ``"auto"`` (default), ``"zstd"``, ``"lz4"`` or ``"none"``: how large
-            arrays travel; see :class:`aps.Learner` and :mod:`aps.compression`.
-
     Beyond Gymnasium's ``reset``/``step``, the envs are reached by name as Gymnasium's
     vector envs reach theirs (:meth:`call`, :meth:`get_attr`, :meth:`set_attr`,
     :meth:`render`): on the workers, with arguments and results that travel as data.
@@ -214,17 +180,6 @@ class ClusterEnv(VectorEnv):
     and after a step that raised, stepping is refused until :meth:`reset`. A process that
     forks (``AsyncVectorEnv``'s subprocesses, ``multiprocessing``) leaves its envs to the
     parent: in the child they refuse every call, and its exit does not close them.
-
-    Raises:
-        Timeout: the workers did not all arrive in time.
-        ConfigError: bad arguments.
-
-    Example:
-        >>> envs = ClusterEnv.local("CartPole-v1", num_workers=2, envs_per_worker=4)
-        >>> obs, info = envs.reset(seed=0)
-        >>> obs.shape
-        (8, 4)
-        >>> envs.close()
     """
 
     def __init__(
@@ -232,47 +187,45 @@ class ClusterEnv(VectorEnv):
         listen: str | Listener = "tcp://127.0.0.1:0",
         *,
         num_workers: int,
-        token: str | bytes | None = None,
-        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        timeouts: Timeouts | None = None,
-        insecure: bool = False,
         use_uvloop: bool | None = None,
-        policy: str | None = None,
-        sync: SyncStrategy | None = None,
-        launcher: Launcher | None = None,
-        on_worker_lost: OnWorkerLost = "raise",
-        reconnect_timeout: float = 60.0,
         on_listening: Callable[[str], object] | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        weight_precision: WeightPrecision = "exact",
-        overlap_weights: bool = False,
-        compression: str = "auto",
         _seed: int | None = None,
+        **options: Unpack[ListenOptions],
     ) -> None:
+        """Listen on ``listen`` and wait for the workers, as the class says.
+
+        Args:
+            listen: the URL to bind, or a bound listener.
+            num_workers: how many workers to wait for.
+            use_uvloop: run the private loop on uvloop. Default: asyncio's own loop, which
+                restarts faster in the caller's thread at every call (see :mod:`aps._portal`).
+            on_listening: called with the bound URL (port 0 resolved) before the constructor
+                waits for the workers, e.g. to print the command that starts them elsewhere.
+            **options: the learner's settings (:class:`~aps.learner.config.ListenOptions`:
+                ``token``, ``autoreset_mode``, ``timeouts``, ``policy``, ``launcher``, ...),
+                each as :class:`aps.Learner` takes it, with the same default. A launcher's
+                workers are stopped when the env closes.
+
+        Raises:
+            Timeout: the workers did not all arrive in time.
+            ConfigError: bad arguments.
+
+        Example:
+            >>> envs = ClusterEnv.local("CartPole-v1", num_workers=2, envs_per_worker=4)
+            >>> obs, info = envs.reset(seed=0)
+            >>> obs.shape
+            (8, 4)
+            >>> envs.close()
+        """
+        refuse_unknown(options, ListenOptions, "ClusterEnv.__init__")
         self.closed = True  # until the workers are in, close() has nothing to do
-        _check_on_worker_lost(on_worker_lost)
+        _check_on_worker_lost(options.get("on_worker_lost", "raise"))
         self._render_mode: object = _UNKNOWN
         # Why stepping is refused until the next reset (an env raised in a step or reset).
         self._out_of_step: str | None = None
         self._pending_step: Pending[tuple[Any, Array, Array, Array, Info]] | None = None
         self._pending_rollout: Pending[Rollout] | None = None
-        self._learner = Learner(
-            listen,
-            num_workers=num_workers,
-            token=token,
-            autoreset_mode=autoreset_mode,
-            timeouts=timeouts,
-            insecure=insecure,
-            policy=policy,
-            sync=sync,
-            launcher=launcher,
-            on_worker_lost=on_worker_lost,
-            reconnect_timeout=reconnect_timeout,
-            policy_kwargs=policy_kwargs,
-            weight_precision=weight_precision,
-            overlap_weights=overlap_weights,
-            compression=compression,
-        )
+        self._learner = Learner(listen, num_workers=num_workers, **options)
         self._default_seed = _seed
         self._portal = Portal(use_uvloop)
         try:
@@ -341,25 +294,18 @@ class ClusterEnv(VectorEnv):
         num_envs: int | None = None,
         transport: Literal["tcp", "unix", "ws", "memory"] | None = None,
         seed: int | None = None,
-        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-        timeouts: Timeouts | None = None,
         use_uvloop: bool | None = None,
-        policy: str | None = None,
-        sync: SyncStrategy | None = None,
-        on_worker_lost: OnWorkerLost = "raise",
-        reconnect_timeout: float = 60.0,
         vector: str = "sync",
-        policy_kwargs: dict[str, Any] | None = None,
-        weight_precision: WeightPrecision = "exact",
-        overlap_weights: bool = False,
-        compression: str = "auto",
+        **options: Unpack[LearnerOptions],
     ) -> ClusterEnv:
         """Start ``num_workers`` workers on this machine and connect to them.
 
         Workers are subprocesses (``tcp``, ``unix``, ``ws``) or tasks on the private loop
         (``memory``); :meth:`close` and interpreter exit stop them. A random token guards the
-        learner's address.
+        learner's address. With ``on_worker_lost="wait"`` a worker that ends early is replaced
+        by a new local worker; ``compression="auto"`` never compresses here (every worker is
+        on this host), ``"zstd"`` or ``"lz4"`` does.
 
         Args:
             env: a Gymnasium id, ``"module:factory"``, ``"path.py:factory"`` or a callable
@@ -377,25 +323,18 @@ class ClusterEnv(VectorEnv):
                 none can be bound (a warning on the ``aps.cluster_env`` logger says so).
             seed: the seed of the first :meth:`reset` that is given none, so that
                 ``local(..., seed=s).reset()`` equals ``reset(seed=s)``.
-            autoreset_mode: Gymnasium's autoreset mode.
             env_kwargs: keyword arguments for the env factory, or one dict per worker
                 (heterogeneous environments; the spaces must still agree).
-            timeouts: deadlines.
             use_uvloop: see the class.
-            policy: see the class.
-            sync: see the class.
-            on_worker_lost: see the class; with ``"wait"`` a worker that ends early is
-                replaced by a new local worker.
-            reconnect_timeout: see the class.
             vector: how each worker runs its envs: ``"sync"`` (one after another),
                 ``"async"`` (a subprocess per env, for many-core hosts) or ``"envpool"``
                 (EnvPool's envs); see :mod:`aps.vector`.
-            policy_kwargs: see the class.
-            weight_precision: see the class.
-            overlap_weights: see the class.
-            compression: see the class; ``"auto"`` never compresses here (every worker is
-                on this host), ``"zstd"`` or ``"lz4"`` does.
+            **options: the learner's settings (:class:`~aps.learner.config.LearnerOptions`:
+                ``autoreset_mode``, ``timeouts``, ``policy``, ``compression``, ...), each as
+                :class:`aps.Learner` takes it, with the same default; the address, its token
+                and the launcher are this method's own.
         """
+        refuse_unknown(options, LearnerOptions, "ClusterEnv.local")
         # The transports to try: the one asked for, or the host's default list, where a
         # later one is the fallback for an earlier one that cannot bind here.
         choices = default_local_transports() if transport is None else (transport,)
@@ -410,9 +349,11 @@ class ClusterEnv(VectorEnv):
         num_workers, envs_per_worker = _split(num_envs, num_workers, envs_per_worker)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        timeouts = options.get("timeouts")
         if timeouts is not None and not isinstance(timeouts, Timeouts):
             raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
-        check_compression(compression)  # before any worker starts
+        check_compression(options.get("compression", "auto"))  # before any worker starts
+        on_worker_lost = options.get("on_worker_lost", "raise")
         _check_on_worker_lost(on_worker_lost)
 
         def start(url: str) -> ClusterEnv:
@@ -432,19 +373,10 @@ class ClusterEnv(VectorEnv):
                 url,
                 num_workers=num_workers,
                 token=token,
-                autoreset_mode=autoreset_mode,
-                timeouts=timeouts,
                 use_uvloop=use_uvloop,
-                policy=policy,
-                sync=sync,
                 launcher=launcher,
-                on_worker_lost=on_worker_lost,
-                reconnect_timeout=reconnect_timeout,
-                policy_kwargs=policy_kwargs,
-                weight_precision=weight_precision,
-                overlap_weights=overlap_weights,
-                compression=compression,
                 _seed=seed,
+                **options,
             )
 
         for url, fallback in itertools.pairwise(urls):

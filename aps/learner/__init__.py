@@ -18,8 +18,11 @@ answers arrive exactly once.
 
 The package, one room each:
 
-- :mod:`~aps.learner.learner`: :class:`Learner`, the public face; it only checks arguments
-  and hands each call to the pool or a mode.
+- :mod:`~aps.learner.learner`: :class:`Learner`, the public face; it checks each call's
+  arguments and hands the call to the pool or a mode.
+- :mod:`~aps.learner.config`: the learner's settings, checked once into a frozen
+  :class:`~aps.learner.config.LearnerConfig` that the pool reads, and the typed options
+  (:class:`~aps.learner.config.LearnerOptions`) that :class:`aps.ClusterEnv` passes on.
 - :mod:`~aps.learner.admission`: the gate, everything before a peer has proved the token
   (handshake slots, the challenge, refusals that honest workers survive).
 - :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers as

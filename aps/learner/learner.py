@@ -11,11 +11,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from aps import codec, transports
 from aps._resource import AsyncResource
 from aps._typing import Array, Info
-from aps.compression import check_setting as check_compression
-from aps.errors import ConfigError, InvalidState, WireError, WorkerLost
+from aps.errors import ConfigError, InvalidState, WorkerLost
+from aps.learner.config import LearnerConfig
 from aps.learner.detach import Detach
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
@@ -26,11 +25,10 @@ from aps.messages import (
     GradientProgress,
     GradientReport,
     GradientsReduced,
-    Welcome,
 )
 from aps.session import Timeouts
 from aps.spaces import value_from_wire
-from aps.sync import AlwaysSync, SyncStrategy
+from aps.sync import SyncStrategy
 from aps.transports.base import Listener, TransportFactory
 
 __all__ = ["Learner"]
@@ -127,78 +125,41 @@ class Learner(AsyncResource):
         compression: str = "auto",
         frame_delta: bool = True,
     ) -> None:
-        if isinstance(listen, str) and factory is None:
-            # The scheme first: a URL aps cannot listen on says so, before anything is
-            # said about tokens or workers.
-            factory = transports.get_factory(transports.scheme_of(listen))
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-            raise ConfigError(f"num_workers must be an int >= 1, got {num_workers!r}")
-        if timeouts is not None and not isinstance(timeouts, Timeouts):
-            raise ConfigError(f"timeouts must be an aps.Timeouts or None, got {timeouts!r}")
-        if on_worker_lost not in ("raise", "wait", "drop"):
-            raise ConfigError(
-                f"on_worker_lost must be 'raise', 'wait' or 'drop', got {on_worker_lost!r}"
-            )
-        if (
-            not isinstance(reconnect_timeout, int | float)
-            or isinstance(reconnect_timeout, bool)
-            or not reconnect_timeout > 0
-        ):
-            raise ConfigError(
-                f"reconnect_timeout must be a positive number of seconds, got {reconnect_timeout!r}"
-            )
-        try:
-            mode = AutoresetMode(autoreset_mode)
-        except ValueError:
-            choices = ", ".join(repr(m.value) for m in AutoresetMode)
-            raise ConfigError(
-                f"autoreset_mode must be one of {choices}, got {autoreset_mode!r}"
-            ) from None
-        if policy is not None and (not isinstance(policy, str) or ":" not in policy):
-            raise ConfigError(
-                f"policy must be an import path 'package.module:factory' or "
-                f"'path/to/file.py:factory', got {policy!r}"
-            )
-        _check_policy_kwargs(policy_kwargs, policy)
-        sync = AlwaysSync() if sync is None else sync
-        if not isinstance(sync, SyncStrategy):
-            raise ConfigError(
-                f"sync must have a should_sync(ctx) method (see aps.sync), got {sync!r}"
-            )
-        self.num_workers = num_workers
-        self.autoreset_mode = mode
-        self.policy = policy
-        self.launcher = launcher
-        self.on_worker_lost: OnWorkerLost = on_worker_lost
-        self.reconnect_timeout = float(reconnect_timeout)
-        self._pool = WorkerPool(
+        config = LearnerConfig.build(
             listen,
             num_workers=num_workers,
-            token=token.encode() if isinstance(token, str) else token,
-            autoreset_mode=mode,
-            timeouts=timeouts or Timeouts(),
+            token=token,
+            autoreset_mode=autoreset_mode,
+            timeouts=timeouts,
             insecure=insecure,
             factory=factory,
             policy=policy,
+            sync=sync,
             launcher=launcher,
             on_worker_lost=on_worker_lost,
-            reconnect_timeout=self.reconnect_timeout,
+            reconnect_timeout=reconnect_timeout,
+            weight_precision=weight_precision,
+            policy_kwargs=policy_kwargs,
+            overlap_weights=overlap_weights,
+            compression=compression,
+            frame_delta=frame_delta,
         )
-        self._pool.policy_kwargs = policy_kwargs
-        self._pool.compression = check_compression(compression)
-        if not isinstance(frame_delta, bool):
-            raise ConfigError(f"frame_delta must be True or False, got {frame_delta!r}")
-        self._pool.frame_delta = frame_delta
-        self._pool.figures = lambda: self.metrics.as_dict()
-        self.policy_kwargs = policy_kwargs
+        self.num_workers = config.num_workers
+        self.autoreset_mode = config.autoreset_mode
+        self.policy = config.policy
+        self.launcher = config.launcher
+        self.on_worker_lost: OnWorkerLost = config.on_worker_lost
+        self.reconnect_timeout = config.reconnect_timeout
+        self.policy_kwargs = config.policy_kwargs
+        self._pool = WorkerPool(config, figures=lambda: self.metrics.as_dict())
         self._lockstep = Lockstep(self._pool)
-        if weight_precision not in ("exact", "float16"):
-            raise ConfigError(
-                f"weight_precision must be 'exact' or 'float16', got {weight_precision!r}"
-            )
-        if not isinstance(overlap_weights, bool):
-            raise ConfigError(f"overlap_weights must be True or False, got {overlap_weights!r}")
-        self._detach = Detach(self._pool, policy, sync, weight_precision, overlap_weights)
+        self._detach = Detach(
+            self._pool,
+            config.policy,
+            config.sync,
+            config.weight_precision,
+            config.overlap_weights,
+        )
         # Where the figures' uptime and CPU count from: start(), or here until then.
         self._started_at, self._cpu_at_start = time.monotonic(), time.process_time()
         self._timed = False
@@ -716,24 +677,6 @@ class Learner(AsyncResource):
     async def stop_gradients(self) -> None:
         """Leave gradient mode: every worker stops and confirms; late reports are dropped."""
         await self._rounds.aclose()
-
-
-def _check_policy_kwargs(policy_kwargs: object, policy: str | None) -> None:
-    if policy_kwargs is None:
-        return
-    if policy is None:
-        raise ConfigError("policy_kwargs without a policy: give policy='module:factory' too")
-    if not isinstance(policy_kwargs, dict) or not all(isinstance(k, str) for k in policy_kwargs):
-        raise ConfigError(f"policy_kwargs must be a dict with str keys, got {policy_kwargs!r}")
-    try:
-        codec.encode(
-            Welcome(worker_id=0, autoreset_mode="", policy=policy, policy_kwargs=policy_kwargs)
-        )
-    except WireError as exc:
-        raise ConfigError(
-            f"policy_kwargs must be plain data (numbers, strings, tuples, dicts with str keys), "
-            f"which workers receive in their welcome: {exc}"
-        ) from None
 
 
 def _is_int(value: object) -> bool:

@@ -37,7 +37,6 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 import gymnasium as gym
-from gymnasium.vector import AutoresetMode
 
 from aps import transports
 from aps._version import __version__
@@ -58,6 +57,7 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.learner.admission import Gate, reject
+from aps.learner.config import LearnerConfig
 from aps.learner.replace import OnWorkerLost, Recovery, Spare
 from aps.learner.requests import FRESH_RESET, Redo, Requests, worker_error
 from aps.learner.rollouts import WorkerMetrics
@@ -72,8 +72,8 @@ from aps.messages import (
     Request,
     Welcome,
 )
-from aps.session import Session, Timeouts
-from aps.transports.base import Listener, TransportFactory
+from aps.session import Session
+from aps.transports.base import Listener
 
 __all__ = [
     "FRESH_RESET",
@@ -294,59 +294,48 @@ class Lease:
 class WorkerPool:
     """The learner's workers: admission, sessions, recovery and numbered requests.
 
-    Arguments are the :class:`~aps.learner.Learner`'s of the same names, checked there.
+    Args:
+        config: the learner's settings, checked where they were built
+            (:meth:`~aps.learner.config.LearnerConfig.build`); the pool and its gate read them
+            and nobody writes them.
+        figures: the learner's figures as plain data, for ``aps top``; a callable rather than
+            a setting because it reads the learner's live state, which exists only once the
+            learner does.
     """
 
-    def __init__(
-        self,
-        listen: str | Listener,
-        *,
-        num_workers: int,
-        token: bytes | None,
-        autoreset_mode: AutoresetMode,
-        timeouts: Timeouts,
-        insecure: bool,
-        factory: TransportFactory | None,
-        policy: str | None,
-        launcher: Launcher | None,
-        on_worker_lost: OnWorkerLost,
-        reconnect_timeout: float,
-    ) -> None:
-        if token is not None and not token.strip():
-            raise ConfigError(
-                "the token is empty (or only whitespace), which anyone can prove; pass a "
-                "random one (aps token makes one), or token=None on a loopback address"
-            )
-        self._listen = listen
-        self.num_workers = num_workers
-        self._token = token
-        self.autoreset_mode = autoreset_mode
-        self.timeouts = timeouts
-        self._insecure = insecure
-        self._factory = factory
-        self._policy = policy
-        self.policy_kwargs: dict[str, Any] | None = None
-        """The policy factory's keyword arguments, sent in every welcome (set by the learner)."""
-        self.compression = "auto"
-        """The learner's compression setting, applied in every welcome (set by the learner)."""
-        self.frame_delta = True
-        """Whether workers that offer frame delta may use it (set by the learner)."""
-        self.figures: Callable[[], dict[str, Any]] = dict
-        """The learner's figures as plain data, for ``aps top`` (set by the learner)."""
-        self.launcher = launcher
+    def __init__(self, config: LearnerConfig, *, figures: Callable[[], dict[str, Any]]) -> None:
+        self.config = config
+        # The settings under the names the pool's code reads them by.
+        self._listen = config.listen
+        self.num_workers = config.num_workers
+        self._token = config.token
+        self.autoreset_mode = config.autoreset_mode
+        self.timeouts = config.timeouts
+        self._insecure = config.insecure
+        self._factory = config.factory
+        self._policy = config.policy
+        self.policy_kwargs = config.policy_kwargs
+        """The policy factory's keyword arguments, sent in every welcome."""
+        self.compression = config.compression
+        """The learner's compression setting, applied in every welcome."""
+        self.frame_delta = config.frame_delta
+        """Whether workers that offer frame delta may use it."""
+        self.figures = figures
+        """The learner's figures as plain data, for ``aps top``."""
+        self.launcher = config.launcher
         self.modes: list[LearnerMode] = []
         """The modes, registered by the learner: told when the worker serving a slot changes,
         ended in this order when the learner closes."""
-        self.slots = Slots(num_workers)
+        self.slots = Slots(config.num_workers)
         """The slot table."""
         self.recovery = Recovery(
             self.slots,
             self.modes,
-            on_worker_lost=on_worker_lost,
-            reconnect_timeout=reconnect_timeout,
+            on_worker_lost=config.on_worker_lost,
+            reconnect_timeout=config.reconnect_timeout,
         )
         """Losses, resumes, spares and replacements."""
-        self.requests = Requests(self.slots, self.recovery, self.modes, timeouts)
+        self.requests = Requests(self.slots, self.recovery, self.modes, config.timeouts)
         """Numbered requests and their answers."""
         self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
 
