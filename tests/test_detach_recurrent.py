@@ -165,8 +165,9 @@ def test_feed_forward_chunks_are_unchanged_on_the_wire() -> None:
         truncated_index=np.zeros((0, 2), np.int64),
     )
     frame = codec.encode(chunk)
-    # The map holds the tag and the 15 fields a chunk had before recurrent states: 16 keys.
-    assert frame[0] == 0xDE and int.from_bytes(frame[1:3], "big") == 16
+    # The map holds the tag, the 15 fields a chunk had before recurrent states and the
+    # worker's timings (every answer's, since protocol 9): 17 keys.
+    assert frame[0] == 0xDE and int.from_bytes(frame[1:3], "big") == 17
     assert b"initial_state" not in frame and b"episode_start" not in frame
     decoded = codec.decode(frame)
     assert isinstance(decoded, RolloutChunk)
