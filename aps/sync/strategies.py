@@ -142,34 +142,18 @@ class APS:
     max_lag: int | None = 16
 
     def __post_init__(self) -> None:
-        threshold = self.kl_threshold
-        if (
-            isinstance(threshold, bool)
-            or not isinstance(threshold, int | float)
-            or not math.isfinite(threshold)
-            or threshold < 0
-        ):
-            raise ConfigError(
-                f"APS(kl_threshold=...) must be a finite number >= 0 (a KL in nats, "
-                f"e.g. 0.01), got {threshold!r}"
-            )
-        object.__setattr__(self, "kl_threshold", float(threshold))
-        lag = self.max_lag
-        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 1):
-            raise ConfigError(
-                f"APS(max_lag=...) must be an int >= 1 (versions), or None for no staleness "
-                f"bound, got {lag!r}"
-            )
+        object.__setattr__(
+            self,
+            "kl_threshold",
+            _number("APS", "kl_threshold", self.kl_threshold, "a KL in nats, e.g. 0.01"),
+        )
+        _check_max_lag("APS", self.max_lag)
 
     def should_sync(self, ctx: SyncContext) -> bool:
         """Return ``True`` when the worker is too stale or its divergence exceeds the threshold."""
-        lag = ctx.lag
-        if lag <= 0:
-            return False
-        if not ctx.holds_weights:
-            return True
-        if self.max_lag is not None and lag >= self.max_lag:
-            return True
+        by_lag = _by_lag(ctx, self.max_lag)
+        if by_lag is not None:
+            return by_lag
         return ctx.divergence() > self.kl_threshold
 
 
@@ -222,35 +206,62 @@ class RelativeAPS:
     max_lag: int | None = 16
 
     def __post_init__(self) -> None:
-        updates = self.updates
-        if (
-            isinstance(updates, bool)
-            or not isinstance(updates, int | float)
-            or not math.isfinite(updates)
-            or updates <= 0
-        ):
-            raise ConfigError(
-                f"RelativeAPS(updates=...) must be a finite number > 0 (updates' worth of "
-                f"drift, e.g. 4), got {updates!r}"
-            )
-        object.__setattr__(self, "updates", float(updates))
-        lag = self.max_lag
-        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 1):
-            raise ConfigError(
-                f"RelativeAPS(max_lag=...) must be an int >= 1 (versions), or None for no "
-                f"staleness bound, got {lag!r}"
-            )
+        object.__setattr__(
+            self,
+            "updates",
+            _number(
+                "RelativeAPS",
+                "updates",
+                self.updates,
+                "updates' worth of drift, e.g. 4",
+                above=True,
+            ),
+        )
+        _check_max_lag("RelativeAPS", self.max_lag)
 
     def should_sync(self, ctx: SyncContext) -> bool:
         """Return ``True`` when the worker is too stale or more than ``updates`` updates behind."""
-        lag = ctx.lag
-        if lag <= 0:
-            return False
-        if not ctx.holds_weights:
-            return True
-        if self.max_lag is not None and lag >= self.max_lag:
-            return True
+        by_lag = _by_lag(ctx, self.max_lag)
+        if by_lag is not None:
+            return by_lag
         return ctx.divergence() > self.updates * ctx.update_drift()
+
+
+def _number(owner: str, name: str, value: object, what: str, *, above: bool = False) -> float:
+    """``value`` as a float: a finite number >= 0 (> 0 with ``above``), else ConfigError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or (value <= 0 if above else value < 0)
+    ):
+        bound = "> 0" if above else ">= 0"
+        raise ConfigError(
+            f"{owner}({name}=...) must be a finite number {bound} ({what}), got {value!r}"
+        )
+    return float(value)
+
+
+def _check_max_lag(owner: str, lag: object) -> None:
+    if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 1):
+        raise ConfigError(
+            f"{owner}(max_lag=...) must be an int >= 1 (versions), or None for no staleness "
+            f"bound, got {lag!r}"
+        )
+
+
+def _by_lag(ctx: SyncContext, max_lag: int | None) -> bool | None:
+    """What the lag alone decides for APS's kind (``None``: the divergence decides).
+
+    Nothing while the worker holds the newest version; always while it holds none; always
+    at ``max_lag`` versions behind.
+    """
+    lag = ctx.lag
+    if lag <= 0:
+        return False
+    if not ctx.holds_weights or (max_lag is not None and lag >= max_lag):
+        return True
+    return None
 
 
 def _check_members(owner: str, strategies: tuple[object, ...]) -> None:
