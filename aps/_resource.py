@@ -1,8 +1,9 @@
-"""The base of every object that ``async with`` closes: :class:`AsyncResource`.
+"""The bases of every object a ``with`` block closes: :class:`AsyncResource`, :class:`Resource`.
 
-A resource defines one method, ``aclose``; the base makes it an async context manager whose
-block ends with that ``aclose``, however the block ended. The transports, listeners and the
-learner build on it, as anyio's streams build on ``anyio.abc.AsyncResource``.
+A resource defines one method, ``aclose`` (``close``); the base makes it a context manager
+whose block ends with that method, however the block ended. The transports, listeners and
+the learner build on the async one, as anyio's streams build on
+``anyio.abc.AsyncResource``; the figures' writers and endpoint on the other.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import abc
 from types import TracebackType
 from typing import Self
 
-__all__ = ["AsyncResource"]
+__all__ = ["AsyncResource", "Resource"]
 
 
 class AsyncResource(abc.ABC):
@@ -39,3 +40,28 @@ class AsyncResource(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class Resource(abc.ABC):
+    """Something to close with ``resource.close()``, or by leaving ``with``.
+
+    ``with resource:`` yields the resource itself and calls :meth:`close` when the block
+    ends, on an exception too; the exception, if any, goes on.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the resource holds; idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -88,9 +88,9 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from aps._resource import Resource
 from aps.errors import ConfigError, InvalidState, MissingDependency, Timeout
 from aps.metrics.figures import Metrics, WorkerMetrics
 from aps.metrics.writers import reader
@@ -417,7 +417,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-class PrometheusServer:
+class PrometheusServer(Resource):
     """A running ``/metrics`` endpoint (:func:`serve_prometheus` starts one).
 
     Stop it with :meth:`close` or by leaving a ``with`` block.
@@ -453,17 +453,6 @@ class PrometheusServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class _Server(ThreadingHTTPServer):

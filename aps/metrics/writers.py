@@ -31,9 +31,9 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
+from aps._resource import Resource
 from aps.errors import ConfigError, InvalidState, MissingDependency
 from aps.metrics.figures import Metrics, WorkerMetrics
 
@@ -86,7 +86,7 @@ class MetricsWriter(Protocol):
         ...
 
 
-class _Writer(MetricsWriter):
+class _Writer(Resource, MetricsWriter):
     """The part every writer shares: the previous snapshot, closing, the context manager."""
 
     _previous: Metrics | None = None
@@ -103,17 +103,6 @@ class _Writer(MetricsWriter):
     def close(self) -> None:
         """Flush and release the file; idempotent."""
         self._closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class CSVWriter(_Writer):
@@ -263,7 +252,7 @@ def _summary_writer_class() -> Any:
     )
 
 
-class MetricsLogger:
+class MetricsLogger(Resource):
     """Writes a learner's snapshot to writers at most once per ``interval`` seconds.
 
     Meant to be called every iteration of a training loop: :meth:`tick` reads the clock and
@@ -343,17 +332,6 @@ class MetricsLogger:
             self._closed = True
             for writer in self.writers:
                 writer.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def reader(source: Any) -> Callable[[], Metrics]:
