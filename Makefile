@@ -39,9 +39,10 @@ dist: $(VENV)/.installed
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 
-# tests/test_release.py installs the wheel that `dist` built into a fresh venv.
+# tests/test_release.py installs the wheel that `dist` built into a fresh venv. The 25
+# slowest tests are listed at the end: the suite must stay well inside CI's time.
 test: lint docs dist
-	APS_DIST=$(CURDIR)/dist $(PY) -m pytest -q
+	APS_DIST=$(CURDIR)/dist $(PY) -m pytest -q --durations=25
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/throughput.py
