@@ -145,7 +145,7 @@ async def test_a_stalled_worker_that_heartbeats_is_replaced_under_wait(
         bad, _ = start_altered(workers, learner.url, (StepResult,), stall)
         await learner.reset(seed=0)
         workers.start(learner.url, num_envs=ENVS)  # the spare
-        await until(lambda: learner._pool.describe()[0].spares == 1)
+        await until(lambda: learner._pool.joining.describe()[0].spares == 1)
         async with asyncio.timeout(OUTER):
             _, _, _, truncated, info = await learner.step(ACTIONS)
         assert learner.restarts == 1
@@ -214,7 +214,7 @@ async def test_a_malformed_info_is_its_workers_loss_under_wait(
         workers.start(learner.url, num_envs=ENVS)
         await learner.reset(seed=0)
         workers.start(learner.url, num_envs=ENVS)  # the spare
-        await until(lambda: learner._pool.describe()[0].spares == 1)
+        await until(lambda: learner._pool.joining.describe()[0].spares == 1)
         _, _, _, _, info = await learner.step(np.zeros(3 * ENVS, np.int64))
         assert "forged" not in info  # no env, honest or not, holds the forged value
         await asyncio.wait_for(task, 20)

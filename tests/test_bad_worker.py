@@ -252,7 +252,7 @@ async def test_wait_disconnects_the_bad_worker_and_a_spare_takes_over(
         bad, task = start_bad(workers, learner.url, mode, tamper)
         await prepare(learner, mode)
         start_honest(workers, learner.url, mode)  # the spare
-        await until(lambda: learner._pool.describe()[0].spares == 1)
+        await until(lambda: learner._pool.joining.describe()[0].spares == 1)
         if mode == "rounds":
             # The replacement is announced as the bad worker's loss; the round goes on.
             with pytest.raises(aps.WorkerLost, match=f"worker {bad.worker_id}"):

@@ -135,10 +135,11 @@ def test_the_pool_reads_what_the_user_chose() -> None:
         reconnect_timeout=5,
     )
     pool = learner._pool
-    assert pool.config.token == b"s3cret" and pool._token == b"s3cret"
-    assert pool.autoreset_mode is AutoresetMode.SAME_STEP
-    assert (pool.compression, pool.frame_delta, pool.policy_kwargs) == ("zstd", False, kwargs)
-    assert pool.policy_kwargs is kwargs  # the caller's dict, as before: not a copy
+    config = pool.config
+    assert config.token == b"s3cret" and pool.joining.config is config
+    assert config.autoreset_mode is AutoresetMode.SAME_STEP
+    assert (config.compression, config.frame_delta, config.policy_kwargs) == ("zstd", False, kwargs)
+    assert config.policy_kwargs is kwargs  # the caller's dict, as before: not a copy
     assert (pool.recovery.on_worker_lost, pool.recovery.reconnect_timeout) == ("wait", 5.0)
     assert isinstance(pool.config.reconnect_timeout, float)
     figures = pool.figures()  # the learner's own, passed in

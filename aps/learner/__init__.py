@@ -25,11 +25,14 @@ The package, one room each:
   (:class:`~aps.learner.config.LearnerOptions`) that :class:`aps.ClusterEnv` passes on.
 - :mod:`~aps.learner.admission`: the gate, everything before a peer has proved the token
   (handshake slots, the challenge, refusals that honest workers survive).
-- :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers as
-  connections (joining, resume) and the one owner of what they are used for now; it composes
-  :mod:`~aps.learner.slots` (the slot table), :mod:`~aps.learner.replace` (recovery, spares,
-  replacement, ``on_worker_lost``) and :mod:`~aps.learner.requests` (the numbered
-  request/answer service every mode uses).
+- :mod:`~aps.learner.joining`: admission after the gate (a resume, a new worker welcomed, a
+  spare kept).
+- :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers' lifecycle, the
+  lease on them (:mod:`~aps.learner.lease`, the one owner of what they are used for now) and
+  one request per worker; it composes :mod:`~aps.learner.slots` (the slot table),
+  :mod:`~aps.learner.replace` (recovery, spares, replacement, ``on_worker_lost``) and
+  :mod:`~aps.learner.requests` (the numbered request/answer service every mode uses), which
+  the modes reach as ``pool.slots``, ``pool.recovery`` and ``pool.requests``.
 - :mod:`~aps.learner.lockstep`: reset, step, and the partial batches of send/recv.
 - :mod:`~aps.learner.detach`: published versions, sync decisions, rollouts and chunk streams;
   :mod:`~aps.learner.rollouts`, what it hands the learner.

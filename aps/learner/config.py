@@ -29,8 +29,8 @@ from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
 
-if TYPE_CHECKING:  # the pool imports this module; the protocol is only a type here
-    from aps.learner.pool import Launcher
+if TYPE_CHECKING:  # joining.py imports this module; the protocol is only a type here
+    from aps.learner.joining import Launcher
 
 __all__ = ["LearnerConfig", "LearnerOptions", "ListenOptions", "refuse_unknown"]
 

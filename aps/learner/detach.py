@@ -38,8 +38,10 @@ import numpy as np
 from aps._typing import ArrayTree
 from aps.batching import batch_layout, check_part, misfit
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, WorkerLost
-from aps.learner.pool import Lease, Mode, Remote, WorkerPool, expect
+from aps.learner.lease import Lease, Mode
+from aps.learner.pool import Remote, WorkerPool, expect
 from aps.learner.pump import Item, Pumps
+from aps.learner.requests import worker_error
 from aps.learner.rollouts import (
     STALL_LAG,
     Chunk,
@@ -141,7 +143,8 @@ class Detach:
                 "policy='package.module:make_agent' (or 'path/to/script.py:Agent')"
             )
         if self.versions is None:
-            self.versions = PolicyVersions(*self._pool.require_workers(), precision=self._precision)
+            spaces = self._pool.slots.require_workers()
+            self.versions = PolicyVersions(*spaces, precision=self._precision)
         return self.versions
 
     @property
@@ -183,8 +186,8 @@ class Detach:
         pool = self._pool
         versions = self.require_policy("publish")
         version = versions.publish(agent, epsilon=epsilon)
-        for remote in pool.remotes:
-            if remote.metrics.version < 0 and remote.info.worker_id not in pool.dropped:
+        for remote in pool.slots.remotes:
+            if remote.metrics.version < 0 and remote.info.worker_id not in pool.slots.dropped:
                 try:
                     await self._send_weights(remote)
                 except WorkerLost as exc:
@@ -303,7 +306,7 @@ class Detach:
 
     def _prune(self) -> None:
         if self.versions is not None:
-            held = {r.metrics.version for r in self._pool.remotes}
+            held = {r.metrics.version for r in self._pool.slots.remotes}
             if self._keep_previous:  # a strategy measures one update's drift against it
                 held.add(self.versions.current - 1)
             self.versions.prune(held)
@@ -329,7 +332,7 @@ class Detach:
                 "worker is not a compatible aps worker"
             )
         expected = (steps, info.num_envs)
-        observation_space, _ = self._pool.require_workers()
+        observation_space, _ = self._pool.slots.require_workers()
         obs_shape = observation_space.shape or ()
         # A Dict or Tuple space (nested): its observations are checked below, array by array.
         structured = batch_layout(observation_space, 1) is None
@@ -424,7 +427,7 @@ class Detach:
         chunk's leading axes: ``(T, E)`` for ``obs``, ``(E,)`` for ``next_obs``, ``(K,)`` for
         ``truncated_obs``.
         """
-        observation_space, _ = self._pool.require_workers()
+        observation_space, _ = self._pool.slots.require_workers()
         info = remote.info
         try:
             check_part(observation_space, message.obs, expected, "obs")
@@ -512,9 +515,9 @@ class Detach:
         """:meth:`Learner.rollout`, once the workers are admitted."""
         pool = self._pool
         self.require_policy("rollout")
-        if not pool.was_reset:
+        if not pool.recovery.was_reset:
             raise InvalidState("call reset() before rollout()")
-        requests = [RolloutRequest(num_steps=num_steps)] * len(pool.remotes)
+        requests = [RolloutRequest(num_steps=num_steps)] * len(pool.slots.remotes)
         self._late.clear()
         answers = await pool.exchange(
             requests,
@@ -526,7 +529,8 @@ class Detach:
             within=self._due(num_steps),
         )
         results = [expect(a, RolloutChunk) for a in answers]
-        chunks = [self._accept_chunk(r, m) for r, m in zip(pool.remotes, results, strict=True)]
+        remotes = pool.slots.remotes
+        chunks = [self._accept_chunk(r, m) for r, m in zip(remotes, results, strict=True)]
         return Rollout.from_chunks(chunks)
 
     async def _before(self, remote: Remote) -> None:
@@ -547,7 +551,7 @@ class Detach:
         answer = await pool.requests.reset_replacement(remote, operation)
         if isinstance(answer, ErrorReport):
             return answer
-        pool.envs_reset(remote)
+        pool.recovery.envs_reset(remote)
         await self._maybe_sync(remote)
         assert isinstance(request, RolloutRequest)
         due = self._due(request.num_steps)
@@ -561,7 +565,7 @@ class Detach:
         acts in a thread of its own while its loop keeps heartbeating, so only this catches
         an env that hangs mid-chunk.
         """
-        return num_steps * self._pool.timeouts.step
+        return num_steps * self._pool.config.timeouts.step
 
     def chunks(self, num_steps: int, max_in_flight: int) -> AsyncGenerator[Chunk, None]:
         """:meth:`Learner.chunks`."""
@@ -592,7 +596,7 @@ class Detach:
             await previous.aclose()
         await pool.wait_for_workers()
         self.require_policy("chunks")
-        if not pool.was_reset:
+        if not pool.recovery.was_reset:
             raise InvalidState("call reset() before chunks()")
         this = self._stream
         async with pool.lease(
@@ -609,7 +613,7 @@ class Detach:
                 return await self._receive_chunk(remote, num_steps)
 
             pumps = self._pumps = Pumps(pool, receive, name="aps chunks")
-            active = pool.active()
+            active = pool.slots.active()
 
             async def wind_down() -> None:
                 try:
@@ -629,7 +633,7 @@ class Detach:
             pumps.start(active)
             while True:
                 remote, item = await pumps.get()
-                if isinstance(item, WorkerLost) and pool.on_worker_lost == "drop":
+                if isinstance(item, WorkerLost) and pool.recovery.on_worker_lost == "drop":
                     await pumps.drop(remote, item)
                     active.remove(remote)
                     if active:
@@ -642,7 +646,7 @@ class Detach:
     async def _prepare(self, remote: Remote, operation: str) -> None:
         """Reset a replacement's envs before it acts on its own."""
         pool = self._pool
-        if pool.needs_reset(remote):
+        if pool.recovery.needs_reset(remote):
             slot = self._slot(remote)
             slot.preparing = True
             try:
@@ -650,8 +654,8 @@ class Detach:
             finally:
                 slot.preparing = False
             if isinstance(answer, ErrorReport):
-                raise pool.worker_error(remote, answer)
-            pool.envs_reset(remote)
+                raise worker_error(remote, answer)
+            pool.recovery.envs_reset(remote)
 
     async def _request_chunk(self, remote: Remote, num_steps: int) -> None:
         slot = self._slot(remote)
@@ -698,16 +702,16 @@ class Detach:
                 failure = message
         if lease.broken is not None:
             return
-        if failure is not None and pool.on_worker_lost == "raise":
+        if failure is not None and pool.recovery.on_worker_lost == "raise":
             # A worker failed after the stream's last chunk and before its end: under "raise"
             # that is the caller's error, as it would have been one chunk sooner.
             raise failure
         try:
-            async with asyncio.timeout(pool.timeouts.step + pool.reconnect_timeout):
+            async with asyncio.timeout(pool.config.timeouts.step + pool.recovery.reconnect_timeout):
                 for remote in remotes:
                     if not remote.attached.is_set():
                         # Lost and waited for: its chunks are dropped whenever it resumes.
-                        pool.forget_answers(remote)
+                        remote.outbox.forget()
                         continue
                     while remote.outbox.pending:
                         late = await pool.requests.answer_from(
@@ -718,7 +722,7 @@ class Detach:
                         if isinstance(late, RolloutChunk):
                             remote.metrics.dropped_chunks += 1
         except (WorkerLost, ProtocolError) as exc:
-            if pool.on_worker_lost == "raise":
+            if pool.recovery.on_worker_lost == "raise":
                 raise  # as a failure the pumps delivered, above
             lease.fail(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
         except (TimeoutError, ApsError) as exc:

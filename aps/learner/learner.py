@@ -16,8 +16,9 @@ from aps._typing import Array, Info
 from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.learner.config import LearnerConfig
 from aps.learner.detach import Detach
+from aps.learner.joining import Launcher
 from aps.learner.lockstep import Lockstep, StepReturn
-from aps.learner.pool import Launcher, OnWorkerLost, WorkerInfo, WorkerPool
+from aps.learner.pool import OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rollouts import Chunk, Metrics, Rollout, WeightPrecision
 from aps.learner.rounds import GradientRounds
 from aps.messages import (
@@ -235,28 +236,28 @@ class Learner(AsyncResource):
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
         """The admitted workers in env order."""
-        return tuple(r.info for r in self._pool.remotes)
+        return tuple(r.info for r in self._pool.slots.remotes)
 
     @property
     def restarts(self) -> int:
         """Workers that replaced lost ones."""
-        return self._pool.restarts
+        return self._pool.recovery.restarts
 
     @property
     def num_envs(self) -> int:
         """Total envs over all workers (known once the workers are admitted)."""
-        self._pool.require_workers()
-        return sum(self._pool.counts)
+        self._pool.slots.require_workers()
+        return sum(self._pool.slots.counts)
 
     @property
     def single_observation_space(self) -> gym.Space[Any]:
         """The observation space of one env, as the workers reported it."""
-        return self._pool.require_workers()[0]
+        return self._pool.slots.require_workers()[0]
 
     @property
     def single_action_space(self) -> gym.Space[Any]:
         """The action space of one env, as the workers reported it."""
-        return self._pool.require_workers()[1]
+        return self._pool.slots.require_workers()[1]
 
     @property
     def observation_space(self) -> gym.Space[Any]:
@@ -498,7 +499,7 @@ class Learner(AsyncResource):
         Workers that were replaced keep their entries, before the current ones.
         """
         pool = self._pool
-        workers = (*pool.former, *(r.metrics for r in pool.remotes))
+        workers = (*pool.slots.former, *(r.metrics for r in pool.slots.remotes))
         now = time.monotonic()
         requests = pool.requests
         return Metrics(

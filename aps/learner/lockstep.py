@@ -33,7 +33,9 @@ from aps.batching import (
     split,
 )
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
-from aps.learner.pool import FRESH_RESET, Lease, Mode, Remote, WorkerPool, expect
+from aps.learner.lease import Lease, Mode
+from aps.learner.pool import FRESH_RESET, Remote, WorkerPool, expect
+from aps.learner.requests import worker_error
 from aps.messages import (
     EnvCall,
     EnvCallResult,
@@ -94,6 +96,7 @@ class Lockstep:
     ) -> tuple[Any, Info]:
         """:meth:`Learner.reset`, once the workers are admitted."""
         pool = self._pool
+        slots = pool.slots
         requests: list[Request]
         # A reset_mask (checked by the caller) is cut into each worker's part.
         mask = None if options is None else options.get("reset_mask")
@@ -101,17 +104,17 @@ class Lockstep:
             options
             if options is None or mask is None
             else {**options, "reset_mask": mask[offset : offset + count]}
-            for offset, count in zip(pool.offsets, pool.counts, strict=True)
+            for offset, count in zip(slots.offsets, slots.counts, strict=True)
         ]
         if seed is None or isinstance(seed, int):
             requests = [
                 ResetRequest(seed=None if seed is None else seed + offset, options=part)
-                for offset, part in zip(pool.offsets, parts, strict=True)
+                for offset, part in zip(slots.offsets, parts, strict=True)
             ]
         else:
             requests = [
                 ResetRequest(seed=None, seeds=tuple(seed[offset : offset + count]), options=part)
-                for offset, count, part in zip(pool.offsets, pool.counts, parts, strict=True)
+                for offset, count, part in zip(slots.offsets, slots.counts, parts, strict=True)
             ]
         answers = await pool.exchange(
             requests,
@@ -119,29 +122,29 @@ class Lockstep:
             redo=self._redo,
             check=self._check,
             running=self._running(),
-            within=pool.timeouts.step,
+            within=pool.config.timeouts.step,
         )
         results = [expect(a, ResetResult) for a in answers]
-        observation_space, _ = pool.require_workers()
-        obs = concat(observation_space, [r.obs for r in results], pool.counts)
+        observation_space, _ = slots.require_workers()
+        obs = concat(observation_space, [r.obs for r in results], slots.counts)
         info = merge_infos(
-            list(zip(pool.offsets, (r.info for r in results), strict=True)), sum(pool.counts)
+            list(zip(slots.offsets, (r.info for r in results), strict=True)), sum(slots.counts)
         )
-        pool.mark_reset()
+        pool.recovery.mark_reset()
         return obs, info
 
     async def step(self, actions: Any) -> StepReturn:
         """:meth:`Learner.step`."""
         pool = self._pool
-        if not pool.was_reset:
+        if not pool.recovery.was_reset:
             raise InvalidState("call reset() before step()")
-        requests = self._step_requests(pool.remotes, actions, pool.counts)
+        requests = self._step_requests(pool.slots.remotes, actions, pool.slots.counts)
         async with pool.lease(Mode.EXCHANGE, "step", running=self._running()):
             answers = await pool.requests.exchange(
-                requests, "step", self._redo, check=self._check, within=pool.timeouts.step
+                requests, "step", self._redo, check=self._check, within=pool.config.timeouts.step
             )
             # Stitched under the lease: answers that do not stitch break the workers.
-            return self._stitch(pool.remotes, answers)
+            return self._stitch(pool.slots.remotes, answers)
 
     async def env_call(
         self,
@@ -171,10 +174,10 @@ class Lockstep:
             await lease.release()  # nothing was sent: the workers are in step
             raise
         answers = await pool.exchange(
-            requests, kind, redo=self._redo_call, within=pool.timeouts.step, lease=lease
+            requests, kind, redo=self._redo_call, within=pool.config.timeouts.step, lease=lease
         )
         result: list[Any] = [None] * sum(len(where) for where in places)
-        for remote, answer, where in zip(pool.remotes, answers, places, strict=True):
+        for remote, answer, where in zip(pool.slots.remotes, answers, places, strict=True):
             got = expect(answer, EnvCallResult).values
             if len(got) != len(where):
                 raise ProtocolError(
@@ -200,13 +203,13 @@ class Lockstep:
             ConfigError: an argument is not plain data.
         """
         pool = self._pool
-        chosen = range(sum(pool.counts)) if indices is None else indices
+        chosen = range(sum(pool.slots.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
-        local: list[list[int]] = [[] for _ in pool.remotes]
-        places: list[list[int]] = [[] for _ in pool.remotes]
+        local: list[list[int]] = [[] for _ in pool.slots.remotes]
+        places: list[list[int]] = [[] for _ in pool.slots.remotes]
         for place, index in enumerate(chosen):
-            worker = bisect.bisect_right(pool.offsets, index) - 1
-            local[worker].append(index - pool.offsets[worker])
+            worker = bisect.bisect_right(pool.slots.offsets, index) - 1
+            local[worker].append(index - pool.slots.offsets[worker])
             places[worker].append(place)
         requests: list[Request] = []
         for own, where in zip(local, places, strict=True):
@@ -227,7 +230,7 @@ class Lockstep:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
         pool = self._pool
         return await pool.requests.call_until_answered(
-            remote, request, operation, within=pool.timeouts.step
+            remote, request, operation, within=pool.config.timeouts.step
         )
 
     def _running(self) -> str:
@@ -245,7 +248,7 @@ class Lockstep:
         pool = self._pool
         if isinstance(request, ResetRequest):
             return await pool.requests.call_until_answered(
-                remote, request, operation, self._check, within=pool.timeouts.step
+                remote, request, operation, self._check, within=pool.config.timeouts.step
             )
         return await pool.requests.reset_replacement(remote, operation, self._check)
 
@@ -293,7 +296,7 @@ class Lockstep:
         try:
             layout = self._obs_layouts[count]
         except KeyError:
-            observation_space, _ = self._pool.require_workers()
+            observation_space, _ = self._pool.slots.require_workers()
             layout = self._obs_layouts[count] = batch_layout(observation_space, count)
         if (
             layout is not None
@@ -302,7 +305,7 @@ class Lockstep:
             and obs.dtype == layout[1]
         ):
             return
-        observation_space, _ = self._pool.require_workers()
+        observation_space, _ = self._pool.slots.require_workers()
         try:
             check_part(observation_space, obs, count, "obs")
         except ProtocolError as exc:
@@ -319,7 +322,7 @@ class Lockstep:
         try:
             layout = self._action_layouts[total]
         except KeyError:
-            _, space = pool.require_workers()
+            _, space = pool.slots.require_workers()
             layout = self._action_layouts[total] = action_layout(space, total)
         parts: list[Any]
         if (
@@ -337,7 +340,7 @@ class Lockstep:
                 parts.append(batch[start : start + count])
                 start += count
         else:
-            _, space = pool.require_workers()
+            _, space = pool.slots.require_workers()
             parts = split(space, check_batch(space, actions, total), counts)
         # A replacement's envs are reset instead of stepped (see _restarted_step). Each step
         # request is built with the numbers its outbox will give it, so numbering it
@@ -345,7 +348,7 @@ class Lockstep:
         reset_next = self._reset_next
         return [
             FRESH_RESET
-            if remote in reset_next or pool.needs_reset(remote)
+            if remote in reset_next or pool.recovery.needs_reset(remote)
             else StepRequest(actions=part, seq=remote.outbox.sent, acked=remote.outbox.received)
             for remote, part in zip(remotes, parts, strict=True)
         ]
@@ -384,7 +387,7 @@ class Lockstep:
         if self._obs_layouts.get(counts[0]) is not None:
             joined = np.concatenate(obs)
         else:
-            observation_space, _ = self._pool.require_workers()
+            observation_space, _ = self._pool.slots.require_workers()
             joined = concat(observation_space, obs, counts)
         return (
             joined,
@@ -402,9 +405,9 @@ class Lockstep:
         """
         n = remote.info.num_envs
         pool = self._pool
-        restarted = pool.needs_reset(remote)
-        pool.envs_reset(remote)  # ends a pending reset step too
-        if restarted and pool.autoreset_mode is AutoresetMode.NEXT_STEP:
+        restarted = pool.recovery.needs_reset(remote)
+        pool.recovery.envs_reset(remote)  # ends a pending reset step too
+        if restarted and pool.config.autoreset_mode is AutoresetMode.NEXT_STEP:
             self._reset_next.add(remote)
         info = dict(reset.info)
         if restarted:
@@ -423,7 +426,7 @@ class Lockstep:
     async def send(self, actions: Any, worker_ids: Sequence[int] | None) -> None:
         """:meth:`Learner.send`."""
         pool = self._pool
-        if not pool.was_reset:
+        if not pool.recovery.was_reset:
             raise InvalidState("call reset() before send()")
         lease = self._lease
         if lease is None:
@@ -452,7 +455,7 @@ class Lockstep:
                 raise
 
     def _select(self, worker_ids: Sequence[int] | None) -> list[Remote]:
-        by_id = {r.info.worker_id: r for r in self._pool.remotes}
+        by_id = {r.info.worker_id: r for r in self._pool.slots.remotes}
         ids = list(by_id) if worker_ids is None else list(worker_ids)
         if len(set(ids)) != len(ids) or not ids:
             raise ConfigError(f"worker_ids must be distinct and not empty, got {worker_ids!r}")
@@ -476,7 +479,7 @@ class Lockstep:
     async def _partial_answer(self, remote: Remote, request: Request) -> Message:
         pool = self._pool
         answer = await pool.requests.answer_from(
-            remote, "step", self._check, within=pool.timeouts.step
+            remote, "step", self._check, within=pool.config.timeouts.step
         )
         if answer is None:
             answer = await self._redo(remote, request, "step")
@@ -508,7 +511,7 @@ class Lockstep:
                 await waiter
             finally:
                 self._answered = None
-        ready = [r for r in pool.remotes if r in waiting and waiting[r].done()]
+        ready = [r for r in pool.slots.remotes if r in waiting and waiting[r].done()]
         answers: list[Message] = []
         failure: BaseException | None = None
         for remote in ready:
@@ -517,7 +520,7 @@ class Lockstep:
             if error is not None:
                 failure = failure or error
             elif isinstance(answer := task.result(), ErrorReport):
-                failure = failure or pool.worker_error(remote, answer)
+                failure = failure or worker_error(remote, answer)
             else:
                 answers.append(answer)
         result: StepReturn | None = None

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aps.errors import ApsError, WorkerLost
 from aps.learner.pool import Remote, WorkerPool
+from aps.learner.requests import worker_error
 from aps.messages import ErrorReport, Message
 
 __all__ = ["Item", "Pumps", "Receive"]
@@ -85,12 +86,12 @@ class Pumps:
         if isinstance(item, BaseException):
             raise item
         if isinstance(item, ErrorReport):
-            raise self._pool.worker_error(remote, item)
+            raise worker_error(remote, item)
         return item
 
     async def drop(self, remote: Remote, lost: WorkerLost) -> None:
         """Leave ``remote`` out of chunk streams and gradient rounds (``on_worker_lost="drop"``)."""
-        self._pool.drop(remote)
+        self._pool.slots.drop(remote)
         log.warning("%s; dropped it, going on with the other workers", lost)
         await remote.session.aclose("the learner dropped this worker")
 

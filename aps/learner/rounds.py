@@ -39,7 +39,8 @@ from aps.errors import (
     WorkerLost,
 )
 from aps.gradients import RoundStore, allreduce_sum
-from aps.learner.pool import Lease, Mode, Remote, WorkerInfo, WorkerPool, expect
+from aps.learner.lease import Lease, Mode
+from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
 from aps.learner.pump import Pumps
 from aps.messages import (
     CollectGradients,
@@ -151,12 +152,15 @@ class GradientRounds:
             self._lease = await lease.take()
             lease.on_release(self._stop_workers)
             self.active = True
-            self._remotes = pool.active()
+            self._remotes = pool.slots.active()
             # Gradient mode samples from fresh resets; a replacement needs no reset now.
             for remote in self._remotes:
-                pool.envs_reset(remote)
+                pool.recovery.envs_reset(remote)
             self._pumps = Pumps(
-                pool, self._receive, name="aps reports", backlog=REPORT_BACKLOG * pool.num_workers
+                pool,
+                self._receive,
+                name="aps reports",
+                backlog=REPORT_BACKLOG * pool.slots.num_workers,
             )
             self._pumps.start(self._remotes)
         message = GradientRound(round=round_id, arrays=arrays, horizon=horizon, gamma=gamma)
@@ -205,7 +209,7 @@ class GradientRounds:
         if not members:
             raise InvalidState(f"no worker is left to reduce round {round_id}")
         world = len(members) + 1
-        seconds = pool.timeouts.step
+        seconds = pool.config.timeouts.step
         host, bind = _store_host(pool.url, pool.is_local)
         store = await asyncio.to_thread(RoundStore, bind, world, seconds)
         sent = 0
@@ -267,7 +271,7 @@ class GradientRounds:
         generation = remote.generation
         try:
             return await remote.session.receive(
-                timeout=pool.timeouts.heartbeat_timeout,
+                timeout=pool.config.timeouts.heartbeat_timeout,
                 operation=f"worker {remote.info.worker_id}'s gradients",
             )
         except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
@@ -287,7 +291,7 @@ class GradientRounds:
         pumps = self._pumps
         if not self.active or pumps is None:
             raise InvalidState("call start_round() before next_report()")
-        seconds = pool.timeouts.step
+        seconds = pool.config.timeouts.step
         try:
             async with asyncio.timeout(seconds):
                 remote, item = await pumps.get()
@@ -298,7 +302,7 @@ class GradientRounds:
                 operation="next_report",
                 seconds=seconds,
             ) from None
-        if isinstance(item, WorkerLost) and pool.on_worker_lost == "drop":
+        if isinstance(item, WorkerLost) and pool.recovery.on_worker_lost == "drop":
             if remote in self._remotes:
                 self._remotes.remove(remote)
             await pumps.drop(remote, item)
@@ -313,9 +317,10 @@ class GradientRounds:
         for remote in self._remotes:
             if remote.info.worker_id == worker_id:
                 self._remotes.remove(remote)
-                pool.drop(remote)
+                pool.slots.drop(remote)
                 return
-        if worker_id in pool.dropped or any(m.worker_id == worker_id for m in pool.former):
+        slots = pool.slots
+        if worker_id in slots.dropped or any(m.worker_id == worker_id for m in slots.former):
             return
         raise ConfigError(f"worker {worker_id} is not taking part in gradient rounds")
 
@@ -338,7 +343,7 @@ class GradientRounds:
             await self._pumps.stop()
         self._behind.clear()
         try:
-            async with asyncio.timeout(pool.timeouts.step):
+            async with asyncio.timeout(pool.config.timeouts.step):
                 for remote in self._remotes:
                     await remote.session.send(StopGradients())
                     while remote.session.state is State.STOPPING:

@@ -15,9 +15,12 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+import gymnasium as gym
 
 from aps.delivery import Outbox
+from aps.errors import InvalidState
 from aps.learner.rollouts import WorkerMetrics
 from aps.messages import Hello, Message, Request
 from aps.session import Session
@@ -115,7 +118,18 @@ class Slots:
         """Metrics of workers that were replaced."""
         self.all_ready = asyncio.Event()
         """Set once every worker is admitted (and the slots are in their final order)."""
+        self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
+        """The observation and action spaces of the first worker admitted (the others were
+        checked against them)."""
         self._by_session: dict[bytes, Remote] = {}
+
+    def require_workers(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
+        """The single observation and action spaces, once every worker is admitted."""
+        if self.spaces is None or not self.all_ready.is_set():
+            raise InvalidState(
+                "the workers have not all arrived yet; await wait_for_workers() or reset() first"
+            )
+        return self.spaces
 
     def register(self, session: Session, hello: Hello, worker_id: int, session_id: bytes) -> None:
         """Give a newly admitted worker the next slots (the last worker puts them in order)."""
