@@ -13,6 +13,13 @@ policy version travels, Adaptive Policy Synchronization (:class:`aps.sync.APS`) 
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType as _ModuleType
+
 from aps._version import __version__ as __version__
 from aps.cluster_env import ClusterEnv
 from aps.errors import (
@@ -72,3 +79,46 @@ __all__ = [
     "WorkerError",
     "WorkerLost",
 ]
+
+
+_MOVED = {
+    **{
+        f"aps.{name}": f"aps.wire.{name}"
+        for name in (
+            "messages",
+            "codec",
+            "compression",
+            "frame_delta",
+            "spaces",
+            "batching",
+            "framing",
+        )
+    },
+    **{f"aps.{name}": f"aps.session.{name}" for name in ("protocol", "delivery")},
+}
+"""Modules that moved into the folders of their layers, by their old import paths.
+
+``import aps.framing`` (a transport plug-in's frame helper) and the others still work: each
+old path is the very module of its new one."""
+
+
+class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a module by its old path (``_MOVED``) and hands over the module itself."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> _ModuleType:
+        # The module under its new name; its own name and spec stay that one's.
+        return importlib.import_module(_MOVED[spec.name])
+
+    def exec_module(self, module: _ModuleType) -> None:
+        """Nothing to run: the module was run under its new name."""
+
+
+if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
+    sys.meta_path.append(_Moved())

@@ -1,9 +1,9 @@
 """The blocking facade: :class:`ClusterEnv`, a real :class:`gymnasium.vector.VectorEnv`.
 
 There is one implementation: the async :class:`~aps.learner.Learner`. ``ClusterEnv`` runs it
-on one private event loop (:class:`aps._portal.Portal`: run by the caller's thread during each
-call, by a keeper thread between calls) and returns each call's result, so a CleanRL-style
-script changes one line to spread its envs over processes and machines.
+on one private event loop (:class:`aps.session._portal.Portal`: run by the caller's
+thread during each call, by a keeper thread between calls) and returns each call's
+result, so a CleanRL-style script changes one line to spread its envs over processes and machines.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from aps._portal import Pending, Portal
-from aps._typing import Array, Info
-from aps.compression import check_setting as check_compression
+from aps._base._typing import Array, Info
 from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError, rebuilt
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
 from aps.learner.config import LearnerOptions, ListenOptions, refuse_unknown
 from aps.learner.rollouts import Metrics, Rollout
 from aps.session import Timeouts
+from aps.session._portal import Pending, Portal
 from aps.transports.base import Listener
 from aps.transports.registry import default_local_transports, local_listen_url
+from aps.wire.compression import check_setting as check_compression
 from aps.worker import EnvSpec
 
 __all__ = ["ClusterEnv", "as_raised"]
@@ -198,7 +198,8 @@ class ClusterEnv(VectorEnv):
             listen: the URL to bind, or a bound listener.
             num_workers: how many workers to wait for.
             use_uvloop: run the private loop on uvloop. Default: asyncio's own loop, which
-                restarts faster in the caller's thread at every call (see :mod:`aps._portal`).
+                restarts faster in the caller's thread at every call (see
+                :mod:`aps.session._portal`).
             on_listening: called with the bound URL (port 0 resolved) before the constructor
                 waits for the workers, e.g. to print the command that starts them elsewhere.
             **options: the learner's settings (:class:`~aps.learner.config.ListenOptions`:

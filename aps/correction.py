@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from aps._typing import Array
+from aps._base._typing import Array
 from aps.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate
 from gymnasium.vector.vector_env import VectorWrapper
 
-from aps._imports import names_a_module
+from aps._base._imports import names_a_module
 from aps.errors import ConfigError, MissingDependency
 from aps.multiagent import MultiAgentVectorEnv, is_parallel_env
 

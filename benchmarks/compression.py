@@ -6,13 +6,13 @@ Two parts, both printed as tables (``--out FILE`` also writes them as JSON):
     Per kind of data, array size (256 B to 4 MiB) and codec at each level: the ratio
     (compressed bytes / raw bytes; lower is better), and compression and decompression
     speed in raw MB per second of CPU (best of three runs of at least 20 ms each, one
-    thread, through the same calls :mod:`aps.compression` makes). The kinds: Pong frames
+    thread, through the same calls :mod:`aps.wire.compression` makes). The kinds: Pong frames
     (EnvPool ``Pong-v5``, a stack of 4 x 84 x 84 uint8 frames per env-step, random
     actions), MuJoCo float observations (Gymnasium ``Humanoid-v5``, 348 float64 per step),
     CartPole floats (4 float32 per step) and random bytes. An array of ``size`` bytes is the
     first ``size`` bytes of consecutive observations, as a batch of envs lays them out.
-    This is what chose :data:`aps.compression.THRESHOLD`, :data:`~aps.compression.LEVELS`
-    and :data:`~aps.compression.MAX_RATIO`.
+    This is what chose :data:`aps.wire.compression.THRESHOLD`, :data:`~aps.wire.compression.LEVELS`
+    and :data:`~aps.wire.compression.MAX_RATIO`.
 
 ``pong``
     A real learner and a real worker process (``aps worker --vector envpool``), Pong-v5 x 8
@@ -27,18 +27,19 @@ Two parts, both printed as tables (``--out FILE`` also writes them as JSON):
     raw bytes, compression at <= 10% of the worker's CPU.
 
 ``delta``
-    Frame delta on Pong DETACH chunks (:mod:`aps.frame_delta`). A real learner and a real
+    Frame delta on Pong DETACH chunks (:mod:`aps.wire.frame_delta`). A real learner and a real
     worker (in this process, ``vector="envpool"``, Pong-v5 x 8 envs, a tiny linear policy
     that acts in well under a millisecond, so the chunks are Pong's) over TCP on 127.0.0.1,
     ``--chunk-steps`` steps a chunk, zstd with frame delta; the learner counts the bytes it
     receives. The chunks it received (equal to the worker's byte for byte) are then encoded
     again here as a session would send them, for each codec (``none``, ``zstd``, ``lz4``)
     with and without frame delta: bytes per env-step, and encode and decode CPU per
-    env-step. Reported besides: the CPU per env-step of the check (:func:`~aps.frame_delta.split`,
-    on the worker) and of the rebuild (:func:`~aps.frame_delta.rebuild`, on the learner),
-    against EnvPool's own CPU per env-step of Pong (measured in this process, its threads
-    included). ``none`` with frame delta is what a connection carries when ``compression``
-    asks for a codec that one side cannot import.
+    env-step. Reported besides: the CPU per env-step of the check
+    (:func:`~aps.wire.frame_delta.split`, on the worker) and of the rebuild
+    (:func:`~aps.wire.frame_delta.rebuild`, on the learner), against EnvPool's own CPU per
+    env-step of Pong (measured in this process, its threads included). ``none`` with frame
+    delta is what a connection carries when ``compression`` asks for a codec that one side
+    cannot import.
 
 Nothing asserts on timings. The host's load moves the MB/s and CPU figures; ratios and
 bytes do not move.
@@ -76,8 +77,9 @@ if str(ROOT) not in sys.path:
 from throughput import cpu_seconds  # noqa: E402
 
 import aps  # noqa: E402
-from aps import codec, compression, frame_delta, transports  # noqa: E402
-from aps.messages import RolloutChunk, StepResult  # noqa: E402
+from aps import transports  # noqa: E402
+from aps.wire import codec, compression, frame_delta  # noqa: E402
+from aps.wire.messages import RolloutChunk, StepResult  # noqa: E402
 
 SIZES = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 LEVELS = {"zstd": (1, 3, 6), "lz4": (0, 9)}  # lz4 0: its default (fast) block mode; 9: HC

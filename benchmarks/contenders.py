@@ -6,7 +6,7 @@
   ``LunarLander-v2`` but not ``-v3``) and the table says so.
 - ``transport-limit``: what the wire allows, with no env. A learner and one process per worker
   exchange aps's step messages over asyncio TCP streams: the learner encodes a
-  ``StepRequest`` with :mod:`aps.codec` (msgpack) for each worker, the worker decodes it and
+  ``StepRequest`` with :mod:`aps.wire.codec` (msgpack) for each worker, the worker decodes it and
   answers with a ``StepResult`` it encoded once at start from a real step of its envs, so
   both messages have the sizes aps's have; the learner decodes the replies and concatenates
   them. No env, no aps session, learner or worker code.
@@ -80,12 +80,12 @@ from throughput import (
 )
 
 import aps
-from aps import codec
-from aps._loop import new_event_loop, run as run_loop
-from aps.framing import HEADER_SIZE, frame_header, parse_header
 from aps.launch.local import terminate
-from aps.messages import RolloutChunk, StepRequest, StepResult
+from aps.session._loop import new_event_loop, run as run_loop
 from aps.vector import LeanSyncVectorEnv
+from aps.wire import codec
+from aps.wire.framing import HEADER_SIZE, frame_header, parse_header
+from aps.wire.messages import RolloutChunk, StepRequest, StepResult
 
 ROOT = Path(__file__).resolve().parent
 POLICY = f"{ROOT / 'mlp_policy.py'}:Agent"
@@ -343,7 +343,7 @@ def _framed(payload: bytes) -> bytes:
 class TransportLimit(Contender):
     name = "transport-limit"
     description = (
-        "asyncio TCP + msgpack (aps.codec), pre-built replies: aps-sized step messages to one "
+        "asyncio TCP + msgpack (aps.wire.codec), pre-built replies: aps-sized step messages to one "
         "process per worker, which answers without an env"
     )
 

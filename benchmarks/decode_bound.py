@@ -4,7 +4,7 @@ Usage: python benchmarks/decode_bound.py [--mib 64] [--family NAME ...]. For eac
 structures (the cheapest ways, per byte, to make msgpack, numpy or the ext hooks build many
 Python objects: empty and one-element containers, deep nesting, small numbers, tiny strs,
 bins and arrays, numpy scalars, object arrays, maps of one entry, random trees), builds a
-frame of about ``--mib`` MiB, decodes it with :func:`aps.codec.decode` under
+frame of about ``--mib`` MiB, decodes it with :func:`aps.wire.codec.decode` under
 :mod:`tracemalloc` (which sees numpy's allocations too), and prints the peak divided by the
 frame's size, the outcome (the message type, or the ``WireError`` that refused the frame)
 and the CPU seconds the decode (or refusal) took. Then the same for legitimate messages with
@@ -32,9 +32,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from aps import codec
 from aps.errors import WireError
-from aps.messages import StepResult, Weights
+from aps.wire import codec
+from aps.wire.messages import StepResult, Weights
 
 
 def frame_of(value: Any) -> bytes:
@@ -224,7 +224,7 @@ def _raw_map(*pairs: tuple[Any, Any]) -> bytes:
 
 def _long_delta(steps: int) -> tuple[bytes, Any]:
     """A valid chunk whose obs are ``steps`` steps of one env, 2 frames of 1 byte each."""
-    from aps import frame_delta
+    from aps.wire import frame_delta
 
     frames = (np.arange(steps + 1) % 251).astype(np.uint8).reshape(-1, 1)
     mask = np.ones((steps, 1), bool)
@@ -240,7 +240,7 @@ def _long_delta(steps: int) -> tuple[bytes, Any]:
 
 def _chunk() -> Any:
     """A small honest chunk of 4 steps of 2 envs, whose fields the attacks replace."""
-    from aps.messages import RolloutChunk
+    from aps.wire.messages import RolloutChunk
 
     zeros = np.zeros((4, 2), np.float32)
     obs = np.zeros((4, 2, 2, 1), np.uint8)
@@ -284,8 +284,8 @@ def loop_rebuild(delta: Any) -> np.ndarray[Any, Any]:
 def attacks() -> dict[str, Callable[[], bytes]]:
     import gymnasium as gym
 
-    from aps import compression
-    from aps.messages import Ready
+    from aps.wire import compression
+    from aps.wire.messages import Ready
 
     zstd = compression.compressor("zstd")
     assert zstd is not None, "the attacks need zstandard"
@@ -312,7 +312,7 @@ def attacks() -> dict[str, Callable[[], bytes]]:
 
     def one_kib_delta() -> bytes:
         # One stack of 2**22 frames of 16 bytes (64 MiB), its whole stack compressed.
-        from aps import frame_delta
+        from aps.wire import frame_delta
 
         shape = (2, 1, 2**22, 16)
         mask = np.array([[False], [True]])
@@ -360,7 +360,7 @@ def attacks() -> dict[str, Callable[[], bytes]]:
 
 def measure_attack(frame: bytes) -> tuple[float, int, str]:
     """Decode ``frame`` as a learner's session would: wall seconds, peak bytes, outcome."""
-    from aps._wire import InflationRate
+    from aps.wire._wire import InflationRate
 
     def run() -> str:
         rate = InflationRate()
@@ -391,9 +391,9 @@ def stolen_share(frame_bytes: int = 8192, rate_bytes: int = 64_000, seconds: flo
     each asks for as much inflation as the connection's rate still allows; the decodes run
     for real and their wall time is summed.
     """
-    from aps import compression
-    from aps._wire import InflationRate
-    from aps.messages import Weights
+    from aps.wire import compression
+    from aps.wire._wire import InflationRate
+    from aps.wire.messages import Weights
 
     zstd = compression.compressor("zstd")
     assert zstd is not None, "the attacks need zstandard"

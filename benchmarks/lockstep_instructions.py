@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import aps
-from aps._loop import run as run_loop
+from aps.session._loop import run as run_loop
 
 ENV = "CartPole-v1"
 WARMUP = 200  # steps before the counted ones, in both runs

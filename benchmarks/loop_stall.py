@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 import aps.session
-from aps import codec
-from aps.messages import Weights
-from aps.protocol import Role
 from aps.session import Session
+from aps.session.protocol import Role
 from aps.transports.memory import memory_transport_pair
+from aps.wire import codec
+from aps.wire.messages import Weights
 
 
 def sessions(codec_name: str) -> tuple[Session, Session]:

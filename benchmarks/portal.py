@@ -1,6 +1,6 @@
 """What the blocking facade pays per call to reach its event loop, against a thread hand-off.
 
-``ClusterEnv``'s blocking calls run coroutines on aps's event loop (``aps._portal``). A loop
+``ClusterEnv``'s blocking calls run coroutines on aps's event loop (``aps.session._portal``). A loop
 on a private thread costs two thread hand-offs per call; borrowing the loop, as ``ClusterEnv``
 does (the caller's thread runs it for the length of the call), costs a restart of the loop.
 This script measures, in one run:
@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 
 import aps
-from aps._loop import new_event_loop
-from aps._portal import Portal
+from aps.session._loop import new_event_loop
+from aps.session._portal import Portal
 
 ENV = "CartPole-v1"
 

@@ -123,7 +123,7 @@ def learner_main(args: argparse.Namespace) -> None:
     import logging
 
     import aps
-    from aps._loop import run
+    from aps.session._loop import run
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (args.fd_limit, args.fd_limit))
     if not args.gc:
@@ -159,7 +159,7 @@ def worker_main(args: argparse.Namespace) -> None:
     import logging
 
     import aps
-    from aps._loop import run
+    from aps.session._loop import run
 
     logging.basicConfig(filename=args.log, level=logging.DEBUG, format="%(name)s %(message)s")
     if args.worker_nice:

@@ -3,8 +3,8 @@
 Usage: python benchmarks/samestep.py [--env CartPole-v1] [--envs 32] [--repeats 7]
 [--steps 2000] [--messages 1000]. In one process, for each autoreset mode: the worker's
 vector env (``aps.vector.LeanSyncVectorEnv``, ``copy=False``) stepped with random actions
-from a pool made beforehand, then ``aps.codec.encode`` of the ``StepResult`` messages of
-``--messages`` such steps and ``aps.codec.decode`` of their frames. Prints the median over
+from a pool made beforehand, then ``aps.wire.codec.encode`` of the ``StepResult`` messages of
+``--messages`` such steps and ``aps.wire.codec.decode`` of their frames. Prints the median over
 ``--repeats`` of the CPU time (``time.process_time``) per call, the range, and the mean
 frame size. SameStep's extra cost is its infos: ``final_obs`` (an object array) and the
 masks of the envs that ended on the step.
@@ -22,9 +22,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from aps import codec
-from aps.messages import StepResult
 from aps.vector import LeanSyncVectorEnv
+from aps.wire import codec
+from aps.wire.messages import StepResult
 
 
 def per_call(run: Callable[[], Any], calls: int, repeats: int) -> list[float]:

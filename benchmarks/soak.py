@@ -35,8 +35,8 @@ import numpy as np
 from throughput import machine, write_json
 
 import aps
-from aps._loop import run
 from aps.launch.local import terminate
+from aps.session._loop import run
 from aps.testing import Relay
 
 ROOT = Path(__file__).resolve().parent

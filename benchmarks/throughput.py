@@ -57,8 +57,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
 
 import aps
-from aps._loop import new_event_loop
 from aps.launch.local import terminate
+from aps.session._loop import new_event_loop
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_JSON = ROOT / "results" / "throughput.json"

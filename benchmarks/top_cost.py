@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 import aps
-from aps._probe import watch_learner
+from aps.cli._probe import watch_learner
 
 TOKEN = "top-cost-benchmark-token-0123456789abcdef"
 

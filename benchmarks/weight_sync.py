@@ -65,10 +65,10 @@ import torch
 from torch import nn
 
 import aps
-from aps import codec
-from aps._loop import new_event_loop
 from aps.launch.local import terminate
-from aps.messages import Weights
+from aps.session._loop import new_event_loop
+from aps.wire import codec
+from aps.wire.messages import Weights
 
 ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # workers import this file by path, not as a script

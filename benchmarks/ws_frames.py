@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 from throughput import LOOPBACK, START_TIMEOUT, STOP_GRACE, cpu_seconds  # noqa: E402
 
-from aps._loop import run  # noqa: E402
+from aps.session._loop import run  # noqa: E402
 
 ACK = b"k"
 SCRIPT = str(Path(__file__).resolve())

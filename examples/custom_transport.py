@@ -2,7 +2,7 @@
 
 A transport is three small classes that satisfy the protocols in ``aps.transports.base``
 (no base class to inherit). This one uses asyncio's Unix streams and the sans-I/O framing in
-``aps.framing``, maps every backend error to ``aps.errors``, and proves itself with the
+``aps.wire.framing``, maps every backend error to ``aps.errors``, and proves itself with the
 public conformance suite. Run it:
 
     python examples/custom_transport.py
@@ -34,9 +34,9 @@ from aps.errors import (
     Timeout,
     TransportClosed,
 )
-from aps.framing import FrameDecoder, encode_frame
 from aps.testing import TRANSPORT_CHECKS, check_factory, check_transport, pair_from_factory
 from aps.transports import DEFAULT_MAX_FRAME_SIZE
+from aps.wire.framing import FrameDecoder, encode_frame
 
 READ_SIZE = 256 * 1024  # bytes per read(); the decoder reassembles frames across reads
 CLOSE_TIMEOUT = 5.0  # seconds aclose() waits for buffered frames before aborting

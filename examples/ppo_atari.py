@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compression",
         default=None,
-        choices=aps.compression.SETTINGS,
+        choices=aps.wire.compression.SETTINGS,
         help="how frames and weights travel (None: aps's own; auto: compressed off this host)",
     )
     p.add_argument(

@@ -197,8 +197,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
         )
     if args.sync not in ("aps", "fixed", "always"):
         parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
-    if args.compression not in (None, *aps.compression.SETTINGS):
-        choices = ", ".join(aps.compression.SETTINGS)
+    if args.compression not in (None, *aps.wire.compression.SETTINGS):
+        choices = ", ".join(aps.wire.compression.SETTINGS)
         parser.error(f"--compression must be one of {choices}, got {args.compression!r}")
     if args.weight_precision not in ("exact", "float16"):
         parser.error(f"--weight-precision must be exact or float16, got {args.weight_precision!r}")

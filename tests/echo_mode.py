@@ -1,7 +1,7 @@
 """A toy mode in one module: the learner sends ``Echo(payload)``, every worker answers ``Echoed``.
 
 It shows what a mode of numbered requests needs, and that it needs nothing else: its message
-types, its row (:class:`aps.protocol.RequestKind`, registered when this module is imported),
+types, its row (:class:`aps.session.protocol.RequestKind`, registered when this module is imported),
 the worker's handler, and the learner's side over the pool's ``exchange``. Importing this
 module registers the mode in the process that imports it; both sides must (here the learner
 and its workers share the test's process). No file of ``aps`` names it.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import aps
-from aps.messages import Message, Request
-from aps.protocol import RequestKind, register_request
+from aps.session.protocol import RequestKind, register_request
+from aps.wire.messages import Message, Request
 
 __all__ = ["ECHO", "Echo", "Echoed", "echo"]
 

@@ -24,12 +24,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import aps
-from aps import codec, compression, frame_delta
-from aps._wire import EXT_NDARRAY, WIRE_NAME, Allowance, InflationRate, array_header
-from aps.frame_delta import EXT_FRAME_DELTA, Delta
-from aps.messages import Challenge, Hello, Ready, StepResult, Weights, Welcome
-from aps.protocol import worker_proof
-from aps.spaces import sample_nbytes, space_to_wire
+from aps.session.protocol import worker_proof
+from aps.wire import codec, compression, frame_delta
+from aps.wire._wire import EXT_NDARRAY, WIRE_NAME, Allowance, InflationRate, array_header
+from aps.wire.frame_delta import EXT_FRAME_DELTA, Delta
+from aps.wire.messages import Challenge, Hello, Ready, StepResult, Weights, Welcome
+from aps.wire.spaces import sample_nbytes, space_to_wire
 from tests.conftest import FAST, benchmark_module
 from tests.test_frame_delta import chunk_of, pong_obs
 

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 import aps
-from aps import codec
 from aps.errors import MAX_REMOTE_TEXT, REBUILT_TYPES, rebuilt
-from aps.messages import EnvCallResult, Message, ResetResult, StepResult
 from aps.session import Session
 from aps.testing import envs as test_envs
+from aps.wire import codec
+from aps.wire.messages import EnvCallResult, Message, ResetResult, StepResult
 from tests.conftest import FAST, WorkerTasks
 
 TCP = "tcp://127.0.0.1:0"

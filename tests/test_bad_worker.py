@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("torch")
 
 import aps
-from aps import codec
-from aps.messages import GradientProgress, GradientReport, Message, RolloutChunk, StepResult
 from aps.session import Session
+from aps.wire import codec
+from aps.wire.messages import GradientProgress, GradientReport, Message, RolloutChunk, StepResult
 from tests.conftest import FAST, TEST_POLICIES, WorkerTasks
 from tests.pg_agents import MeanAgent, Reveal
 

@@ -11,11 +11,11 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
 
-from aps import codec
-from aps.batching import check_batch, concat, merge_infos, split
 from aps.errors import ConfigError, ProtocolError
-from aps.messages import ResetResult, StepRequest, StepResult
 from aps.testing.envs import ALL_ENVS, BoxEnv, DiscreteEnv, TinyEnv
+from aps.wire import codec
+from aps.wire.batching import check_batch, concat, merge_infos, split
+from aps.wire.messages import ResetResult, StepRequest, StepResult
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
 SPLITS = [(3, 2), (1, 4, 2), (2, 1, 1)]

@@ -7,28 +7,28 @@ import sys
 import numpy as np
 import pytest
 
-import aps._buffers
-from aps import codec
-from aps.messages import Weights
+import aps._base._buffers
+from aps.wire import codec
+from aps.wire.messages import Weights
 
 pytestmark = pytest.mark.skipif(
-    sys.implementation.name != "cpython" or not aps._buffers._REUSE,
+    sys.implementation.name != "cpython" or not aps._base._buffers._REUSE,
     reason="filling and reusing bytes in place is a CPython detail (GIL builds)",
 )
-SIZE = aps._buffers.REUSE_MIN
+SIZE = aps._base._buffers.REUSE_MIN
 
 
 @pytest.fixture(autouse=True)
 def empty_pool() -> None:
     """Start each test with no kept buffers, whatever ran before."""
-    aps._buffers._kept.clear()
+    aps._base._buffers._kept.clear()
 
 
 def fill(value: int, size: int = SIZE) -> bytes:
-    data, view = aps._buffers.allocate(size)
+    data, view = aps._base._buffers.allocate(size)
     view[:] = bytes([value]) * size
     view.release()
-    return aps._buffers.seal(data)
+    return aps._base._buffers.seal(data)
 
 
 def test_a_buffer_is_reused_only_once_nothing_refers_to_it() -> None:
@@ -53,7 +53,7 @@ def test_small_buffers_are_never_kept() -> None:
     small = fill(5, SIZE - 1)
     address = id(small)
     del small
-    assert all(id(kept) != address for kept in aps._buffers._kept)
+    assert all(id(kept) != address for kept in aps._base._buffers._kept)
 
 
 def weights(value: float) -> Weights:
@@ -61,7 +61,7 @@ def weights(value: float) -> Weights:
 
 
 def test_frames_in_use_never_change_while_others_are_encoded() -> None:
-    slots = aps._buffers.REUSE_SLOTS
+    slots = aps._base._buffers.REUSE_SLOTS
     held = [codec.encode(weights(float(i))) for i in range(slots)]
     for round_ in range(3 * slots):  # every kept buffer is in use: each encode allocates
         codec.encode(weights(100.0 + round_))
@@ -73,9 +73,9 @@ def test_frames_in_use_never_change_while_others_are_encoded() -> None:
 
 
 def test_the_kept_buffers_hold_at_most_their_byte_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aps._buffers, "REUSE_MAX_BYTES", 3 * SIZE)
+    monkeypatch.setattr(aps._base._buffers, "REUSE_MAX_BYTES", 3 * SIZE)
     held = [fill(i, SIZE + i) for i in range(4)]  # 4 sizes: nothing to reuse
-    assert sum(len(kept) for kept in aps._buffers._kept) <= 3 * SIZE
+    assert sum(len(kept) for kept in aps._base._buffers._kept) <= 3 * SIZE
     too_big = fill(9, 4 * SIZE)
-    assert all(kept is not too_big for kept in aps._buffers._kept)
+    assert all(kept is not too_big for kept in aps._base._buffers._kept)
     del held

@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 
 import aps
-from aps import codec, transports
-from aps._probe import check_learner
-from aps.codec import HANDSHAKE_FRAME_SIZE
+from aps import transports
+from aps.cli._probe import check_learner
 from aps.errors import AuthError, EndOfStream, InvalidState, ProtocolError, VersionMismatch
-from aps.messages import (
+from aps.session import Session
+from aps.session.protocol import Connection, Role, State, worker_proof
+from aps.wire import codec
+from aps.wire.codec import HANDSHAKE_FRAME_SIZE
+from aps.wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
     Hello,
@@ -33,8 +36,6 @@ from aps.messages import (
     ResetRequest,
     SpacesRequest,
 )
-from aps.protocol import Connection, Role, State, worker_proof
-from aps.session import Session
 from tests.conftest import FAST, WorkerTasks
 from tests.test_cli_tools import aps_cli_async
 

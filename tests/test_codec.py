@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aps import codec
-from aps._typing import ArrayTree
-from aps.codec import DTYPES, EXT_NDARRAY, EXT_OBJECT_ARRAY, EXT_SCALAR, MAX_OBJECT_DEPTH
+from aps._base._typing import ArrayTree
 from aps.errors import ConfigError, FrameTooLarge, WireError
-from aps.messages import (
+from aps.wire import codec
+from aps.wire.codec import DTYPES, EXT_NDARRAY, EXT_OBJECT_ARRAY, EXT_SCALAR, MAX_OBJECT_DEPTH
+from aps.wire.messages import (
     MESSAGE_TYPES,
     Goodbye,
     Heartbeat,

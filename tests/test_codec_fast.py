@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aps import _wire, codec
-from aps.codec import DTYPES
 from aps.errors import WireError
-from aps.messages import (
+from aps.wire import _wire, codec
+from aps.wire.codec import DTYPES
+from aps.wire.messages import (
     MESSAGE_TYPES,
     Challenge,
     ErrorReport,

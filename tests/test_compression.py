@@ -5,7 +5,7 @@ peer "not on this host" is a TCP connection wrapped in :class:`Offsite`, whose `
 is False: the honest way to have a remote peer on one machine, since ``"auto"`` reads only
 that capability. A side that "lacks" a library is simulated in this process either by the
 worker's own setting (``compression="none"``: it offers nothing) or by monkeypatching
-:func:`aps.compression.available`, which then holds for both ends of the test.
+:func:`aps.wire.compression.available`, which then holds for both ends of the test.
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ zstandard = pytest.importorskip("zstandard")
 lz4_block = pytest.importorskip("lz4.block")
 
 import aps  # noqa: E402
-from aps import codec, compression, transports  # noqa: E402
-from aps._wire import unpadded_header  # noqa: E402
+from aps import transports  # noqa: E402
 from aps.cli import main as cli_main  # noqa: E402
-from aps.compression import CODEC_IDS, EXT_COMPRESSED, choose, offer  # noqa: E402
-from aps.messages import (  # noqa: E402
+from aps.session.protocol import worker_proof  # noqa: E402
+from aps.transports.tcp import TCPFactory  # noqa: E402
+from aps.wire import codec, compression  # noqa: E402
+from aps.wire._wire import unpadded_header  # noqa: E402
+from aps.wire.compression import CODEC_IDS, EXT_COMPRESSED, choose, offer  # noqa: E402
+from aps.wire.messages import (  # noqa: E402
     PROTOCOL_VERSION,
     Challenge,
     GradientProgress,
@@ -43,8 +46,6 @@ from aps.messages import (  # noqa: E402
     Weights,
     Welcome,
 )
-from aps.protocol import worker_proof  # noqa: E402
-from aps.transports.tcp import TCPFactory  # noqa: E402
 from tests.conftest import FAST  # noqa: E402
 
 TCP = "tcp://127.0.0.1:0"
@@ -282,7 +283,7 @@ async def test_a_side_without_the_library_falls_back_to_none_with_one_log_line(
     # In this process both ends lack zstandard: the worker asked for zstd offers nothing.
     monkeypatch.setattr(compression, "available", lambda: ("lz4",))
     monkeypatch.setattr(compression, "_said", set())
-    caplog.set_level(logging.DEBUG, logger="aps.compression")
+    caplog.set_level(logging.DEBUG, logger="aps.wire.compression")
     async with aps.Learner(
         TCP, num_workers=2, token=TOKEN, timeouts=FAST, compression="zstd"
     ) as learner:
@@ -302,7 +303,7 @@ async def test_auto_compresses_for_offsite_peers_only_and_says_so_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(compression, "_said", set())
-    caplog.set_level(logging.INFO, logger="aps.compression")
+    caplog.set_level(logging.INFO, logger="aps.wire.compression")
     for local, expected in ((True, "none"), (False, "zstd")):
         listener = await listen(local=local)
         async with aps.Learner(listener, num_workers=2, token=TOKEN, timeouts=FAST) as learner:

@@ -23,10 +23,11 @@ from types import ModuleType
 import pytest
 
 import aps
-from aps import codec, transports
-from aps._unpack import DECODE_FLOOR, DECODE_RATIO, decode_budget, scan
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Welcome
-from aps.protocol import learner_proof
+from aps import transports
+from aps.session.protocol import learner_proof
+from aps.wire import codec
+from aps.wire._unpack import DECODE_FLOOR, DECODE_RATIO, decode_budget, scan
+from aps.wire.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Welcome
 
 SIZE = 4 * 2**20  # a few MiB: the floor of the budget is small against it
 LIMIT = 3.0  # the goal: under 3x the frame's size

@@ -14,9 +14,16 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from aps.delivery import Accepted, AnswerCache, Outbox
 from aps.errors import ProtocolError
-from aps.messages import EnvCall, ErrorReport, ResetRequest, ResetResult, StepRequest, StepResult
+from aps.session.delivery import Accepted, AnswerCache, Outbox
+from aps.wire.messages import (
+    EnvCall,
+    ErrorReport,
+    ResetRequest,
+    ResetResult,
+    StepRequest,
+    StepResult,
+)
 
 
 def answer(seq: int, payload: object = None) -> ResetResult:

@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import aps  # noqa: E402
-from aps import codec  # noqa: E402
-from aps.messages import RolloutChunk, Weights  # noqa: E402
 from aps.policy import Policy, VectorEnvSpaces  # noqa: E402
+from aps.wire import codec  # noqa: E402
+from aps.wire.messages import RolloutChunk, Weights  # noqa: E402
 from aps.worker.collector import Collector  # noqa: E402
 from aps.worker.steps import StepServer  # noqa: E402
 from tests.conftest import FAST, WorkerTasks  # noqa: E402

@@ -25,11 +25,12 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 torch = pytest.importorskip("torch")
 
 import aps  # noqa: E402
-from aps import codec, compression, frame_delta, sync  # noqa: E402
-from aps.batching import check_space, map_arrays  # noqa: E402
-from aps.messages import RolloutChunk  # noqa: E402
+from aps import sync  # noqa: E402
 from aps.policy import Policy, VectorEnvSpaces  # noqa: E402
 from aps.testing import envs as test_envs  # noqa: E402
+from aps.wire import codec, compression, frame_delta  # noqa: E402
+from aps.wire.batching import check_space, map_arrays  # noqa: E402
+from aps.wire.messages import RolloutChunk  # noqa: E402
 from aps.worker.steps import StepServer  # noqa: E402
 from tests.agents import DictAgent  # noqa: E402
 from tests.conftest import FAST, WorkerTasks  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import aps
-from aps.messages import PROTOCOL_VERSION
+from aps.wire.messages import PROTOCOL_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def test_the_cli_page_shows_this_protocol_and_release() -> None:
     assert shown, "docs/cli.md shows no `aps check` listing"
     for protocol, release in shown:
         assert int(protocol) == PROTOCOL_VERSION, (
-            f"docs/cli.md shows protocol {protocol}; aps.messages.PROTOCOL_VERSION is "
+            f"docs/cli.md shows protocol {protocol}; aps.wire.messages.PROTOCOL_VERSION is "
             f"{PROTOCOL_VERSION}: update the listing"
         )
         assert release == aps.__version__

@@ -21,11 +21,9 @@ import numpy as np
 import pytest
 
 import aps
-from aps import codec, protocol
-from aps.codec import decode, encode
 from aps.errors import ConfigError, WorkerError
-from aps.messages import MESSAGE_TYPES, Message, register_message
-from aps.protocol import (
+from aps.session import protocol
+from aps.session.protocol import (
     ANSWERS,
     REQUESTS,
     TRANSITIONS,
@@ -36,6 +34,9 @@ from aps.protocol import (
     State,
     register_request,
 )
+from aps.wire import codec
+from aps.wire.codec import decode, encode
+from aps.wire.messages import MESSAGE_TYPES, Message, register_message
 from tests.conftest import WorkerTasks
 
 TESTS = Path(__file__).parent
@@ -191,10 +192,10 @@ def test_the_mode_imports_only_the_public_registration_points() -> None:
             imported.update(alias.name for alias in node.names if alias.name.startswith("aps"))
     assert imported == {
         "aps",  # for the type of the learner whose pool it uses
-        "aps.messages.Message",
-        "aps.messages.Request",
-        "aps.protocol.RequestKind",
-        "aps.protocol.register_request",
+        "aps.wire.messages.Message",
+        "aps.wire.messages.Request",
+        "aps.session.protocol.RequestKind",
+        "aps.session.protocol.register_request",
     }
 
 

@@ -1,6 +1,6 @@
 """Values that env calls return, as data: spaces, env specs and numpy Generators.
 
-:func:`aps.spaces.value_to_wire` tags them on the worker and :func:`value_from_wire`
+:func:`aps.wire.spaces.value_to_wire` tags them on the worker and :func:`value_from_wire`
 rebuilds them on the learner; what a peer sends that describes none of them validly is a
 ``WireError``, and a user's own dict is never taken for a tagged one.
 """
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import aps
-from aps import codec
-from aps.messages import EnvCallResult
-from aps.spaces import VALUE_TAG, value_from_wire, value_to_wire
+from aps.wire import codec
+from aps.wire.messages import EnvCallResult
+from aps.wire.spaces import VALUE_TAG, value_from_wire, value_to_wire
 
 
 def travel(value: Any) -> Any:

@@ -26,14 +26,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import aps
-from aps import codec, compression, frame_delta
-from aps._wire import EXT_NDARRAY, WIRE_NAME, array_header, unpadded_header
 from aps.cli import main as cli_main
-from aps.compression import choose_frame_delta, offer, parse_accepted
-from aps.frame_delta import EXT_FRAME_DELTA, Delta
-from aps.messages import Message, RolloutChunk, StepRequest, StepResult
 from aps.session import Session
 from aps.vector import make_vector_env
+from aps.wire import codec, compression, frame_delta
+from aps.wire._wire import EXT_NDARRAY, WIRE_NAME, array_header, unpadded_header
+from aps.wire.compression import choose_frame_delta, offer, parse_accepted
+from aps.wire.frame_delta import EXT_FRAME_DELTA, Delta
+from aps.wire.messages import Message, RolloutChunk, StepRequest, StepResult
 from aps.worker.steps import StepServer
 from tests.conftest import FAST
 

@@ -12,9 +12,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import aps.framing
+import aps.wire.framing
 from aps.errors import ConfigError, FrameTooLarge
-from aps.framing import (
+from aps.wire.framing import (
     HEADER_SIZE,
     MAX_FRAME_LENGTH,
     FrameDecoder,
@@ -187,7 +187,7 @@ def test_arbitrary_bytes_yield_frames_or_frame_too_large(data: bytes, limit: int
 
 
 def test_framing_does_no_io() -> None:
-    tree = ast.parse(pathlib.Path(aps.framing.__file__).read_text())
+    tree = ast.parse(pathlib.Path(aps.wire.framing.__file__).read_text())
     imported = {
         alias.name.split(".")[0]
         for node in ast.walk(tree)
@@ -324,17 +324,17 @@ def test_any_frames_any_buffered_reads(sizes: list[int], reads: list[int]) -> No
 
 
 def test_large_frames_are_filled_in_place_or_copied_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import aps._buffers
+    import aps._base._buffers
 
-    data, view = aps._buffers.allocate(len(LARGE))
+    data, view = aps._base._buffers.allocate(len(LARGE))
     view[:] = LARGE
     del view
-    sealed = aps._buffers.seal(data)
+    sealed = aps._base._buffers.seal(data)
     assert type(sealed) is bytes and sealed == LARGE
     if sys.implementation.name == "cpython":
         assert sealed is data  # filled in place: one allocation, no copy
     # Without in-place filling (other interpreters) the frames are the same, copied once.
-    monkeypatch.setattr(aps._buffers, "_FILLABLE", None)
+    monkeypatch.setattr(aps._base._buffers, "_FILLABLE", None)
     decoder = FrameDecoder(len(LARGE))
     read_into(decoder, MIXED_WIRE, 5000)
     frames = list(decoder)

@@ -55,14 +55,23 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
 import aps
-from aps import codec, transports
-from aps.framing import FrameDecoder
+from aps import transports
 from aps.learner import MAX_HANDSHAKES_PER_HOST
-from aps.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Challenge, Goodbye, Hello, Message, Reject
-from aps.protocol import worker_proof
+from aps.session.protocol import worker_proof
 from aps.transports import TransportFactory
 from aps.transports.tcp import TCPFactory
 from aps.transports.websocket import WebSocketFactory
+from aps.wire import codec
+from aps.wire.framing import FrameDecoder
+from aps.wire.messages import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    Challenge,
+    Goodbye,
+    Hello,
+    Message,
+    Reject,
+)
 from tests.conftest import FAST
 from tests.test_codec import any_message
 

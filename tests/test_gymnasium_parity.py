@@ -393,9 +393,9 @@ def test_spec_of_a_factory_env_is_none_as_gymnasiums() -> None:
 
 def test_a_spec_with_a_callable_entry_point_travels_as_its_import_path() -> None:
     spec = dataclasses.replace(gym.spec("CartPole-v1"), entry_point=ExplodingEnv, kwargs={"a": 1})
-    from aps import codec
-    from aps.messages import EnvCallResult
-    from aps.spaces import value_from_wire, value_to_wire
+    from aps.wire import codec
+    from aps.wire.messages import EnvCallResult
+    from aps.wire.spaces import value_from_wire, value_to_wire
 
     frame = codec.encode(EnvCallResult(values=(value_to_wire(spec),), seq=0))
     message = codec.decode(frame)

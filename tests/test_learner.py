@@ -19,9 +19,18 @@ import numpy as np
 import pytest
 
 import aps
-from aps import codec, transports
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, StepRequest, Welcome
+from aps import transports
 from aps.transports.tcp import TCPFactory
+from aps.wire import codec
+from aps.wire.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    Hello,
+    Ready,
+    Reject,
+    StepRequest,
+    Welcome,
+)
 from aps.worker.steps import StepServer
 from tests.conftest import FAST, WorkerTasks
 

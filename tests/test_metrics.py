@@ -19,10 +19,10 @@ import pytest
 from gymnasium import spaces
 
 import aps
-from aps import codec
-from aps.messages import TIMINGS_FORMAT, Message, StepResult
 from aps.metrics import Metrics, WorkerMetrics
 from aps.testing.chaos import until
+from aps.wire import codec
+from aps.wire.messages import TIMINGS_FORMAT, Message, StepResult
 from tests.conftest import FAST, WorkerTasks
 from tests.test_attacks_learner import start_altered
 

@@ -98,14 +98,14 @@ async def test_reduce_gradients_sums_what_the_workers_counted(workers: WorkerTas
         seen: set[int] = set()
         while len(seen) < 2:
             worker_id, message = await learner.next_report()
-            if isinstance(message, aps.messages.GradientProgress) and message.count:
+            if isinstance(message, aps.wire.messages.GradientProgress) and message.count:
                 seen.add(worker_id)
         reduced, sent = await learner.reduce_gradients(0, size=size)
         assert reduced.shape == (size + 2,) and sent > 0
         answered: dict[int, int] = {}
         while len(answered) < 2:
             worker_id, message = await learner.next_report()
-            if isinstance(message, aps.messages.GradientsReduced):
+            if isinstance(message, aps.wire.messages.GradientsReduced):
                 assert message.round == 0 and len(message.episode_return) == message.count
                 answered[worker_id] = message.count
         ids = [w.worker_id for w in learner.gradient_workers]
@@ -183,7 +183,7 @@ async def test_a_worker_that_cannot_take_part_fails_the_all_reduce_clearly(
         await learner.start_round(0, weights, horizon=5, gamma=0.9)
         while True:
             _, message = await learner.next_report()
-            if isinstance(message, aps.messages.GradientProgress) and message.count:
+            if isinstance(message, aps.wire.messages.GradientProgress) and message.count:
                 break
         with pytest.raises(aps.Timeout, match="aggregation='server'"):
             await learner.reduce_gradients(0, size=3)
@@ -196,7 +196,7 @@ async def test_a_worker_that_cannot_take_part_fails_the_all_reduce_clearly(
 def test_a_workers_part_is_its_report_flattened_in_the_learners_layout() -> None:
     """What a worker puts into the all-reduce equals what the server path aggregates from its
     report (the learner's layout, zeros for parameters without a gradient), plus its count."""
-    from aps.messages import GradientReport, ReduceGradients
+    from aps.wire.messages import GradientReport, ReduceGradients
     from aps.worker.rounds import RoundSum
 
     rng = np.random.default_rng(1)

@@ -191,9 +191,9 @@ def test_afedpg_converges_on_a_quadratic() -> None:
 def test_sampler_limit_must_be_a_positive_int() -> None:
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from aps.messages import GradientRound
     from aps.pg.sampling import GradientSampler
     from aps.policy import Policy
+    from aps.wire.messages import GradientRound
 
     envs = SyncVectorEnv([Reveal] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
     policy = Policy(MeanAgent(), envs.single_observation_space, envs.single_action_space)

@@ -17,11 +17,11 @@ from torch import nn
 
 import aps
 from aps import pg
-from aps.messages import GradientRound
 from aps.pg.reinforce import surrogate
 from aps.pg.sampling import GradientSampler
 from aps.pg.simulate import simulate
 from aps.policy import Policy
+from aps.wire.messages import GradientRound
 from tests.pg_agents import MeanAgent, Reveal
 
 

@@ -37,11 +37,11 @@ pytest.importorskip("torch")
 
 import aps
 from aps import pg
-from aps.messages import GradientProgress, GradientReport, GradientRound
 from aps.pg.aggregate import RennalaRound
 from aps.pg.sampling import GradientSampler
 from aps.pg.simulate import simulate
 from aps.policy import Policy
+from aps.wire.messages import GradientProgress, GradientReport, GradientRound
 from tests.conftest import FAST, WorkerTasks
 from tests.pg_agents import MeanAgent, Reveal
 

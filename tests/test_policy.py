@@ -917,8 +917,8 @@ def test_limit_threads() -> None:
 
 
 def test_shared_weights_are_the_arrays_memory_and_act_as_copied_ones() -> None:
-    from aps import codec
-    from aps.messages import Weights
+    from aps.wire import codec
+    from aps.wire.messages import Weights
 
     source = qpolicy()
     with torch.no_grad():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import aps
-from aps._imports import PolicyPin, import_object
+from aps._base._imports import PolicyPin, import_object
 
 TOKEN = "a token of enough entropy for a test, 0123456789abcdef"
 

@@ -1,6 +1,6 @@
 """The blocking way into aps's event loop: borrowed by callers, kept between calls.
 
-``aps._portal.Portal`` runs a call's coroutine in the caller's thread and leaves the loop
+``aps.session._portal.Portal`` runs a call's coroutine in the caller's thread and leaves the loop
 to its keeper thread between calls. These tests pin down who runs the loop when, that the
 loop is served between calls, that a thread which cannot borrow it still gets its answer,
 and that interrupting, closing and misuse end cleanly. Every wait has a deadline.
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from aps._portal import GRACE, Portal
 from aps.errors import InvalidState
+from aps.session._portal import GRACE, Portal
 
 WAIT = 10.0  # seconds: a deadline for each cross-thread wait, far above what any takes
 

@@ -28,16 +28,17 @@ from pathlib import Path
 import pytest
 
 import aps
-from aps import codec, transports
+from aps import transports
 from aps.errors import ConfigError, ConnectError, ConnectionLost, EndOfStream, TransportError
 from aps.learner import MAX_HANDSHAKES
-from aps.messages import PROTOCOL_VERSION, Challenge, ProbeResult
-from aps.protocol import Role, worker_proof
 from aps.session import Session
+from aps.session.protocol import Role, worker_proof
 from aps.testing import until
 from aps.transports.budget import PreauthBudget, Stage
 from aps.transports.stream import TLS_RECORD, looks_like_tls
 from aps.transports.tcp import TCPFactory
+from aps.wire import codec
+from aps.wire.messages import PROTOCOL_VERSION, Challenge, ProbeResult
 from tests.conftest import FAST, WorkerTasks
 from tests.test_check_probe import _probe_hello
 

@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 
 from aps.errors import AuthError, InvalidState, ProtocolError, VersionMismatch
-from aps.messages import (
+from aps.session.protocol import (
+    Connection,
+    Role,
+    State,
+    check_hello,
+    check_learner_proof,
+    learner_proof,
+    prove,
+    worker_proof,
+)
+from aps.wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
     ErrorReport,
@@ -28,16 +38,6 @@ from aps.messages import (
     StopGradients,
     Weights,
     Welcome,
-)
-from aps.protocol import (
-    Connection,
-    Role,
-    State,
-    check_hello,
-    check_learner_proof,
-    learner_proof,
-    prove,
-    worker_proof,
 )
 
 NONCE = b"n" * 32

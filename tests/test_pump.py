@@ -16,7 +16,7 @@ from aps.errors import WorkerError, WorkerLost
 from aps.learner.pool import Remote, WorkerInfo
 from aps.learner.pump import Pumps
 from aps.learner.rollouts import WorkerMetrics
-from aps.messages import ErrorReport, GradientProgress, Message
+from aps.wire.messages import ErrorReport, GradientProgress, Message
 
 
 def slot(worker_id: int = 0) -> Remote:

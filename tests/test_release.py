@@ -81,7 +81,7 @@ def test_the_wheel_holds_the_package_alone(wheel: Path) -> None:
     tops = {name.split("/", 1)[0] for name in names}
     assert tops == {"aps", f"aps_rl-{aps.__version__}.dist-info"}, tops
     assert "aps/py.typed" in names  # mypy users see the annotations
-    assert "aps/__init__.py" in names and "aps/cli.py" in names
+    assert "aps/__init__.py" in names and "aps/cli/__init__.py" in names
     assert metadata["Name"] == DISTRIBUTION and metadata["Version"] == aps.__version__
     # The license the metadata declares travels with the wheel, as MIT requires.
     assert metadata["License-Expression"] == "MIT" and metadata["License-File"] == "LICENSE"

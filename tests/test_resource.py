@@ -10,7 +10,7 @@ import pytest
 
 import aps
 from aps import transports
-from aps._resource import AsyncResource
+from aps._base._resource import AsyncResource
 from aps.transports.memory import MemoryListener, MemoryTransport
 from aps.transports.tcp import TCPListener, TCPTransport
 from aps.transports.unix import UnixListener, UnixTransport

@@ -29,12 +29,13 @@ import numpy as np
 import pytest
 
 import aps
-from aps import codec, transports
+from aps import transports
 from aps.learner import MAX_HANDSHAKES
-from aps.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, Welcome
-from aps.protocol import learner_proof, prove
+from aps.session.protocol import learner_proof, prove
 from aps.testing import until
 from aps.transports.base import Transport
+from aps.wire import codec
+from aps.wire.messages import PROTOCOL_VERSION, Challenge, Hello, Ready, Reject, Welcome
 from tests.conftest import FAST, TEST_POLICIES
 
 TCP = "tcp://127.0.0.1:0"
@@ -281,7 +282,7 @@ async def test_pre_auth_frames_are_handshake_sized() -> None:
         accepting = asyncio.create_task(bound.accept())
         client = await factory.connect(bound.url, timeout=5)
         server = await accepting
-        session = aps.session.Session(server, aps.protocol.Role.LEARNER)
+        session = aps.session.Session(server, aps.session.protocol.Role.LEARNER)
         assert server.max_frame_size == codec.HANDSHAKE_FRAME_SIZE  # type: ignore[attr-defined]
         await client.send(b"\x80" * (codec.HANDSHAKE_FRAME_SIZE + 1))
         with pytest.raises(aps.FrameTooLarge):

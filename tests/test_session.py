@@ -11,10 +11,10 @@ import pytest
 
 import aps.session
 from aps.errors import EndOfStream, ProtocolError, Timeout, TransportClosed
-from aps.messages import Challenge, Weights
-from aps.protocol import PROTOCOL_VERSION, Role
 from aps.session import OFF_LOOP_BYTES, OFF_LOOP_INFLATING_BYTES, Session
+from aps.session.protocol import PROTOCOL_VERSION, Role
 from aps.transports.memory import memory_transport_pair
+from aps.wire.messages import Challenge, Weights
 from tests.conftest import benchmark_module
 
 CHALLENGE = Challenge(protocol_version=PROTOCOL_VERSION, nonce=b"0123456789abcdef")

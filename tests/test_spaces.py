@@ -10,10 +10,10 @@ import pytest
 from gymnasium import spaces
 from hypothesis import given, settings, strategies as st
 
-from aps import codec
 from aps.errors import ConfigError, WireError
-from aps.messages import Ready
-from aps.spaces import MAX_SPACE_DEPTH, space_from_wire, space_to_wire
+from aps.wire import codec
+from aps.wire.messages import Ready
+from aps.wire.spaces import MAX_SPACE_DEPTH, space_from_wire, space_to_wire
 
 INF = np.inf
 

@@ -21,13 +21,14 @@ import pytest
 
 import aps
 import aps.learner.admission as admission
-from aps import codec, sync
-from aps._loop import run
-from aps._probe import CheckResult, Watch, check_learner, watch_learner
-from aps._top import View, metrics_of, top
+from aps import sync
+from aps.cli._probe import CheckResult, Watch, check_learner, watch_learner
+from aps.cli._top import View, metrics_of, top
 from aps.errors import AuthError, ConfigError, EndOfStream, ProtocolError
-from aps.messages import PROTOCOL_VERSION, ProbeMetrics
 from aps.metrics import Metrics, WorkerMetrics
+from aps.session._loop import run
+from aps.wire import codec
+from aps.wire.messages import PROTOCOL_VERSION, ProbeMetrics
 from tests.conftest import FAST, WorkerTasks
 from tests.test_cli_tools import ROOT, aps_cli, aps_cli_async
 

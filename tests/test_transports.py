@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 import aps
-import aps._loop
-import aps.framing
+import aps.session._loop
 import aps.testing
 import aps.transports
+import aps.wire.framing
 from aps.errors import (
     AuthError,
     ConfigError,
@@ -294,7 +294,9 @@ async def raw_server(
 
 async def test_tcp_refuses_an_oversized_header_and_closes() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(aps.framing.frame_header(100) + b"x" * 100 + aps.framing.frame_header(101))
+        writer.write(
+            aps.wire.framing.frame_header(100) + b"x" * 100 + aps.wire.framing.frame_header(101)
+        )
         await reader.read()
 
     async with raw_server(handler) as address:
@@ -372,7 +374,7 @@ def run_on(loop: str, main: Callable[[], Any], seconds: float = 60) -> None:
         async with asyncio.timeout(seconds):
             await main()
 
-    aps._loop.run(bounded(), use_uvloop=loop == "uvloop")
+    aps.session._loop.run(bounded(), use_uvloop=loop == "uvloop")
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -383,7 +385,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"gave up waiting for {what}")
 
 
-def _decoder(transport: Transport) -> aps.framing.FrameDecoder:
+def _decoder(transport: Transport) -> aps.wire.framing.FrameDecoder:
     assert isinstance(transport, TCPTransport)
     return transport._connection.decoder
 
@@ -394,7 +396,7 @@ _MIXED = [b"a", _LARGE, b"", _LARGE[::-1], b"z"]
 
 
 def _wire(frames: list[bytes]) -> bytes:
-    return b"".join(aps.framing.encode_frame(frame) for frame in frames)
+    return b"".join(aps.wire.framing.encode_frame(frame) for frame in frames)
 
 
 def _splits(frames: list[bytes]) -> list[int]:
@@ -402,11 +404,11 @@ def _splits(frames: list[bytes]) -> list[int]:
     points: set[int] = set()
     position = 0
     for frame in frames:
-        end = position + aps.framing.HEADER_SIZE + len(frame)
+        end = position + aps.wire.framing.HEADER_SIZE + len(frame)
         if len(frame) < 1000:
             points.update(range(position, end + 1))
         else:
-            for anchor in (position, position + aps.framing.HEADER_SIZE, end):
+            for anchor in (position, position + aps.wire.framing.HEADER_SIZE, end):
                 points.update(range(max(0, anchor - 5), anchor + 6))
             points.update(range(position, end, 4099))
         position = end
@@ -470,7 +472,7 @@ def test_tcp_frame_at_the_limit_and_one_over(loop: str) -> None:
     payload = random.Random(5).randbytes(LIMIT)
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(_wire([payload]) + aps.framing.frame_header(LIMIT + 1) + b"body")
+        writer.write(_wire([payload]) + aps.wire.framing.frame_header(LIMIT + 1) + b"body")
         await reader.read()
 
     async def main() -> None:
@@ -491,7 +493,7 @@ def test_tcp_frame_at_the_limit_and_one_over(loop: str) -> None:
 @pytest.mark.parametrize("loop", LOOPS)
 def test_tcp_end_of_stream_inside_a_large_frame(loop: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(aps.framing.frame_header(LIMIT) + bytes(100_000))
+        writer.write(aps.wire.framing.frame_header(LIMIT) + bytes(100_000))
         await writer.drain()
         writer.close()
 
@@ -558,7 +560,7 @@ def test_tcp_send_queues_small_frames_behind_a_large_one_then_waits(loop: str) -
             await reading.wait()
             while header := await reader.read(4):
                 header += await reader.readexactly(4 - len(header))
-                received.append(await reader.readexactly(aps.framing.parse_header(header)))
+                received.append(await reader.readexactly(aps.wire.framing.parse_header(header)))
 
         async with raw_server(handler) as address:
             factory = TCPFactory(max_frame_size=size)

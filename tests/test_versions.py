@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aps import codec  # noqa: E402
 from aps.learner.rollouts import PolicyVersions  # noqa: E402
-from aps.messages import Weights  # noqa: E402
+from aps.wire import codec  # noqa: E402
+from aps.wire.messages import Weights  # noqa: E402
 from tests.agents import Agent  # noqa: E402
 
 

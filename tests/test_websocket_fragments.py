@@ -59,7 +59,7 @@ def cut(message: bytes, sizes: list[int]) -> Iterator[bytes]:
 
 @pytest.fixture
 def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes the websocket transport asks aps._buffers for, in order."""
+    """The sizes the websocket transport asks aps._base._buffers for, in order."""
     sizes: list[int] = []
     real = connections.allocate
 

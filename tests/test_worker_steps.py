@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from aps import codec
-from aps.messages import ErrorReport, StepRequest, StepResult
 from aps.testing import envs as test_envs
 from aps.vector import make_vector_env
+from aps.wire import codec
+from aps.wire.messages import ErrorReport, StepRequest, StepResult
 from aps.worker.steps import StepServer
 
 

@@ -67,8 +67,8 @@ class _WorkerActor:
             RuntimeError: the worker failed; the message is the aps error's type and text
                 (aps errors with keyword arguments do not survive Ray's pickling).
         """
-        from aps._loop import run
         from aps.launch.base import client_factory
+        from aps.session._loop import run
         from aps.worker import Worker
 
         spec, index = self.spec, self.index

@@ -13,7 +13,7 @@ A worker that is lost (its process died, its connection dropped or it went silen
 deadline) is handled as ``on_worker_lost`` says: ``"raise"`` :class:`~aps.errors.WorkerLost`
 from the pending call, ``"wait"`` up to ``reconnect_timeout`` for the worker to resume its
 session or for a replacement to take its env slots, or ``"drop"`` it from chunk streams and
-gradient rounds. Requests are numbered (see :mod:`aps.messages`), so a resumed worker's
+gradient rounds. Requests are numbered (see :mod:`aps.wire.messages`), so a resumed worker's
 answers arrive exactly once.
 
 The package, one room each:

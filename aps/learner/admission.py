@@ -6,7 +6,7 @@ peer that proved it to the pool (``join``) together with this learner's own proo
 worker checks before it believes anything (see ``docs/security.md``).
 
 A peer whose Hello says ``probe=True`` (``aps check``) is answered instead, once its proof
-checked out: a :class:`~aps.messages.ProbeResult` with this learner's proof and what a
+checked out: a :class:`~aps.wire.messages.ProbeResult` with this learner's proof and what a
 ``describe`` callback says of the learner, then, when the probe asks for them (it has
 checked that proof and reads large frames), its spaces, then the end. A probe goes
 through the same limits and deadlines as any handshake until it is answered; then it is the
@@ -15,8 +15,8 @@ reaches ``join`` and is never counted as a refusal; a probe with a wrong proof i
 like any worker, and learns nothing else.
 
 A probe that has the spaces may stay and watch (``aps top``): it asks for the learner's
-figures (:class:`~aps.messages.MetricsRequest`) and each request is answered with a
-:class:`~aps.messages.ProbeMetrics` of what a ``figures`` callback gives
+figures (:class:`~aps.wire.messages.MetricsRequest`) and each request is answered with a
+:class:`~aps.wire.messages.ProbeMetrics` of what a ``figures`` callback gives
 (:meth:`aps.metrics.Metrics.as_dict`) and ``workers_connected``. Its first request must
 come within the probe's short deadline, on its pre-auth ticket; then the ticket is released
 (the watcher proved the token) and the watcher holds one of :data:`MAX_WATCHERS` places
@@ -60,19 +60,8 @@ from aps.errors import (
     TransportError,
     VersionMismatch,
 )
-from aps.messages import (
-    PROTOCOL_VERSION,
-    Challenge,
-    Hello,
-    MetricsRequest,
-    ProbeMetrics,
-    ProbeResult,
-    ProbeSpaces,
-    Reject,
-    SpacesRequest,
-)
-from aps.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.session import Session, Timeouts
+from aps.session.protocol import NONCE_SIZE, Role, check_hello, learner_proof
 from aps.transports.base import Listener, Transport
 from aps.transports.budget import (
     DEFAULT_LIMIT,
@@ -83,6 +72,17 @@ from aps.transports.budget import (
     ticket_of,
 )
 from aps.transports.stream import raise_fd_limit
+from aps.wire.messages import (
+    PROTOCOL_VERSION,
+    Challenge,
+    Hello,
+    MetricsRequest,
+    ProbeMetrics,
+    ProbeResult,
+    ProbeSpaces,
+    Reject,
+    SpacesRequest,
+)
 
 log = logging.getLogger(__name__)
 

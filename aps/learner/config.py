@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any, Self, TypedDict, Unpack
 
 from gymnasium.vector import AutoresetMode
 
-from aps import codec, transports
-from aps.compression import check_setting as check_compression
+from aps import transports
 from aps.errors import ConfigError, WireError
 from aps.learner.replace import OnWorkerLost
 from aps.learner.rollouts import WeightPrecision
-from aps.messages import Welcome
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
 from aps.transports.base import Listener, TransportFactory
+from aps.wire import codec
+from aps.wire.compression import check_setting as check_compression
+from aps.wire.messages import Welcome
 
 if TYPE_CHECKING:  # joining.py imports this module; the protocol is only a type here
     from aps.learner.joining import Launcher
@@ -72,10 +73,10 @@ class LearnerOptions(TypedDict, total=False):
     :class:`aps.Learner`. Default ``False``."""
     compression: str
     """How arrays of 4 KiB or more travel: ``"auto"``, ``"zstd"``, ``"lz4"`` or ``"none"``;
-    see :class:`aps.Learner` and :mod:`aps.compression`. Default ``'auto'``."""
+    see :class:`aps.Learner` and :mod:`aps.wire.compression`. Default ``'auto'``."""
     frame_delta: bool
     """Accept rollout chunks whose frame stacks travel as their newest frames, wherever
-    ``compression`` compresses; see :mod:`aps.frame_delta`. Default ``True``."""
+    ``compression`` compresses; see :mod:`aps.wire.frame_delta`. Default ``True``."""
 
 
 class ListenOptions(LearnerOptions, total=False):

@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from aps._typing import ArrayTree
-from aps.batching import batch_layout, check_part, misfit
+from aps._base._typing import ArrayTree
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, WorkerLost
 from aps.learner.lease import Lease, Mode
 from aps.learner.pool import Remote, WorkerPool, expect
@@ -51,7 +50,10 @@ from aps.learner.rollouts import (
     sample_sequences,
     sample_states,
 )
-from aps.messages import (
+from aps.session.protocol import MAX_IN_FLIGHT
+from aps.sync import SyncContext, SyncStrategy
+from aps.wire.batching import batch_layout, check_part, misfit
+from aps.wire.messages import (
     ErrorReport,
     Message,
     Request,
@@ -59,8 +61,6 @@ from aps.messages import (
     RolloutRequest,
     Weights,
 )
-from aps.protocol import MAX_IN_FLIGHT
-from aps.sync import SyncContext, SyncStrategy
 
 __all__ = ["Detach"]
 
@@ -423,7 +423,7 @@ class Detach:
     ) -> None:
         """Check a chunk's observations of a ``Dict`` or ``Tuple`` space, array by array.
 
-        The rule of lockstep's observations (:func:`~aps.batching.check_part`), with the
+        The rule of lockstep's observations (:func:`~aps.wire.batching.check_part`), with the
         chunk's leading axes: ``(T, E)`` for ``obs``, ``(E,)`` for ``next_obs``, ``(K,)`` for
         ``truncated_obs``.
         """

@@ -16,11 +16,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aps._version import __version__
-from aps.compression import (
-    accepted as accepted_compression,
-    choose as choose_compression,
-    choose_frame_delta,
-)
 from aps.errors import (
     MAX_REMOTE_TEXT,
     MAX_REMOTE_TYPE,
@@ -33,8 +28,13 @@ from aps.learner.admission import reject
 from aps.learner.config import LearnerConfig
 from aps.learner.replace import Recovery, Spare
 from aps.learner.slots import Remote, Slots, log
-from aps.messages import ErrorReport, Hello, ProbeResult, ProbeSpaces, Ready, Welcome
 from aps.session import Session
+from aps.wire.compression import (
+    accepted as accepted_compression,
+    choose as choose_compression,
+    choose_frame_delta,
+)
+from aps.wire.messages import ErrorReport, Hello, ProbeResult, ProbeSpaces, Ready, Welcome
 
 __all__ = ["SESSION_ID_SIZE", "Joining"]
 

@@ -11,8 +11,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from aps._resource import AsyncResource
-from aps._typing import Array, Info
+from aps._base._resource import AsyncResource
+from aps._base._typing import Array, Info
 from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.learner.config import LearnerConfig
 from aps.learner.detach import Detach
@@ -21,16 +21,16 @@ from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import OnWorkerLost, WorkerInfo, WorkerPool
 from aps.learner.rollouts import Chunk, Metrics, Rollout, WeightPrecision
 from aps.learner.rounds import GradientRounds
-from aps.messages import (
+from aps.session import Timeouts
+from aps.sync import SyncStrategy
+from aps.transports.base import Listener, TransportFactory
+from aps.wire.messages import (
     ENV_CALL_KINDS,
     GradientProgress,
     GradientReport,
     GradientsReduced,
 )
-from aps.session import Timeouts
-from aps.spaces import value_from_wire
-from aps.sync import SyncStrategy
-from aps.transports.base import Listener, TransportFactory
+from aps.wire.spaces import value_from_wire
 
 __all__ = ["Learner"]
 
@@ -83,14 +83,14 @@ class Learner(AsyncResource):
         policy_kwargs: keyword arguments for the ``policy`` factory (``hidden_size=256``), so
             one factory builds every network size. Plain data: workers receive them in their
             welcome, never code.
-        compression: how arrays of 4 KiB or more travel, both ways (:mod:`aps.compression`):
+        compression: how arrays of 4 KiB or more travel, both ways (:mod:`aps.wire.compression`):
             ``"auto"`` (default) compresses with zstd (else lz4) for workers that are not on
             this host, and not for loopback, Unix or in-memory ones; ``"zstd"`` or ``"lz4"``
             for every worker that offers it; ``"none"`` never. A worker that lacks the
             library (the ``compression`` extra) or was started with ``--compression none``
             gets no compression, said once in the log.
         frame_delta: accept rollout chunks whose frame stacks travel as their newest frames
-            (:mod:`aps.frame_delta`) from workers that offer it, wherever ``compression``
+            (:mod:`aps.wire.frame_delta`) from workers that offer it, wherever ``compression``
             compresses (by default; ``False``: chunks travel whole). The rebuilt
             observations equal the worker's byte for byte.
 
@@ -443,7 +443,7 @@ class Learner(AsyncResource):
 
         Returns:
             One value per env reached. Spaces, env specs and numpy Generators come back
-            rebuilt from data (a Generator as a copy; see :func:`aps.spaces.value_to_wire`).
+            rebuilt from data (a Generator as a copy; see :func:`aps.wire.spaces.value_to_wire`).
 
         Raises:
             ConfigError: a bad kind, name, index or value count, or arguments that are not
@@ -469,7 +469,7 @@ class Learner(AsyncResource):
                 f"{values!r:.200}"
             )
         results = await self._lockstep.env_call(kind, name, args, kwargs, values, indices)
-        # Spaces, env specs and Generators travel as tagged maps (aps.spaces.value_to_wire).
+        # Spaces, env specs and Generators travel as tagged maps (aps.wire.spaces.value_to_wire).
         return tuple(value_from_wire(value) for value in results)
 
     # DETACH: workers act with their own policy copy.
@@ -590,7 +590,7 @@ class Learner(AsyncResource):
 
         Returns:
             The bytes put on the wire: the encoded round, once per worker, compressed for
-            the workers whose connection negotiated a codec (:mod:`aps.compression`).
+            the workers whose connection negotiated a codec (:mod:`aps.wire.compression`).
 
         Raises:
             InvalidState: no policy, or another operation is running.
@@ -607,7 +607,7 @@ class Learner(AsyncResource):
     async def collect_gradients(self, round_id: int) -> int:
         """Ask every worker of the round under way for its sum: one report each follows.
 
-        Each worker answers with one :class:`~aps.messages.GradientReport` holding every
+        Each worker answers with one :class:`~aps.wire.messages.GradientReport` holding every
         gradient it summed in the round (``count`` 0 and an empty gradient when it has none),
         then samples nothing until the next :meth:`start_round`.
 
@@ -630,7 +630,7 @@ class Learner(AsyncResource):
         all-reduce (sum) as rank 0. The result has ``size + n`` float32 entries for ``n``
         workers: the sum of the workers' gradient sums (of their means when ``mean``), then
         each worker's count in the order of :attr:`gradient_workers`. Each worker then
-        answers one :class:`~aps.messages.GradientsReduced` (count and returns) through
+        answers one :class:`~aps.wire.messages.GradientsReduced` (count and returns) through
         :meth:`next_report`. Gloo's connections are not authenticated: use this on a
         trusted network only.
 
@@ -650,9 +650,9 @@ class Learner(AsyncResource):
     ) -> tuple[int, GradientProgress | GradientReport | GradientsReduced]:
         """Wait for the next message of any worker: ``(worker_id, progress or report)``.
 
-        :class:`~aps.messages.GradientProgress` says how many gradients a worker has summed
-        in a round (sent whenever it grows); :class:`~aps.messages.GradientReport` is its sum,
-        sent once per :meth:`collect_gradients`; :class:`~aps.messages.GradientsReduced`
+        :class:`~aps.wire.messages.GradientProgress` says how many gradients a worker has summed
+        in a round (sent whenever it grows); :class:`~aps.wire.messages.GradientReport` is its sum,
+        sent once per :meth:`collect_gradients`; :class:`~aps.wire.messages.GradientsReduced`
         ends a worker's part of :meth:`reduce_gradients`. All carry their round id: messages
         of an earlier round may still arrive.
 

@@ -19,9 +19,13 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from aps import codec
-from aps._typing import Array, Info
-from aps.batching import (
+from aps._base._typing import Array, Info
+from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
+from aps.learner.lease import Lease, Mode
+from aps.learner.pool import FRESH_RESET, Remote, WorkerPool, expect
+from aps.learner.requests import worker_error
+from aps.wire import codec
+from aps.wire.batching import (
     action_layout,
     batch_layout,
     check_batch,
@@ -32,11 +36,7 @@ from aps.batching import (
     misfit,
     split,
 )
-from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
-from aps.learner.lease import Lease, Mode
-from aps.learner.pool import FRESH_RESET, Remote, WorkerPool, expect
-from aps.learner.requests import worker_error
-from aps.messages import (
+from aps.wire.messages import (
     EnvCall,
     EnvCallResult,
     ErrorReport,
@@ -155,7 +155,7 @@ class Lockstep:
         values: Sequence[Any] | None = None,
         indices: Sequence[int] | None = None,
     ) -> tuple[Any, ...]:
-        """One :class:`~aps.messages.EnvCall` per worker; one value per env reached.
+        """One :class:`~aps.wire.messages.EnvCall` per worker; one value per env reached.
 
         ``indices`` (global env indices, checked by the caller; ``None``: every env) says
         which envs, in the order of the values returned; ``values`` (for ``set_attr``) holds
@@ -197,7 +197,7 @@ class Lockstep:
         values: Sequence[Any] | None,
         indices: Sequence[int] | None,
     ) -> tuple[list[Request], list[list[int]]]:
-        """One :class:`~aps.messages.EnvCall` per worker, checked to travel; where its values go.
+        """One :class:`~aps.wire.messages.EnvCall` per worker, checked to travel; their places.
 
         Raises:
             ConfigError: an argument is not plain data.
@@ -255,7 +255,7 @@ class Lockstep:
     def _check(self, remote: Remote, answer: Message) -> None:
         """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
 
-        Its info too (:func:`~aps.batching.check_info`): a malformed one, or one that
+        Its info too (:func:`~aps.wire.batching.check_info`): a malformed one, or one that
         reaches other workers' envs, is that worker's fault, like a malformed obs, and
         not the learner's end when the infos are merged.
 

@@ -14,7 +14,7 @@ hold them, never through properties that forward:
 - ``pool.requests`` (:mod:`~aps.learner.requests`): the numbered request/answer service:
   requests carry sequence numbers, a resumed worker gets again what it did not answer, and
   answers arrive exactly once (the books are kept by each slot's
-  :class:`~aps.delivery.Outbox`, which does no I/O). A malformed answer is its worker's
+  :class:`~aps.session.delivery.Outbox`, which does no I/O). A malformed answer is its worker's
   failure, handled as its loss;
 - ``pool.config`` (:mod:`~aps.learner.config`): the learner's settings, frozen.
 
@@ -43,8 +43,8 @@ from aps.learner.lease import _LEASES, Lease, Mode, _State
 from aps.learner.replace import OnWorkerLost, Recovery
 from aps.learner.requests import FRESH_RESET, Redo, Requests
 from aps.learner.slots import Check, Remote, SlotHooks, Slots, WorkerInfo, expect, log
-from aps.messages import Message, Request
 from aps.transports.base import Listener
+from aps.wire.messages import Message, Request
 
 __all__ = [
     "FRESH_RESET",

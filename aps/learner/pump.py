@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aps.errors import ApsError, WorkerLost
 from aps.learner.pool import Remote, WorkerPool
 from aps.learner.requests import worker_error
-from aps.messages import ErrorReport, Message
+from aps.wire.messages import ErrorReport, Message
 
 __all__ = ["Item", "Pumps", "Receive"]
 

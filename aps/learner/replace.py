@@ -21,8 +21,8 @@ from typing import Literal
 from aps.errors import ApsError, ProtocolError, WorkerLost
 from aps.learner.rollouts import WorkerMetrics
 from aps.learner.slots import Remote, SlotHooks, Slots, log
-from aps.messages import Hello
 from aps.session import Session
+from aps.wire.messages import Hello
 
 __all__ = ["OnWorkerLost", "Recovery", "Spare", "lost"]
 

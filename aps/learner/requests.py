@@ -1,4 +1,4 @@
-"""Numbered requests and their answers over each slot's :class:`~aps.delivery.Outbox`.
+"""Numbered requests and their answers over each slot's :class:`~aps.session.delivery.Outbox`.
 
 :class:`Requests` is the service every mode talks to the workers through: a request is
 numbered and sent (or kept for after a resume), an answer is received exactly once, a
@@ -14,11 +14,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from aps.delivery import Accepted
 from aps.errors import EndOfStream, ProtocolError, Timeout, TransportError, WorkerError
 from aps.learner.replace import Recovery, lost
 from aps.learner.slots import Check, Remote, SlotHooks, Slots
-from aps.messages import (
+from aps.session import Timeouts
+from aps.session.delivery import Accepted
+from aps.wire.messages import (
     TIMINGS,
     TIMINGS_FORMAT,
     ErrorReport,
@@ -29,7 +30,6 @@ from aps.messages import (
     RolloutChunk,
     StepResult,
 )
-from aps.session import Timeouts
 
 __all__ = ["FRESH_RESET", "Redo", "Requests", "worker_error"]
 
@@ -53,7 +53,7 @@ _TIMED = (ResetResult, StepResult, RolloutChunk)
 def _record(remote: Remote, answer: ResetResult | StepResult | RolloutChunk) -> None:
     """Count ``answer`` in its worker's figures, with the timings it carries.
 
-    See :data:`~aps.messages.TIMINGS`; an answer without timings adds only its count.
+    See :data:`~aps.wire.messages.TIMINGS`; an answer without timings adds only its count.
 
     Raises:
         ProtocolError: ``timings`` is not three numbers of seconds in 0..:data:`MAX_TIMING`
@@ -253,8 +253,8 @@ class Requests:
         """Reset the envs of the worker that took ``remote`` over, before they act.
 
         :data:`FRESH_RESET` goes to each later replacement in turn until one answers. The
-        answer is returned, a :class:`~aps.messages.ResetResult` or an
-        :class:`~aps.messages.ErrorReport`; the caller notes the reset
+        answer is returned, a :class:`~aps.wire.messages.ResetResult` or an
+        :class:`~aps.wire.messages.ErrorReport`; the caller notes the reset
         (:meth:`Recovery.envs_reset`) once it used the answer (lockstep stitches it into a
         step first, and reads :meth:`Recovery.needs_reset` to flag the lost worker's
         episodes as ended).

@@ -1,7 +1,7 @@
 """What worker-side inference (DETACH) hands the learner: chunks, rollouts and sync metrics.
 
 These are plain data: numpy arrays and counters, built by :class:`~aps.learner.Learner` from
-the workers' :class:`~aps.messages.RolloutChunk` messages.
+the workers' :class:`~aps.wire.messages.RolloutChunk` messages.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from aps import codec
-from aps._typing import Array, ArrayTree
-from aps.batching import map_arrays
-from aps.compression import CODECS, compressor
+from aps._base._typing import Array, ArrayTree
 from aps.errors import ConfigError
-from aps.messages import RolloutChunk, Weights
 from aps.metrics.figures import Metrics, WorkerMetrics
+from aps.wire import codec
+from aps.wire.batching import map_arrays
+from aps.wire.compression import CODECS, compressor
+from aps.wire.messages import RolloutChunk, Weights
 
 __all__ = [
     "STALL_LAG",
@@ -45,7 +45,7 @@ policy by (PPO clipped against it) is reported long before the run ends."""
 class Chunk:
     """``T`` steps of one worker's ``E`` envs, acted with one policy version.
 
-    The worker's :class:`~aps.messages.RolloutChunk` as it arrived (``wire``; its arrays are
+    The worker's :class:`~aps.wire.messages.RolloutChunk` as it arrived (``wire``; its arrays are
     views of the frame, never copied), with what the learner adds: the worker, its envs' global
     offset and the policy lag. Build one with :meth:`of`.
 
@@ -326,7 +326,7 @@ class PolicyVersions:
     Divergence is measured on the learner with two scratch copies of the policy (one loaded
     with the current version, one with the worker's): zero extra bytes on the wire.
 
-    A version is snapshotted by encoding it: its :class:`~aps.messages.Weights` frame is made
+    A version is snapshotted by encoding it: its :class:`~aps.wire.messages.Weights` frame is made
     once, straight from the agent's tensors, and its arrays are read-only views of that frame.
     So a publish copies the weights once (into memory reused from earlier frames where
     possible), and the frame sent to every worker is the version itself.
@@ -412,9 +412,9 @@ class PolicyVersions:
         return self._weights[version]
 
     def frame(self, version: int, compression: str = "none") -> bytes:
-        """The encoded :class:`~aps.messages.Weights` of ``version`` (which must be kept).
+        """The encoded :class:`~aps.wire.messages.Weights` of ``version`` (which must be kept).
 
-        With a codec (a connection's negotiated :mod:`aps.compression`), the frame is
+        With a codec (a connection's negotiated :mod:`aps.wire.compression`), the frame is
         compressed once per version and codec, however many workers it goes to.
         """
         if compression == "none":

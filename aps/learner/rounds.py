@@ -4,7 +4,7 @@
 :meth:`Learner.collect_gradients`, :meth:`Learner.drop_worker` and
 :meth:`Learner.stop_gradients`. In gradient mode every worker samples at the broadcast point
 and sums its gradients locally; during a round only its counts arrive
-(:class:`~aps.messages.GradientProgress`), and each worker sends its sum once when the
+(:class:`~aps.wire.messages.GradientProgress`), and each worker sends its sum once when the
 learner collects the round. One pump per worker moves what arrives into a small shared inbox
 (:mod:`~aps.learner.pump`; backpressure when the caller falls behind). As the pool's
 :class:`~aps.learner.pool.SlotHooks` it sends the current round (and its collection, if one
@@ -13,7 +13,7 @@ was asked for) to a worker that resumed its session; a replacement joins at the 
 :meth:`GradientRounds.reduce` is the all-reduce aggregation (``aggregation="allreduce"``):
 instead of asking for each worker's sum, the learner opens a store for the round
 (:class:`~aps.gradients.RoundStore`), sends each worker its rank over its session
-(:class:`~aps.messages.ReduceGradients`) and takes part in one gloo all-reduce as rank 0,
+(:class:`~aps.wire.messages.ReduceGradients`) and takes part in one gloo all-reduce as rank 0,
 contributing zeros. Gloo's connections are not authenticated: see the store's docstring.
 """
 
@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from aps import codec
-from aps._typing import Array
+from aps._base._typing import Array
 from aps.errors import (
     ApsError,
     ConfigError,
@@ -42,7 +41,9 @@ from aps.gradients import RoundStore, allreduce_sum
 from aps.learner.lease import Lease, Mode
 from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
 from aps.learner.pump import Pumps
-from aps.messages import (
+from aps.session.protocol import State
+from aps.wire import codec
+from aps.wire.messages import (
     CollectGradients,
     GradientProgress,
     GradientReport,
@@ -53,7 +54,6 @@ from aps.messages import (
     Request,
     StopGradients,
 )
-from aps.protocol import State
 
 __all__ = ["REPORT_BACKLOG", "GradientRounds"]
 
@@ -84,7 +84,7 @@ class _RoundFrames:
     """A round and its frame per codec, each encoded once however many workers it goes to.
 
     The round's arrays (the policy's weights) are as large as a weights message, so a worker
-    whose connection negotiated a codec (:mod:`aps.compression`) gets them compressed, as
+    whose connection negotiated a codec (:mod:`aps.wire.compression`) gets them compressed, as
     weights are (:meth:`aps.learner.rollouts.PolicyVersions.frame`).
     """
 

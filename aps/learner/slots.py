@@ -19,11 +19,11 @@ from typing import Any, Protocol, TypeVar
 
 import gymnasium as gym
 
-from aps.delivery import Outbox
 from aps.errors import InvalidState
 from aps.learner.rollouts import WorkerMetrics
-from aps.messages import Hello, Message, Request
 from aps.session import Session
+from aps.session.delivery import Outbox
+from aps.wire.messages import Hello, Message, Request
 
 __all__ = ["Check", "Remote", "SlotHooks", "Slots", "WorkerInfo", "expect"]
 
@@ -68,7 +68,7 @@ class Remote:
     session: Session
     metrics: WorkerMetrics
     session_id: bytes
-    # Numbered requests (see aps.delivery), and the generation of the connection serving
+    # Numbered requests (see aps.session.delivery), and the generation of the connection serving
     # the slot: ``delivered`` is the generation that got every unanswered request.
     outbox: Outbox = field(default_factory=Outbox)
     generation: int = 0

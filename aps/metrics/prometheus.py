@@ -90,7 +90,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from aps._resource import Resource
+from aps._base._resource import Resource
 from aps.errors import ConfigError, InvalidState, MissingDependency, Timeout
 from aps.metrics.figures import Metrics, WorkerMetrics
 from aps.metrics.writers import reader

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aps._resource import Resource
+from aps._base._resource import Resource
 from aps.errors import ConfigError, InvalidState, MissingDependency
 from aps.metrics.figures import Metrics, WorkerMetrics
 

@@ -1,10 +1,10 @@
 """Worker-side policy gradients: sample trajectories at a point and report REINFORCE sums.
 
 :class:`GradientSampler` is plain synchronous code: the worker's event loop calls
-:meth:`GradientSampler.start` on each :class:`~aps.messages.GradientRound` and
+:meth:`GradientSampler.start` on each :class:`~aps.wire.messages.GradientRound` and
 :meth:`GradientSampler.step` between reads of its connection. One call steps every env once;
 when trajectories end (termination, truncation, or ``horizon`` steps) their gradients are
-summed into one :class:`~aps.messages.GradientReport`. The workers and the virtual-time
+summed into one :class:`~aps.wire.messages.GradientReport`. The workers and the virtual-time
 simulator (:mod:`aps.pg.simulate`) share it.
 """
 
@@ -18,7 +18,7 @@ import numpy.typing as npt
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aps.errors import ConfigError, ProtocolError
-from aps.messages import GradientReport, GradientRound
+from aps.wire.messages import GradientReport, GradientRound
 
 __all__ = ["GradientSampler"]
 

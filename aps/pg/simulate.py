@@ -142,7 +142,7 @@ def simulate(
         ConfigError: times of the wrong length or sign, no stopping criterion, or env
             factories that do not match the workers.
     """
-    from aps.messages import GradientRound
+    from aps.wire.messages import GradientRound
 
     n, times, comm = _check(h, kappa, iterations, time_budget)
     rule: AggregationRule = aggregator or Rennala(batch=8)
@@ -383,7 +383,7 @@ def afedpg(
         ConfigError: bad times, no stopping criterion, env factories that do not match the
             workers, or a ``max_delay`` that is not ``None`` or an int ``>= 0``.
     """
-    from aps.messages import GradientRound
+    from aps.wire.messages import GradientRound
 
     n, times, comm = _check(h, kappa, iterations, time_budget)
     if max_delay is not None and (

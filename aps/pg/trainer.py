@@ -29,14 +29,14 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from aps import codec
 from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.gradients import ring_allreduce_bytes
 from aps.learner import Learner
 from aps.learner.pool import OnWorkerLost
-from aps.messages import GradientProgress, GradientsReduced
 from aps.pg.aggregate import AggregationRule, Malenia, Rennala
 from aps.pg.nigt import NIGTUpdate, flatten, unflatten
+from aps.wire import codec
+from aps.wire.messages import GradientProgress, GradientsReduced
 
 __all__ = ["AGGREGATIONS", "NIGT", "RoundStats"]
 
@@ -72,7 +72,7 @@ class RoundStats:
         direction_norm: the norm of the momentum direction after the step.
         aggregation: ``"server"`` or ``"allreduce"`` (see :class:`NIGT`).
         aggregation_bytes: the bytes the round's aggregations moved, all senders together.
-            Server: the workers' encoded sums (:class:`~aps.messages.GradientReport`,
+            Server: the workers' encoded sums (:class:`~aps.wire.messages.GradientReport`,
             framing excluded; also in ``bytes_received``). All-reduce: the payload of a ring
             all-reduce of the float32 vector (the gradient plus one count per worker) over
             the ``k`` ranks, ``2 (k - 1)`` vector sizes in all, computed from the model and

@@ -25,7 +25,7 @@ from websockets.frames import Frame as WsFrame, Opcode
 from websockets.protocol import Event, Protocol, Side, State
 from websockets.server import ServerProtocol
 
-from aps._buffers import allocate, seal
+from aps._base._buffers import allocate, seal
 from aps.transports.budget import PreauthBudget, Ticket
 
 __all__ = [
@@ -60,7 +60,7 @@ UNACCEPTED_FRAME_SIZE = 16 * 1024
 ``max_fragments(UNACCEPTED_FRAME_SIZE)`` fragments); accept() restores the listener's limit.
 
 As large as the handshake frames a learner reads until the token is proved
-(``aps.codec.HANDSHAKE_FRAME_SIZE``): an aps peer sends nothing before it is accepted."""
+(``aps.wire.codec.HANDSHAKE_FRAME_SIZE``): an aps peer sends nothing before it is accepted."""
 
 PREAUTH_CONTROL_FRAMES = 8
 """Pings and pongs a connection may send while it holds a pre-auth ticket; more closes it.
@@ -107,7 +107,7 @@ class Gatherer:
     message holds 40 MB of fragments and a fresh 40 MB ``bytes``, all memory the process has
     not touched for a while. Here each fragment is copied into the message when it arrives
     and freed at once, so the fragments' memory is reused. The message itself goes into a
-    buffer of the size the previous fragmented message had, from :mod:`aps._buffers`, which
+    buffer of the size the previous fragmented message had, from :mod:`aps._base._buffers`, which
     reuses one that nothing refers to any more (weights arrive at the same size every time).
     A message of another size is joined from its fragments, as websockets would.
 

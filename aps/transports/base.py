@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from aps._typing import Frame
+from aps._base._typing import Frame
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",

@@ -29,13 +29,13 @@ import ssl
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from aps._resource import AsyncResource
+from aps._base._resource import AsyncResource
 from aps.errors import ConnectError
-from aps.framing import MAX_FRAME_LENGTH, check_max_frame_size
 from aps.transports._util import AcceptQueue, address_url, detach, is_loopback_host
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, PreauthBudget, Ticket
 from aps.transports.stream import Acceptor, reason
+from aps.wire.framing import MAX_FRAME_LENGTH, check_max_frame_size
 
 __all__ = ["ACCEPT_BACKLOG", "SocketFactory", "SocketListener", "bind"]
 

@@ -30,8 +30,8 @@ import collections
 import itertools
 import sys
 
-from aps._resource import AsyncResource
-from aps._typing import Frame
+from aps._base._resource import AsyncResource
+from aps._base._typing import Frame
 from aps.errors import (
     ConfigError,
     ConnectError,
@@ -41,9 +41,9 @@ from aps.errors import (
     InvalidState,
     TransportClosed,
 )
-from aps.framing import check_max_frame_size, frame_view
 from aps.transports._util import AcceptQueue
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
+from aps.wire.framing import check_max_frame_size, frame_view
 
 __all__ = ["MemoryFactory", "MemoryListener", "MemoryTransport", "memory_transport_pair"]
 

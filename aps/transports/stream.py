@@ -1,7 +1,7 @@
 """Byte-stream plumbing shared by the built-in stream transports (TCP, TLS, Unix sockets).
 
 Also meant for plug-in transports over a byte stream: :class:`StreamConnection` is an
-:class:`asyncio.BufferedProtocol` that reads frames (behind :mod:`aps.framing`'s 4-byte
+:class:`asyncio.BufferedProtocol` that reads frames (behind :mod:`aps.wire.framing`'s 4-byte
 header) straight into the decoder's memory and does the write flow control; :func:`dial`
 opens a connection with aps's errors and deadline; :func:`reason` words an OS error;
 :class:`AcceptTrouble` turns ``EMFILE`` and its kin into a pause with one log line per
@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 from aps.errors import ConnectError, Timeout
-from aps.framing import FrameDecoder
 from aps.transports._util import tls_refused
 from aps.transports.budget import PreauthBudget, Ticket
+from aps.wire.framing import FrameDecoder
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def reason(exc: BaseException) -> str:
 class StreamConnection(asyncio.BufferedProtocol):
     """The event loop's side of one connection: frames in, write flow control out.
 
-    Bytes are read straight into the :class:`~aps.framing.FrameDecoder`'s memory: a large
+    Bytes are read straight into the :class:`~aps.wire.framing.FrameDecoder`'s memory: a large
     frame is allocated once at its announced size (after the size check) and filled by the
     socket reads themselves, so it is neither grown nor copied on its way in.
     """

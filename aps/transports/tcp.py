@@ -1,6 +1,6 @@
 """The TCP transport: ``tcp://host:port``, optionally with TLS.
 
-Frames travel behind the 4-byte length header of :mod:`aps.framing`, read by an
+Frames travel behind the 4-byte length header of :mod:`aps.wire.framing`, read by an
 :class:`asyncio.BufferedProtocol` straight into the frame decoder's memory: a large frame is
 allocated once, at its announced size after the size check, and filled by the socket reads.
 Listening on port 0 binds a free port, which :attr:`TCPListener.url` reports; IPv6 literals
@@ -41,8 +41,8 @@ import logging
 import socket
 from urllib.parse import urlsplit
 
-from aps._resource import AsyncResource
-from aps._typing import Frame
+from aps._base._resource import AsyncResource
+from aps._base._typing import Frame
 from aps.errors import (
     ConfigError,
     ConnectionLost,
@@ -50,11 +50,6 @@ from aps.errors import (
     FrameTooLarge,
     InvalidState,
     TransportClosed,
-)
-from aps.framing import (
-    HEADER_SIZE,
-    frame_header,
-    frame_view,
 )
 from aps.transports._util import (
     address_url,
@@ -71,6 +66,11 @@ from aps.transports.stream import (
     looks_like_tls,
     reason,
     tls_hint,
+)
+from aps.wire.framing import (
+    HEADER_SIZE,
+    frame_header,
+    frame_view,
 )
 
 log = logging.getLogger(__name__)

@@ -43,11 +43,11 @@ import tempfile
 from urllib.parse import unquote, urlsplit
 
 from aps.errors import ConfigError, ConnectError
-from aps.framing import check_max_frame_size
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
 from aps.transports.listener import ACCEPT_BACKLOG
 from aps.transports.stream import StreamConnection, dial, reason
 from aps.transports.tcp import TCPListener, TCPTransport
+from aps.wire.framing import check_max_frame_size
 
 __all__ = ["MAX_PATH_BYTES", "UnixFactory", "UnixListener", "UnixTransport"]
 

@@ -43,8 +43,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from aps._resource import AsyncResource
-from aps._typing import Frame
+from aps._base._resource import AsyncResource
+from aps._base._typing import Frame
 from aps.errors import (
     ConfigError,
     ConnectError,
@@ -56,7 +56,6 @@ from aps.errors import (
     Timeout,
     TransportClosed,
 )
-from aps.framing import check_max_frame_size, frame_view
 from aps.transports._util import (
     address_url,
     check_ssl_side,
@@ -67,6 +66,7 @@ from aps.transports._util import (
 )
 from aps.transports.budget import DEFAULT_LIMIT, Ticket
 from aps.transports.listener import SocketFactory, SocketListener, bind
+from aps.wire.framing import check_max_frame_size, frame_view
 
 try:
     from websockets.asyncio.client import ClientConnection, connect as ws_connect

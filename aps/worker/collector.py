@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from aps.batching import check_space, empty_batch, map_arrays
 from aps.errors import ConfigError, InvalidState, ProtocolError
-from aps.messages import TIMINGS_FORMAT, RolloutChunk, Weights
 from aps.multiagent import AGENT_ACTIVE
 from aps.vector import AnyVectorEnv
+from aps.wire.batching import check_space, empty_batch, map_arrays
+from aps.wire.messages import TIMINGS_FORMAT, RolloutChunk, Weights
 
 __all__ = ["MAX_ROLLOUT_STEPS", "Collector"]
 

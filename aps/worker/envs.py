@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import gymnasium as gym
 
-from aps._imports import import_object, names_a_module
+from aps._base._imports import import_object, names_a_module
 from aps.errors import ConfigError
 
 __all__ = [

@@ -1,15 +1,15 @@
 """Gradient mode on a worker: sum gradients locally at the broadcast point, send the sum once.
 
-Each :class:`~aps.messages.GradientRound` starts a round: the worker samples trajectories at
+Each :class:`~aps.wire.messages.GradientRound` starts a round: the worker samples trajectories at
 the round's point and adds their gradients ``g_H`` to a local sum. Only the count travels
-while the round runs (:class:`~aps.messages.GradientProgress`, a few bytes, whenever it
+while the round runs (:class:`~aps.wire.messages.GradientProgress`, a few bytes, whenever it
 grows), so that the learner can apply its aggregation rule; when the rule is met the learner
-sends :class:`~aps.messages.CollectGradients` and the worker sends its sum, once, as a
-:class:`~aps.messages.GradientReport`, then waits for the next round. Under all-reduce
-aggregation the learner sends :class:`~aps.messages.ReduceGradients` instead: the worker puts
+sends :class:`~aps.wire.messages.CollectGradients` and the worker sends its sum, once, as a
+:class:`~aps.wire.messages.GradientReport`, then waits for the next round. Under all-reduce
+aggregation the learner sends :class:`~aps.wire.messages.ReduceGradients` instead: the worker puts
 its sum into one gloo all-reduce with the learner and the other workers
 (:func:`~aps.gradients.allreduce_sum`, in a thread) and answers
-:class:`~aps.messages.GradientsReduced`, with its count and returns only.
+:class:`~aps.wire.messages.GradientsReduced`, with its count and returns only.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from aps.gradients import allreduce_sum
-from aps.messages import (
+from aps.pg.sampling import GradientSampler
+from aps.session import Session
+from aps.wire.messages import (
     CollectGradients,
     ErrorReport,
     GradientProgress,
@@ -34,8 +36,6 @@ from aps.messages import (
     ReduceGradients,
     StopGradients,
 )
-from aps.pg.sampling import GradientSampler
-from aps.session import Session
 
 __all__ = ["RoundSum", "serve_rounds"]
 
@@ -83,7 +83,7 @@ class RoundSum:
         )
 
     def vector(self, point: Mapping[str, Any], request: ReduceGradients) -> np.ndarray[Any, Any]:
-        """This worker's part of an all-reduce (see :class:`~aps.messages.ReduceGradients`).
+        """This worker's part of an all-reduce (see :class:`~aps.wire.messages.ReduceGradients`).
 
         The sum (or mean) is flattened in the order of ``point``, the round's arrays, with
         zeros for parameters that got no gradient; the count goes into this rank's slot.

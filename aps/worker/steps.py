@@ -3,9 +3,9 @@
 A :class:`StepServer` lives as long as one worker session (it survives resumes, not a new
 session). It answers resets, steps, rollouts and env calls by name (Gymnasium's ``call``,
 ``get_attr``, ``set_attr``, ``render``) with whole batches, one message per request, and
-every kind of request a mode registered (:func:`aps.protocol.register_request`) with that
+every kind of request a mode registered (:func:`aps.session.protocol.register_request`) with that
 kind's handler; an env (or a mode's handler) that raises is reported to the learner as an
-:class:`~aps.messages.ErrorReport` and the server keeps serving. Every answer is kept,
+:class:`~aps.wire.messages.ErrorReport` and the server keeps serving. Every answer is kept,
 encoded, until the learner acknowledges it, so that after a resume the learner gets the
 answers it missed and no request runs twice.
 """
@@ -21,10 +21,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from aps.batching import action_layout, check_batch
-from aps.delivery import ANSWERS, AnswerCache
 from aps.errors import ApsError, ConfigError, ProtocolError, WireError
-from aps.messages import (
+from aps.multiagent import MultiAgentVectorEnv
+from aps.session import Session
+from aps.session.delivery import ANSWERS, AnswerCache
+from aps.session.protocol import REQUESTS
+from aps.vector import AnyVectorEnv, EnvPoolVectorEnv
+from aps.wire.batching import action_layout, check_batch
+from aps.wire.messages import (
     TIMINGS_FORMAT,
     EnvCall,
     EnvCallResult,
@@ -39,11 +43,7 @@ from aps.messages import (
     StepResult,
     Weights,
 )
-from aps.multiagent import MultiAgentVectorEnv
-from aps.protocol import REQUESTS
-from aps.session import Session
-from aps.spaces import value_to_wire
-from aps.vector import AnyVectorEnv, EnvPoolVectorEnv
+from aps.wire.spaces import value_to_wire
 from aps.worker.collector import Collector
 from aps.worker.envs import WRAPPER_CLASSES, wrapper_classes
 
@@ -82,7 +82,7 @@ class StepServer:
         # What check_batch accepts for an array action space, worked out once: the actions
         # of every step are still checked against it (they come from the network).
         self._action_layout = action_layout(envs.single_action_space, envs.num_envs)
-        # Each request kind's handler (aps.protocol.REQUESTS), bound once: the dispatch of a
+        # Each request kind's handler (aps.session.protocol.REQUESTS), bound once: the dispatch of a
         # request is one lookup. A kind registered after the server was built is bound when
         # its first request comes.
         self._handlers: dict[type[Message], _Handler] = {}
@@ -242,7 +242,7 @@ class StepServer:
                 values = envs.call(name, *request.args, **(request.kwargs or {}))
             else:
                 raise ProtocolError(f"the learner sent an env call of unknown kind {kind!r}")
-            # Spaces, env specs and Generators as data (aps.spaces.value_to_wire).
+            # Spaces, env specs and Generators as data (aps.wire.spaces.value_to_wire).
             values = tuple(value_to_wire(value) for value in values or ())
         except Exception as exc:
             return ErrorReport.of(exc, request.seq)

@@ -35,12 +35,7 @@ from typing import Any, cast
 from gymnasium.vector import AutoresetMode
 
 from aps import transports
-from aps._imports import PolicyPin, names_a_module
-from aps.compression import (
-    check_setting as check_compression,
-    offer as offer_compression,
-    parse_accepted,
-)
+from aps._base._imports import PolicyPin, names_a_module
 from aps.errors import (
     ApsError,
     AuthError,
@@ -52,7 +47,18 @@ from aps.errors import (
     TransportError,
     VersionMismatch,
 )
-from aps.messages import (
+from aps.multiagent import agents_per_env, is_parallel_env
+from aps.pg.sampling import GradientSampler
+from aps.session import Session, Timeouts
+from aps.session.protocol import NONCE_SIZE, REQUESTS, Role, check_learner_proof, worker_proof
+from aps.transports.base import Transport, TransportFactory
+from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
+from aps.wire.compression import (
+    check_setting as check_compression,
+    offer as offer_compression,
+    parse_accepted,
+)
+from aps.wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
     ErrorReport,
@@ -64,12 +70,6 @@ from aps.messages import (
     Weights,
     Welcome,
 )
-from aps.multiagent import agents_per_env, is_parallel_env
-from aps.pg.sampling import GradientSampler
-from aps.protocol import NONCE_SIZE, REQUESTS, Role, check_learner_proof, worker_proof
-from aps.session import Session, Timeouts
-from aps.transports.base import Transport, TransportFactory
-from aps.vector import AnyVectorEnv, check_backend, envpool_id, make_vector_env
 from aps.worker.collector import Collector
 from aps.worker.envs import EnvSpec, check_registered, describe, make_env, resolve_env
 from aps.worker.rounds import serve_rounds
@@ -145,17 +145,17 @@ class Worker:
             (``"pkg.module:make_agent"`` or ``"path/to/script.py:Agent"``). A learner whose
             Welcome names another is refused (launchers pass the learner's automatically).
         allow_policy: more policies this worker may run, as patterns of import paths matched
-            by structure (:class:`aps._imports.PolicyPin`): ``"mypkg.agents:*"``,
+            by structure (:class:`aps._base._imports.PolicyPin`): ``"mypkg.agents:*"``,
             ``"/srv/agents/*.py:Agent"``, where ``*`` stands for part of one name or path
             segment and never crosses ``.``, ``/`` or ``:``. Without ``policy`` and
             ``allow_policy`` the worker runs no policy: only a learner that chooses the
             actions can use it.
         compression: the codecs this worker offers the learner, which chooses
-            (:mod:`aps.compression`): ``"auto"`` (default) every one it can import, ``"zstd"``
+            (:mod:`aps.wire.compression`): ``"auto"`` (default) every one it can import, ``"zstd"``
             or ``"lz4"`` that one, ``"none"`` none.
         frame_delta: offer to send rollout chunks' frame stacks (observations of shape
             ``(K, ...)`` that shift by one frame a step) as their newest frames
-            (:mod:`aps.frame_delta`); the learner accepts where it compresses. ``False``, or
+            (:mod:`aps.wire.frame_delta`); the learner accepts where it compresses. ``False``, or
             ``compression="none"``, sends them whole.
         allow_private_env_calls: let the learner's env calls (``call``, ``get_attr``,
             ``set_attr``) reach private and dunder names (``_max_episode_steps``,
@@ -589,7 +589,7 @@ class Worker:
 
         Raises:
             ConfigError: the operator did not name or allow that policy (see
-                :class:`aps._imports.PolicyPin`), naming it and the flag that would allow it.
+                :class:`aps._base._imports.PolicyPin`), naming it and the flag that would allow it.
         """
         return None if policy is None else self._pin.check(policy)
 
@@ -690,7 +690,7 @@ class Worker:
             if not serving and not isinstance(request, Reject):
                 serving = True
                 log.info("worker %s serves the learner at %s", self._name(), session.peer)
-            # Every numbered request, of any kind (aps.protocol.REQUESTS): one lookup, which
+            # Every numbered request, of any kind (aps.session.protocol.REQUESTS): one lookup, which
             # the step every lockstep step brings costs no more than a type test.
             if type(request) in REQUESTS:
                 if await server.answer(session, cast(Request, request)):

@@ -1,7 +1,7 @@
 """Gymnasium spaces as plain data, so a worker can tell the learner what its envs look like.
 
 A space travels declaratively: :func:`space_to_wire` turns it into a small dict of ints,
-strings and numpy arrays (which :mod:`aps.codec` carries), and :func:`space_from_wire` builds
+strings and numpy arrays (which :mod:`aps.wire.codec` carries), and :func:`space_from_wire` builds
 an equal space back. Nothing is pickled, so a peer can never make the other side run code.
 
 Supported: ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary``, ``Dict`` and ``Tuple``,
@@ -68,7 +68,7 @@ _SUPPORTED_NAMES = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple"
 
 
 def space_to_wire(space: gym.Space[Any]) -> dict[str, Any]:
-    """Describe ``space`` as plain data for :mod:`aps.codec`.
+    """Describe ``space`` as plain data for :mod:`aps.wire.codec`.
 
     Args:
         space: a Gymnasium space built only from the supported types.
@@ -202,7 +202,7 @@ def sample_nbytes(data: object) -> int:
     """The bytes one sample of the space ``data`` describes takes, read from the description.
 
     Runs before the space is built, so that a receiver can bound what it would build for
-    many envs of it (see :func:`aps.codec.decode` for a :class:`~aps.messages.Ready`): a
+    many envs of it (see :func:`aps.wire.codec.decode` for a :class:`~aps.wire.messages.Ready`): a
     ``Box`` or ``MultiDiscrete`` counts its bounds' bytes, a ``Discrete`` its dtype's, a
     ``MultiBinary`` one byte per element, a ``Dict`` or ``Tuple`` the sum of its spaces. A
     description too malformed to count counts 0: :func:`space_from_wire` refuses it.

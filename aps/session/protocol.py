@@ -24,9 +24,9 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
-from aps import codec
 from aps.errors import AuthError, ConfigError, InvalidState, ProtocolError, VersionMismatch
-from aps.messages import (
+from aps.wire import codec
+from aps.wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
     CollectGradients,
@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 NONCE_SIZE = 32
-"""Bytes of randomness in a :class:`~aps.messages.Challenge` nonce."""
+"""Bytes of randomness in a :class:`~aps.wire.messages.Challenge` nonce."""
 
 MAX_IN_FLIGHT = 64
 """The most requests a learner keeps unanswered per worker; also the most answers a worker
@@ -222,14 +222,14 @@ class RequestKind:
     """One kind of numbered request: the one row the protocol, delivery and the worker read.
 
     From it come the request's rows in :data:`TRANSITIONS`, what answers it
-    (:data:`ANSWERS`, which :class:`aps.delivery.Outbox` checks every answer against), and
+    (:data:`ANSWERS`, which :class:`aps.session.delivery.Outbox` checks every answer against), and
     how the worker's step server (:class:`aps.worker.steps.StepServer`) answers it. A mode
     adds its kind with :func:`register_request` from its own module.
 
     ``request`` must have the int fields ``seq`` and ``acked`` (defaulting to 0), and
-    ``answer`` the int field ``seq``, as :class:`~aps.messages.StepRequest` and
-    :class:`~aps.messages.StepResult` do; an :class:`~aps.messages.ErrorReport` answers any
-    request.
+    ``answer`` the int field ``seq``, as :class:`~aps.wire.messages.StepRequest` and
+    :class:`~aps.wire.messages.StepResult` do; an :class:`~aps.wire.messages.ErrorReport`
+    answers any request.
     """
 
     request: type[Message]
@@ -238,20 +238,20 @@ class RequestKind:
     """How the worker answers: a function called as ``serve(server, request)`` with the
     worker's step server, returning the answer (or an awaitable of it); or, for the built-in
     kinds, the name of the step server's method that does. An exception it raises is sent to
-    the learner as an :class:`~aps.messages.ErrorReport` by the server for the built-in
+    the learner as an :class:`~aps.wire.messages.ErrorReport` by the server for the built-in
     kinds; a mode's function returns ``ErrorReport.of(exc, request.seq)`` itself."""
     awaiting: State = State.AWAIT_ANSWER
     """The learner's state while the answer is owed."""
     serving: State = State.SERVING
     """The worker's state while it answers."""
     weights: bool = False
-    """Whether the learner may send :class:`~aps.messages.Weights` while the answer is owed:
+    """Whether the learner may send :class:`~aps.wire.messages.Weights` while the answer is owed:
     weights need no answer, so they may follow a reset or a step the worker has not answered
     (a replacement worker is reset while a new version is published)."""
     pipelined: bool = False
     """Whether the learner may have several outstanding (rollouts): both sides are then in
     the counted state ``COLLECTING`` (``awaiting`` and ``serving`` are not read), which
-    :class:`~aps.messages.Weights` may enter and leave as well."""
+    :class:`~aps.wire.messages.Weights` may enter and leave as well."""
 
     def transitions(self, role: Role) -> dict[tuple[State, Direction, type[Message]], State]:
         """This kind's rows of ``role``'s table."""
@@ -283,7 +283,7 @@ REQUESTS: dict[type[Message], RequestKind] = {}
 registered (see :func:`register_request`)."""
 
 ANSWERS: dict[type[Message], type[Message]] = {}
-"""What answers each kind of request (an :class:`~aps.messages.ErrorReport` answers any),
+"""What answers each kind of request (an :class:`~aps.wire.messages.ErrorReport` answers any),
 read from :data:`REQUESTS`."""
 
 _COUNTED: set[type[Message]] = set()  # the pipelined requests: COLLECTING counts them
@@ -294,7 +294,7 @@ def register_request(kind: RequestKind) -> None:
 
     Call it from the module of the mode that owns ``kind``, at import, on both sides (the
     learner's and the worker's processes import the mode's module). Its message types are
-    registered with the codec (:func:`aps.codec.register`). Registering the same row again
+    registered with the codec (:func:`aps.wire.codec.register`). Registering the same row again
     changes nothing.
 
     Raises:

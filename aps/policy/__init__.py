@@ -75,7 +75,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from aps._agent_module import (
+from aps.errors import ConfigError, ProtocolError
+from aps.policy._agent_module import (
     PolicySpec,
     VectorEnvSpaces,
     build_module,
@@ -85,10 +86,9 @@ from aps._agent_module import (
     weights_nbytes,
     widened,
 )
-from aps._nature_cnn import NatureCNN
-from aps._numpy_heads import LOG_SQRT_2PI, NumpyHeads, check_no_nan, numpy_dtype
-from aps.batching import check_part, check_space, empty_batch, map_arrays
-from aps.errors import ConfigError, ProtocolError
+from aps.policy._nature_cnn import NatureCNN
+from aps.policy._numpy_heads import LOG_SQRT_2PI, NumpyHeads, check_no_nan, numpy_dtype
+from aps.wire.batching import check_part, check_space, empty_batch, map_arrays
 
 __all__ = [
     "Exploration",

@@ -3,10 +3,10 @@
 The check introduces itself with ``Hello(probe=True)``. A learner checks the protocol version
 and the token proof first, exactly as for a worker; a wrong or missing proof gets the
 refusal a worker would get, and nothing else. Once the proof checked out, the learner
-answers a probe instead of admitting it: a :class:`~aps.messages.ProbeResult` (its own
+answers a probe instead of admitting it: a :class:`~aps.wire.messages.ProbeResult` (its own
 proof, its aps version, how many workers it expects and has, its autoreset mode and policy)
-and, once the check asks with a :class:`~aps.messages.SpacesRequest`, a
-:class:`~aps.messages.ProbeSpaces` with its observation and action spaces, if a worker has
+and, once the check asks with a :class:`~aps.wire.messages.SpacesRequest`, a
+:class:`~aps.wire.messages.ProbeSpaces` with its observation and action spaces, if a worker has
 joined. The probe never takes a worker's place and is not logged as a refusal.
 
 The check is mutual, as a worker's handshake is: with a token, the result must carry the
@@ -16,8 +16,8 @@ larger than a handshake's: it raises its limit, then asks for the spaces, so no 
 is on its way before the limit is raised.
 
 ``aps top URL`` opens the same conversation and stays: once it has the spaces it asks for
-the learner's figures (:class:`~aps.messages.MetricsRequest`) as often as it redraws, and
-each answer (:class:`~aps.messages.ProbeMetrics`) is :meth:`aps.metrics.Metrics.as_dict` of
+the learner's figures (:class:`~aps.wire.messages.MetricsRequest`) as often as it redraws, and
+each answer (:class:`~aps.wire.messages.ProbeMetrics`) is :meth:`aps.metrics.Metrics.as_dict` of
 the learner's snapshot then. :func:`watch_learner` is that connection; the learner paces and
 bounds such views (see :mod:`aps.learner.admission`).
 """
@@ -36,7 +36,11 @@ from typing import Any, TypeVar
 import gymnasium as gym
 
 from aps.errors import AuthError, ConfigError, ProtocolError, Timeout, VersionMismatch
-from aps.messages import (
+from aps.session import Session
+from aps.session.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
+from aps.transports import connect
+from aps.transports.base import TransportFactory
+from aps.wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
     Hello,
@@ -47,10 +51,6 @@ from aps.messages import (
     Reject,
     SpacesRequest,
 )
-from aps.protocol import NONCE_SIZE, Role, check_learner_proof, worker_proof
-from aps.session import Session
-from aps.transports import connect
-from aps.transports.base import TransportFactory
 
 __all__ = ["CheckResult", "Watch", "check_learner", "watch_learner"]
 

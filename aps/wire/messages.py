@@ -1,8 +1,8 @@
 """Every message aps sends, as frozen dataclasses.
 
-One message is one frame. :mod:`aps.codec` turns them into bytes and back. Field values are
+One message is one frame. :mod:`aps.wire.codec` turns them into bytes and back. Field values are
 plain data: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, numpy arrays, Gymnasium
-spaces (sent declaratively, see :mod:`aps.spaces`) and tuples/dicts of these (``Any`` fields).
+spaces (sent declaratively, see :mod:`aps.wire.spaces`) and tuples/dicts of these (``Any`` fields).
 
 The conversation (``L`` learner, ``W`` worker)::
 
@@ -26,7 +26,7 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  StopGradients()               W -> L  GradientsStopped()
     W -> L  ErrorReport(...)              instead of a result, when an env raised
 
-Both sides prove the token over both nonces (see :mod:`aps.protocol`): the worker in its
+Both sides prove the token over both nonces (see :mod:`aps.session.protocol`): the worker in its
 Hello, the learner in its Welcome (or Reject), which the worker checks before it acts on
 anything the learner said. A learner too busy to start a handshake answers a new connection
 with ``Reject(retry_after > 0)`` instead of a Challenge.
@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from aps._typing import Array, ArrayTree
+from aps._base._typing import Array, ArrayTree
 from aps.errors import ConfigError
 
 __all__ = [
@@ -116,9 +116,9 @@ Version 6 added the all-reduce aggregation of gradient rounds (:class:`ReduceGra
 :class:`GradientsReduced`), which a version 5 worker could not decode.
 
 Version 7 added compression negotiated in the handshake (``Hello.compression``,
-``Welcome.compression``) and the compressed array extension of :mod:`aps.compression`, and
+``Welcome.compression``) and the compressed array extension of :mod:`aps.wire.compression`, and
 carries spaces, env specs and numpy Generators in :class:`EnvCallResult` as tagged maps
-(:func:`aps.spaces.value_to_wire`), which a version 6 learner would hand on unread.
+(:func:`aps.wire.spaces.value_to_wire`), which a version 6 learner would hand on unread.
 
 Version 8 made decoding stricter where a version 7 peer could send what is now refused: a
 space description's arrays travel uncompressed (a version 7 worker compressed large Box
@@ -162,7 +162,7 @@ class Message:
     """Base of all messages; ``TAG`` is the short name that identifies the type on the wire.
 
     ``FRAME_DELTA`` names the one field whose frame stacks may travel as their newest frames
-    on a connection that negotiated frame delta (see :mod:`aps.frame_delta`): the array it
+    on a connection that negotiated frame delta (see :mod:`aps.wire.frame_delta`): the array it
     holds, or each array of a dict or tuple of arrays it holds. ``None``: no field may; the
     codec refuses a frame-delta array anywhere in such a message.
     """
@@ -184,7 +184,7 @@ class Challenge(Message):
 class Hello(Message):
     """The worker's answer: who it is, what it hosts, its own nonce and its token proof.
 
-    ``proof`` is :func:`aps.protocol.worker_proof` over the challenge's nonce and ``nonce``
+    ``proof`` is :func:`aps.session.protocol.worker_proof` over the challenge's nonce and ``nonce``
     (empty without a token).
 
     ``label`` is free text from whoever started the worker (a launcher's worker index, a host
@@ -215,7 +215,8 @@ class Hello(Message):
     compression: str = ""
     """The codecs this worker can compress arrays with, comma-separated in its order of
     preference (``"zstd,lz4"``; empty: none), then ``frame-delta`` if it can send its chunks'
-    frame stacks as newest frames; see :mod:`aps.compression` and :mod:`aps.frame_delta`."""
+    frame stacks as newest frames; see :mod:`aps.wire.compression` and
+    :mod:`aps.wire.frame_delta`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,17 +237,17 @@ class Welcome(Message):
     """The learner took the worker back into its old session (envs and state kept)."""
     policy_kwargs: Any = None
     """Keyword arguments for the policy factory (plain data; ``None``: none). Like the rest of
-    the Welcome it must fit in a handshake frame (``aps.codec.HANDSHAKE_FRAME_SIZE``)."""
+    the Welcome it must fit in a handshake frame (``aps.wire.codec.HANDSHAKE_FRAME_SIZE``)."""
     proof: bytes = b""
-    """:func:`aps.protocol.learner_proof` over both nonces (empty without a token)."""
+    """:func:`aps.session.protocol.learner_proof` over both nonces (empty without a token)."""
     resume_window: float = 0.0
     """Seconds the learner keeps a lost worker's session for it to resume (0: unknown);
     a worker whose connection drops dials again for no longer than this."""
     compression: str = "none"
     """The codec both directions compress large arrays with from the next frame on: one the
-    worker's Hello offered, or ``"none"``; see :mod:`aps.compression`. ``",frame-delta"``
+    worker's Hello offered, or ``"none"``; see :mod:`aps.wire.compression`. ``",frame-delta"``
     after it (only if the Hello offered it): chunks' frame stacks travel as newest frames
-    (:mod:`aps.frame_delta`)."""
+    (:mod:`aps.wire.frame_delta`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,7 +261,7 @@ class Reject(Message):
     """Above 0: the learner is busy, not refusing this worker; dial again after that many
     seconds (a Reject sent instead of a Challenge)."""
     proof: bytes = b""
-    """:func:`aps.protocol.learner_proof` when the worker's proof was checked and right."""
+    """:func:`aps.session.protocol.learner_proof` when the worker's proof was checked and right."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -605,7 +606,7 @@ class ProbeResult(Message):
 
     TAG: ClassVar[str] = "probe_result"
     proof: bytes
-    """:func:`aps.protocol.learner_proof` over both nonces (empty without a token)."""
+    """:func:`aps.session.protocol.learner_proof` over both nonces (empty without a token)."""
     aps_version: str
     """The learner's aps release."""
     num_workers: int
@@ -711,7 +712,8 @@ def register_message(cls: type[Message]) -> None:
     """Add ``cls``, a message type of a mode's own, to :data:`MESSAGE_TYPES`.
 
     Registering the same class again changes nothing. A mode calls
-    :func:`aps.protocol.register_request`, which registers its types here and with the codec.
+    :func:`aps.session.protocol.register_request`, which registers its types here and with the
+    codec.
 
     Raises:
         ConfigError: ``cls`` is not a frozen, slotted, keyword-only dataclass subclass of
@@ -730,7 +732,7 @@ def register_message(cls: type[Message]) -> None:
         raise ConfigError(
             f"{cls!r} cannot be a message type: declare it "
             "@dataclass(frozen=True, slots=True, kw_only=True) as a subclass of "
-            "aps.messages.Message with a TAG of its own"
+            "aps.wire.messages.Message with a TAG of its own"
         )
     held = MESSAGE_TYPES.get(cls.TAG)
     if held is not None and held is not cls:

@@ -6,15 +6,15 @@ when the role has been quiet for ``heartbeat_interval`` seconds, and turns every
 longer than a deadline, and every answer later than one, into :class:`~aps.errors.Timeout`.
 
 Until the role calls :meth:`Session.authenticated` (the peer proved the token), a session
-reads only handshake-sized frames and decodes them with :func:`aps.codec.decode_handshake`:
+reads only handshake-sized frames and decodes them with :func:`aps.wire.codec.decode_handshake`:
 a peer that has proved nothing cannot make this side allocate more than a few KiB. The
 transport's own limit is lowered meanwhile when it exposes a settable ``max_frame_size``
 (every built-in does), so a large frame is refused from its header, before its body is read.
 
 Once the handshake chose a codec (:meth:`Session.compress`), the session encodes with it and
 accepts arrays compressed with it, and no other; the arrays of one frame may inflate to the
-session's frame limit, no more (see :mod:`aps.compression`). Frame delta
-(:mod:`aps.frame_delta`) is chosen with it: a session that negotiated it sends its rollout
+session's frame limit, no more (see :mod:`aps.wire.compression`). Frame delta
+(:mod:`aps.wire.frame_delta`) is chosen with it: a session that negotiated it sends its rollout
 chunks' frame stacks as newest frames and accepts them so; one that did not refuses them.
 """
 
@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aps import codec, compression
 from aps.errors import (
     ConfigError,
     EndOfStream,
@@ -39,10 +38,11 @@ from aps.errors import (
     TransportError,
     WireError,
 )
-from aps.messages import Goodbye, Heartbeat, Message
 from aps.metrics.figures import WorkerMetrics
-from aps.protocol import Connection, Role, State
+from aps.session.protocol import Connection, Role, State
 from aps.transports.base import DEFAULT_MAX_FRAME_SIZE, Transport, is_local
+from aps.wire import codec, compression
+from aps.wire.messages import Goodbye, Heartbeat, Message
 
 __all__ = ["OFF_LOOP_BYTES", "OFF_LOOP_INFLATING_BYTES", "Session", "Timeouts"]
 
@@ -183,7 +183,7 @@ class Session:
 
     @property
     def frame_delta(self) -> bool:
-        """Whether rollout chunks' frame stacks travel as newest frames (:mod:`aps.frame_delta`)."""
+        """Whether chunks' frame stacks travel as newest frames (:mod:`aps.wire.frame_delta`)."""
         return self._frame_delta
 
     @property
@@ -201,7 +201,7 @@ class Session:
         ``frame_delta``: the handshake chose frame delta as well, both ways.
 
         Raises:
-            ConfigError: ``name`` is neither a codec of :data:`aps.compression.CODECS` nor
+            ConfigError: ``name`` is neither a codec of :data:`aps.wire.compression.CODECS` nor
                 ``"none"``.
         """
         chosen = compression.compressor(name)
@@ -238,7 +238,7 @@ class Session:
         Args:
             message: what to send.
             frame: ``message`` already encoded, when the caller sends the same message to
-                many peers (weights) and encodes it once: plain (:func:`aps.codec.encode`),
+                many peers (weights) and encodes it once: plain (:func:`aps.wire.codec.encode`),
                 which every peer reads, or with this session's compressor (:meth:`encode`).
 
         Raises:

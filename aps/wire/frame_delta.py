@@ -12,7 +12,7 @@ a quarter of its raw bytes before the connection's codec compresses what is left
 
 The extension's payload is:
 
-- the array header ``[dtype.str, shape]`` of :data:`~aps.codec.EXT_NDARRAY`, unpadded,
+- the array header ``[dtype.str, shape]`` of :data:`~aps.wire.codec.EXT_NDARRAY`, unpadded,
   which declares the rebuilt array (``shape`` is ``(T, E, K, ...)``, ``K >= 2``);
 - a msgpack bin, the mask: which ``(t, e)`` travel as their newest frame, ``T * E`` bits
   in C order, packed most significant bit first (:func:`numpy.packbits`), the padding bits 0;
@@ -22,10 +22,10 @@ The extension's payload is:
 
 The receiver refuses, as a :class:`~aps.errors.WireError` that its session turns into a
 :class:`~aps.errors.ProtocolError` naming the peer: the extension on a connection that did
-not negotiate frame delta, or anywhere but a :class:`~aps.messages.RolloutChunk`'s ``obs``
+not negotiate frame delta, or anywhere but a :class:`~aps.wire.messages.RolloutChunk`'s ``obs``
 or an array of an ``obs`` that is a dict or tuple of arrays (a ``Dict`` or ``Tuple``
 observation space's: each array that is a frame stack is split on its own; see
-:func:`aps.codec.decode`: found there before any part is inflated or anything rebuilt); a
+:func:`aps.wire.codec.decode`: found there before any part is inflated or anything rebuilt); a
 shape that :func:`split` never sends (fewer than 4 dimensions, ``K < 2``, a zero-size
 dimension, under :data:`THRESHOLD` bytes) and a mask of more bits than the payload
 has bytes for, both from the header alone; a rebuilt size (with the rebuild's index scratch)
@@ -48,7 +48,8 @@ from typing import Any, Final
 import msgpack
 import numpy as np
 
-from aps._wire import (
+from aps.errors import WireError
+from aps.wire._wire import (
     EXT_FRAME_DELTA,
     LONGEST_HEADER,
     WIRE_NAME,
@@ -56,7 +57,6 @@ from aps._wire import (
     parse_payload,
     unpadded_header,
 )
-from aps.errors import WireError
 
 __all__ = [
     "EXT_FRAME_DELTA",
@@ -77,7 +77,7 @@ NAME: Final = "frame-delta"
 
 THRESHOLD: Final = 4096
 """Chunks whose ``obs`` is smaller than this many bytes travel plain: what frame delta could
-save there is less than a compressor's threshold (:data:`aps.compression.THRESHOLD`)."""
+save there is less than a compressor's threshold (:data:`aps.wire.compression.THRESHOLD`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +253,7 @@ class Pending:
     """A frame-delta array whose header was checked, not yet rebuilt (see :func:`unpacker`).
 
     Decoding a frame leaves each such array as this placeholder, so that the codec can
-    refuse one anywhere but a :class:`~aps.messages.RolloutChunk`'s ``obs`` before its parts
+    refuse one anywhere but a :class:`~aps.wire.messages.RolloutChunk`'s ``obs`` before its parts
     are inflated or anything is rebuilt; :meth:`rebuild` does the rest.
     """
 

@@ -3,7 +3,7 @@
 One message is one msgpack map, ``{"t": TAG, <field>: value, ...}``, in the order the dataclass
 declares its fields. Values are ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
 tuples or lists (both decode as tuples), dicts with ``str`` keys, numpy arrays and numpy
-scalars; a Gymnasium space field travels as the plain description of :mod:`aps.spaces`.
+scalars; a Gymnasium space field travels as the plain description of :mod:`aps.wire.spaces`.
 Nothing is ever pickled: bytes from a peer are data, never code.
 
 numpy values are msgpack extension types:
@@ -22,13 +22,13 @@ numpy values are msgpack extension types:
 - :data:`EXT_OBJECT_ARRAY`: an object array (Gymnasium puts odd info values such as
   ``final_obs`` in them): the msgpack array ``[shape, [element, ...]]``, each element encoded
   by these same rules; it decodes to an object array of that shape.
-- :data:`~aps.compression.EXT_COMPRESSED`: a numeric array compressed with the codec the
-  connection negotiated in its handshake (see :mod:`aps.compression`); only
+- :data:`~aps.wire.compression.EXT_COMPRESSED`: a numeric array compressed with the codec the
+  connection negotiated in its handshake (see :mod:`aps.wire.compression`); only
   :func:`encode` with a compressor writes it, and only :func:`decode` told the codec reads it.
-- :data:`~aps.frame_delta.EXT_FRAME_DELTA`: a rollout chunk's ``obs`` whose frame stacks
-  travel as their newest frames (see :mod:`aps.frame_delta`); only :func:`encode` with
+- :data:`~aps.wire.frame_delta.EXT_FRAME_DELTA`: a rollout chunk's ``obs`` whose frame stacks
+  travel as their newest frames (see :mod:`aps.wire.frame_delta`); only :func:`encode` with
   ``frame_delta`` writes it, and only :func:`decode` with ``frame_delta`` reads it, as a
-  :class:`~aps.messages.RolloutChunk`'s ``obs`` (or an array of an ``obs`` that is a dict or
+  :class:`~aps.wire.messages.RolloutChunk`'s ``obs`` (or an array of an ``obs`` that is a dict or
   tuple of arrays, each delta-coded on its own) and nowhere else.
 
 Decoded arrays are read-only views over the received payload: copy them (``np.array(x)``)
@@ -45,10 +45,10 @@ the general encoder (msgpack with a ``default`` callback; large arrays written o
 into the frame), the field specs that check each message type, the fast path's entry point
 and the decoders' last step, a frame body to a message. Below it, importing nothing of it:
 
-- :mod:`aps._wire`: the constants and dtype tables, and the array header ``[dtype.str,
+- :mod:`aps.wire._wire`: the constants and dtype tables, and the array header ``[dtype.str,
   shape]`` written and parsed; what every other part shares.
-- :mod:`aps._fast_pack`: the hand-written msgpack writer of the fast path.
-- :mod:`aps._unpack`: the ext hooks that decode numpy values, and the zero-copy walk that
+- :mod:`aps.wire._fast_pack`: the hand-written msgpack writer of the fast path.
+- :mod:`aps.wire._unpack`: the ext hooks that decode numpy values, and the zero-copy walk that
   views large arrays in the frame.
 """
 
@@ -66,9 +66,11 @@ import gymnasium as gym
 import msgpack
 import numpy as np
 
-from aps import frame_delta as _frame_delta
-from aps._buffers import allocate, seal
-from aps._fast_pack import (
+from aps._base._buffers import allocate, seal
+from aps._base._typing import ArrayTree, Frame
+from aps.errors import FrameTooLarge, WireError
+from aps.wire import frame_delta as _frame_delta
+from aps.wire._fast_pack import (
     ATOM_KINDS,
     PREFIXES,
     array_prefix,
@@ -77,8 +79,7 @@ from aps._fast_pack import (
     pack_object_array,
     pack_tree,
 )
-from aps._typing import ArrayTree, Frame
-from aps._unpack import (
+from aps.wire._unpack import (
     SCAN_FROM,
     TOP_HOOK,
     make_ext_hook,
@@ -87,7 +88,7 @@ from aps._unpack import (
     str_keys,
     with_references,
 )
-from aps._wire import (
+from aps.wire._wire import (
     ALIGNMENT,
     DTYPES,
     EXT_NDARRAY,
@@ -109,11 +110,10 @@ from aps._wire import (
     is_large,
     unpadded_header,
 )
-from aps.compression import EXT_COMPRESSED, Compressor, inflater
-from aps.errors import FrameTooLarge, WireError
-from aps.frame_delta import EXT_FRAME_DELTA
-from aps.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, register_message
-from aps.spaces import sample_nbytes, space_from_wire, space_to_wire
+from aps.wire.compression import EXT_COMPRESSED, Compressor, inflater
+from aps.wire.frame_delta import EXT_FRAME_DELTA
+from aps.wire.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, register_message
+from aps.wire.spaces import sample_nbytes, space_from_wire, space_to_wire
 
 __all__ = [
     "ALIGNMENT",
@@ -176,7 +176,7 @@ def _default(value: Any, compressor: Compressor | None = None) -> Any:
     """Turn what msgpack cannot pack natively (with ``strict_types``) into what it can.
 
     With a ``compressor``, numeric arrays it finds worth compressing become
-    :data:`~aps.compression.EXT_COMPRESSED` extensions.
+    :data:`~aps.wire.compression.EXT_COMPRESSED` extensions.
     """
     if type(value) is np.ndarray:
         if value.dtype.hasobject:
@@ -428,7 +428,7 @@ def _is_array(value: Any) -> bool:
 
 
 def _is_array_tree(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is an :data:`~aps._typing.ArrayTree`.
+    """Whether ``value`` is an :data:`~aps._base._typing.ArrayTree`.
 
     A numeric array, or dicts and tuples of them nested at most :data:`MAX_OBJECT_DEPTH` levels.
     """
@@ -513,7 +513,7 @@ def _field_for(name: str, hint: object) -> _Field:
             checks.append(check)
             words.append(word)
         else:
-            raise TypeError(f"aps.codec cannot carry a field annotated {hint!r} ({name})")
+            raise TypeError(f"aps.wire.codec cannot carry a field annotated {hint!r} ({name})")
     if len(checks) == 1:
         return _Field(name, _PLAIN, checks[0], words[0])
     if all(option in _ATOMS for option in options):
@@ -574,9 +574,10 @@ _KNOWN_TAGS = ", ".join(sorted(_SPECS_BY_TAG))
 def register(cls: type[Message]) -> None:
     """Carry ``cls``, a message type of a mode's own, from now on (on both sides).
 
-    It joins :data:`aps.messages.MESSAGE_TYPES` (see :func:`aps.messages.register`) and the
-    codec's tables: its fields are checked as every built-in type's are. A mode registers
-    its types through :func:`aps.protocol.register_request`, which calls this.
+    It joins :data:`aps.wire.messages.MESSAGE_TYPES` (see
+    :func:`aps.wire.messages.register`) and the codec's tables: its fields are checked as
+    every built-in type's are. A mode registers its types through
+    :func:`aps.session.protocol.register_request`, which calls this.
 
     Raises:
         ConfigError: ``cls`` is no frozen message dataclass, or its tag is taken.
@@ -607,13 +608,13 @@ def encode(
     Arrays are copied into the frame; the message may be reused or mutated afterwards.
 
     Args:
-        message: an instance of one of the types in :data:`aps.messages.MESSAGE_TYPES`.
-        compressor: the connection's negotiated compression (see :mod:`aps.compression`),
+        message: an instance of one of the types in :data:`aps.wire.messages.MESSAGE_TYPES`.
+        compressor: the connection's negotiated compression (see :mod:`aps.wire.compression`),
             or ``None`` to send every array plain. A frame made with one decodes only where
             :func:`decode` is given its codec.
         frame_delta: the connection negotiated frame delta: a
-            :class:`~aps.messages.RolloutChunk` whose ``obs`` are frame stacks sends them
-            as newest frames (see :mod:`aps.frame_delta`), and so does each array of an
+            :class:`~aps.wire.messages.RolloutChunk` whose ``obs`` are frame stacks sends them
+            as newest frames (see :mod:`aps.wire.frame_delta`), and so does each array of an
             ``obs`` that is a dict or tuple of arrays that is a frame stack; a frame made so
             decodes only where :func:`decode` is told.
 
@@ -625,7 +626,7 @@ def encode(
             annotation, or a value cannot travel (a type or dtype outside the supported set,
             a map key that is not a str, an int beyond 64 bits); the message names the field.
         ConfigError: a space field holds a space type that cannot travel (see
-            :mod:`aps.spaces`).
+            :mod:`aps.wire.spaces`).
     """
     spec = _SPECS_BY_CLASS.get(type(message))
     if spec is None:
@@ -661,7 +662,7 @@ def encode(
 def _split_leaves(obs: Any) -> Any:
     """``obs`` (a dict or tuple of arrays) with each frame stack in it as a Delta, or ``None``.
 
-    ``None`` when none of its arrays is a frame stack (see :func:`aps.frame_delta.split`).
+    ``None`` when none of its arrays is a frame stack (see :func:`aps.wire.frame_delta.split`).
     """
     found = False
 
@@ -741,7 +742,7 @@ def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
 # cost of encoding them. _pack_small writes such a message directly, in Python, from bytes
 # prepared once per message type and once per array dtype and shape, in one pass over the
 # fields: no body map is built unless the generic path takes over.
-# The writers it shares with pack_tree are in aps._fast_pack.
+# The writers it shares with pack_tree are in aps.wire._fast_pack.
 
 
 def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> bytes | None:
@@ -795,7 +796,7 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
 
 
 # --------------------------------------------------------------------------------------------
-# Decoding (the ext hooks and the zero-copy walk are in aps._unpack)
+# Decoding (the ext hooks and the zero-copy walk are in aps.wire._unpack)
 
 
 _SMALL_FRAME = 4096
@@ -831,7 +832,7 @@ def decode(
     ``docs/security.md``. A map that holds a key twice is refused. Compressed and frame-delta
     arrays are inflated only in message types whose fields hold arrays (the frame's map
     must start with its tag, as :func:`encode` writes it), a space description's arrays
-    never compressed; a :class:`~aps.messages.Ready` whose envs' observations or actions
+    never compressed; a :class:`~aps.wire.messages.Ready` whose envs' observations or actions
     could never fit a frame of ``max_frame_size`` is refused before its spaces are built.
 
     Args:
@@ -839,11 +840,11 @@ def decode(
         max_frame_size: the largest frame accepted, in bytes; checked before any parsing.
             The compressed arrays of one frame may inflate to this many bytes together.
         compression: the codec the connection negotiated (``"none"``: a compressed array
-            is refused); see :mod:`aps.compression`.
+            is refused); see :mod:`aps.wire.compression`.
         frame_delta: whether the connection negotiated frame delta; without it a
             frame-delta array is refused, and with it one is accepted only as a
-            :class:`~aps.messages.RolloutChunk`'s ``obs`` or as an array of an ``obs`` that
-            is a dict or tuple of arrays (see :mod:`aps.frame_delta`), rebuilt only once it
+            :class:`~aps.wire.messages.RolloutChunk`'s ``obs`` or as an array of an ``obs`` that
+            is a dict or tuple of arrays (see :mod:`aps.wire.frame_delta`), rebuilt only once it
             is known to be there. Rebuilt and inflated arrays share
             ``max_frame_size``.
         rate: the connection's :class:`InflationRate`, which inflated and rebuilt bytes are

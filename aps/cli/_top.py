@@ -1,6 +1,6 @@
 """``aps top URL``: a learner's figures, live, in a terminal.
 
-The view dials the learner as ``aps check`` does (:func:`aps._probe.watch_learner`: the
+The view dials the learner as ``aps check`` does (:func:`aps.cli._probe.watch_learner`: the
 token proved both ways), then asks for the learner's figures every interval and redraws:
 a header (the learner, its version and uptime, its workers, its env-steps per second,
 bytes per second each way, its CPU and where its time waits), one row per worker and a
@@ -29,7 +29,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from aps._probe import CheckResult, Watch, watch_learner
+from aps.cli._probe import CheckResult, Watch, watch_learner
 from aps.errors import ConfigError, ProtocolError
 from aps.metrics import Metrics, WorkerMetrics
 from aps.transports.base import TransportFactory
@@ -252,7 +252,7 @@ async def top(
         timeout: the longest the opening, and each answer, may take, in seconds.
 
     Raises:
-        ConfigError: ``interval`` is out of bounds; or, as :func:`aps._probe.check_learner`
+        ConfigError: ``interval`` is out of bounds; or, as :func:`aps.cli._probe.check_learner`
             raises, the learner refused the view.
         EndOfStream: the learner ended the view (its goodbye says why: closing, or as many
             views as it serves already).

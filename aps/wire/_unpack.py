@@ -2,11 +2,11 @@
 
 The ext hooks here turn the codec's extension payloads back into numpy values: arrays (read-only
 views of their payload), numpy scalars, and object arrays, nested at most
-:data:`~aps._wire.MAX_OBJECT_DEPTH` deep, with one hook per depth so that decoding keeps no
+:data:`~aps.wire._wire.MAX_OBJECT_DEPTH` deep, with one hook per depth so that decoding keeps no
 shared mutable state. Every error is a :class:`~aps.errors.WireError`.
 
-The second half is the zero-copy walk that :func:`aps.codec.decode` runs on a frame of more
-than :data:`~aps._wire.LARGE_ARRAY` bytes, so that its large arrays are views of the frame
+The second half is the zero-copy walk that :func:`aps.wire.codec.decode` runs on a frame of more
+than :data:`~aps.wire._wire.LARGE_ARRAY` bytes, so that its large arrays are views of the frame
 itself rather than of copies; the comment that opens it says how.
 """
 
@@ -20,7 +20,8 @@ from typing import Any, Final
 import msgpack
 import numpy as np
 
-from aps._wire import (
+from aps.errors import WireError
+from aps.wire._wire import (
     EXT_COMPRESSED,
     EXT_FRAME_DELTA,
     EXT_NDARRAY,
@@ -34,9 +35,8 @@ from aps._wire import (
     data_offset,
     parse_payload,
 )
-from aps.errors import WireError
 
-# What aps.codec (and aps.compression) use; the module stays private by its file name.
+# What aps.wire.codec (and aps.wire.compression) use; the module stays private by its file name.
 __all__ = [
     "DECODE_FLOOR",
     "DECODE_RATIO",
@@ -136,8 +136,8 @@ def make_ext_hook(
     """The ext hook for values nested ``depth`` object arrays deep.
 
     ``inflate`` turns the payload of a compressed array into the array (see
-    :func:`aps.compression.inflater`), ``rebuild`` that of a frame-delta array (see
-    :func:`aps.frame_delta.unpacker`: a placeholder the codec rebuilds once it knows where
+    :func:`aps.wire.compression.inflater`), ``rebuild`` that of a frame-delta array (see
+    :func:`aps.wire.frame_delta.unpacker`: a placeholder the codec rebuilds once it knows where
     it is); without them such arrays are refused. Either may itself refuse the array. A hook with
     either is made per frame (they count what the frame inflated), the nested ones on use.
     """

@@ -1,11 +1,11 @@
 """Reliable delivery of numbered requests, as state machines with no I/O.
 
 Requests (resets, steps, rollouts, env calls, and the kinds modes add: see
-:data:`aps.protocol.REQUESTS`) are numbered per worker session: ``seq``
+:data:`aps.session.protocol.REQUESTS`) are numbered per worker session: ``seq``
 counts from 0, every answer carries the ``seq`` it answers, and ``acked`` tells the worker
-how many answers the learner has received (see :mod:`aps.messages`). Two objects keep the
+how many answers the learner has received (see :mod:`aps.wire.messages`). Two objects keep the
 books, one at each end, and neither touches a socket, a clock or the event loop, so they
-are tested like :mod:`aps.protocol`, by feeding them events:
+are tested like :mod:`aps.session.protocol`, by feeding them events:
 
 - :class:`Outbox`, the learner's side of one worker slot: :meth:`~Outbox.number` a request,
   :meth:`~Outbox.accept` an answer as fresh or as a duplicate (sent again after a resume),
@@ -29,11 +29,11 @@ import enum
 from typing import Generic, TypeVar
 
 from aps.errors import ProtocolError
-from aps.messages import ErrorReport, Message, Request
-from aps.protocol import ANSWERS, MAX_IN_FLIGHT
+from aps.session.protocol import ANSWERS, MAX_IN_FLIGHT
+from aps.wire.messages import ErrorReport, Message, Request
 
 # ANSWERS (what answers each kind of request) is read from the request kinds' rows,
-# aps.protocol.REQUESTS; it is named here too, where the outbox checks answers against it.
+# aps.session.protocol.REQUESTS; it is named here too, where the outbox checks answers against it.
 __all__ = ["ANSWERS", "Accepted", "AnswerCache", "Outbox"]
 
 _A = TypeVar("_A")
@@ -172,7 +172,7 @@ class AnswerCache(Generic[_A]):
 
     Args:
         limit: answers kept at most; the learner never has more unacknowledged (it pipelines
-            at most :data:`~aps.protocol.MAX_IN_FLIGHT` requests).
+            at most :data:`~aps.session.protocol.MAX_IN_FLIGHT` requests).
     """
 
     __slots__ = ("_kept", "_limit", "served")

@@ -1,13 +1,13 @@
 """The layout of one numpy value on the wire, shared by the codec's encoders and decoders.
 
-:mod:`aps.codec` describes the wire format; this module holds what every part of it needs to
+:mod:`aps.wire.codec` describes the wire format; this module holds what every part of it needs to
 agree on: the extension codes, the dtype whitelist and its lookup tables, and the array
 header ``[dtype.str, shape]`` that starts every array and scalar payload, both written
 (:func:`array_header`, cached per dtype and shape) and parsed (:func:`parse_payload`, which checks
 every byte before numpy sees any). It also fixes :data:`LARGE_ARRAY`, the payload size from
 which an array is written aligned within the frame and decoded as a view of it.
 
-The public constants are re-exported by :mod:`aps.codec`, where users find them. Nothing here
+The public constants are re-exported by :mod:`aps.wire.codec`, where users find them. Nothing here
 imports the rest of the codec, so each of its parts can import this one.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from aps.errors import WireError
 
-# What aps.codec (and aps.compression) use; the module stays private by its file name.
+# What aps.wire.codec (and aps.wire.compression) use; the module stays private by its file name.
 __all__ = [
     "ALIGNMENT",
     "DTYPES",
@@ -64,11 +64,11 @@ EXT_OBJECT_ARRAY: Final = 3
 """msgpack extension code of a numpy object array (its elements encoded one by one)."""
 
 EXT_COMPRESSED: Final = 4
-"""msgpack extension code of a compressed numpy array (see :mod:`aps.compression`)."""
+"""msgpack extension code of a compressed numpy array (see :mod:`aps.wire.compression`)."""
 
 EXT_FRAME_DELTA: Final = 5
 """msgpack extension code of a chunk of frame stacks sent as newest frames (see
-:mod:`aps.frame_delta`)."""
+:mod:`aps.wire.frame_delta`)."""
 
 DTYPES: Final = (
     "bool",
@@ -210,8 +210,8 @@ class InflationRate:
 class Allowance:
     """What the arrays of one frame may still inflate or rebuild to, in bytes.
 
-    Compressed arrays (:mod:`aps.compression`) and frame-delta arrays
-    (:mod:`aps.frame_delta`) allocate more than their bytes on the wire; each declares its
+    Compressed arrays (:mod:`aps.wire.compression`) and frame-delta arrays
+    (:mod:`aps.wire.frame_delta`) allocate more than their bytes on the wire; each declares its
     size, which is charged here before anything is allocated, so that together they stay
     within the receiving side's frame limit, and to the connection's :class:`InflationRate`
     (when given), so that they stay within its rate.

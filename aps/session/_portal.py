@@ -33,8 +33,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Generic, Literal, TypeVar
 
-from aps._loop import new_event_loop
 from aps.errors import InvalidState
+from aps.session._loop import new_event_loop
 
 __all__ = ["GRACE", "Pending", "Portal"]
 

@@ -1,9 +1,9 @@
 """Compressed arrays on the wire: the codecs, their negotiation, and the bounded inflate.
 
 A connection compresses when both ends agree in the handshake: the worker's
-:class:`~aps.messages.Hello` lists the codecs it can use (those it can import and its own
+:class:`~aps.wire.messages.Hello` lists the codecs it can use (those it can import and its own
 ``compression`` setting allows), the learner chooses one (:func:`choose`) and names it in
-its :class:`~aps.messages.Welcome`, and from then on both directions send every numeric
+its :class:`~aps.wire.messages.Welcome`, and from then on both directions send every numeric
 array of at least :data:`THRESHOLD` bytes compressed, when that saves at least an eighth of
 its bytes (see :data:`MAX_RATIO`). Control messages, small arrays and what does not
 compress stay plain, so a message needs no code of its own to be compressed: observations,
@@ -12,7 +12,7 @@ compress stay plain, so a message needs no code of its own to be compressed: obs
 A compressed array is the msgpack extension :data:`EXT_COMPRESSED`, whose payload is:
 
 - one byte, the codec's id (:data:`CODEC_IDS`: 1 zstd, 2 lz4);
-- the array header ``[dtype.str, shape]`` of :data:`~aps.codec.EXT_NDARRAY`, unpadded,
+- the array header ``[dtype.str, shape]`` of :data:`~aps.wire.codec.EXT_NDARRAY`, unpadded,
   which declares the decompressed size (the dtype's item size times the shape's product);
 - the compressed bytes of the array's little-endian C-order data: one zstd frame that
   carries its content size, or one raw lz4 block.
@@ -22,15 +22,15 @@ a :class:`~aps.errors.ProtocolError` naming the peer: a codec the connection did
 negotiate; a declared size that, with the arrays already inflated from the same frame, is
 more than the frame limit it configured (checked before anything is allocated, so nothing
 from the network makes a side allocate more than its limit per frame); a declared size
-over what the connection may still inflate (:class:`~aps.codec.InflationRate`: 4096 bytes
+over what the connection may still inflate (:class:`~aps.wire.codec.InflationRate`: 4096 bytes
 per byte received plus 64 MiB/s, so that small frames of zeros cannot keep a side
 inflating); a compressed array in a message none of whose fields holds arrays, or in a
-space description (a :class:`~aps.messages.Ready`'s Box bounds travel uncompressed, so that
+space description (a :class:`~aps.wire.messages.Ready`'s Box bounds travel uncompressed, so that
 a space costs what its frame costs), both refused before anything is inflated; a zstd frame
 that declares another size than the header; and data that does not decompress to exactly
 the declared size.
 
-Frame delta (:mod:`aps.frame_delta`) is negotiated along with the codec, as one more name in
+Frame delta (:mod:`aps.wire.frame_delta`) is negotiated along with the codec, as one more name in
 the Hello's list (:data:`FRAME_DELTA`) and after the codec in the Welcome
 (:func:`accepted`, :func:`parse_accepted`); the learner takes it where its setting
 compresses (:func:`choose_frame_delta`).
@@ -52,7 +52,8 @@ from typing import Any, Final
 import msgpack
 import numpy as np
 
-from aps._wire import (
+from aps.errors import ConfigError, ProtocolError, WireError
+from aps.wire._wire import (
     EXT_COMPRESSED,
     LONGEST_HEADER,
     SWAPPED,
@@ -62,8 +63,7 @@ from aps._wire import (
     parse_payload,
     unpadded_header,
 )
-from aps.errors import ConfigError, ProtocolError, WireError
-from aps.frame_delta import NAME as FRAME_DELTA
+from aps.wire.frame_delta import NAME as FRAME_DELTA
 
 __all__ = [
     "CODECS",
@@ -85,7 +85,7 @@ __all__ = [
     "parse_accepted",
 ]
 
-log = logging.getLogger("aps.compression")
+log = logging.getLogger("aps.wire.compression")
 
 CODECS: Final = ("zstd", "lz4")
 """The codecs aps can use, in the order ``"auto"`` prefers them."""
@@ -188,7 +188,7 @@ def offer(setting: str, *, frame_delta: bool = False) -> tuple[str, ...]:
 
     ``"auto"``: every codec it can import; a codec name: that one, if it can import it (if
     not, one log line says so and the worker offers none); ``"none"``: none. With
-    ``frame_delta`` and any setting but ``"none"``, :data:`aps.frame_delta.NAME` follows
+    ``frame_delta`` and any setting but ``"none"``, :data:`aps.wire.frame_delta.NAME` follows
     them (it needs no library).
     """
     check_setting(setting)
@@ -257,7 +257,7 @@ def choose_frame_delta(
 ) -> bool:
     """Whether a learner started with ``setting`` takes frame delta from one worker.
 
-    Frame delta (:mod:`aps.frame_delta`): the worker's chunks send frame stacks as their
+    Frame delta (:mod:`aps.wire.frame_delta`): the worker's chunks send frame stacks as their
     newest frames. Yes when the learner's ``frame_delta`` is ``enabled``, the worker offered
     it, and the learner's setting compresses for this worker: not ``"none"``, and for
     ``"auto"`` a worker that is not on this host. Whether a codec library is at hand does
@@ -457,8 +457,8 @@ def inflater(name: str, budget: int | Allowance) -> Callable[[bytes], np.ndarray
         name: the codec the connection negotiated (``"none"``: every compressed array is
             refused).
         budget: the most bytes the arrays of one frame may inflate to, together: the
-            receiving side's frame limit, or the :class:`~aps._wire.Allowance` the frame's
-            other arrays (:mod:`aps.frame_delta`) are charged to as well.
+            receiving side's frame limit, or the :class:`~aps.wire._wire.Allowance` the frame's
+            other arrays (:mod:`aps.wire.frame_delta`) are charged to as well.
 
     The function refuses, with :class:`~aps.errors.WireError`, a payload that is malformed,
     names a codec other than ``name``, declares more bytes than are left of ``budget``

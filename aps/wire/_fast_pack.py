@@ -2,13 +2,13 @@
 
 A step's messages hold a few ints and small arrays, and msgpack reaches every array through
 a Python ``default()`` that builds an ExtType: most of the cost of encoding them.
-``aps.codec._pack_small`` writes such a message directly instead, with the writers here:
+``aps.wire.codec._pack_small`` writes such a message directly instead, with the writers here:
 ints, strs, bins, containers and object arrays as msgpack packs them (always the shortest
 form), and array and scalar prefixes (ext header and array header) prepared once per dtype
 and shape and cached.
 
 The contract of every writer: the bytes are exactly those the codec's generic path (msgpack
-with ``aps.codec._default``) produces for the same value, and anything the writer does not
+with ``aps.wire.codec._default``) produces for the same value, and anything the writer does not
 handle (a type it does not know, a subclass, a large or big-endian array, a value beyond
 msgpack's limits) is refused with ``None`` or ``False``, never an error, so that the generic
 path packs it or raises its own error.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from aps._wire import (
+from aps.wire._wire import (
     DTYPES,
     EXT_NDARRAY,
     EXT_OBJECT_ARRAY,
@@ -36,7 +36,7 @@ from aps._wire import (
     is_large,
 )
 
-# What aps.codec (and aps.compression) use; the module stays private by its file name.
+# What aps.wire.codec (and aps.wire.compression) use; the module stays private by its file name.
 __all__ = [
     "ATOM_KINDS",
     "PREFIXES",
@@ -52,9 +52,9 @@ def pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: i
     """Append the msgpack bytes of ``value`` as the generic path packs it; ``False``: refused.
 
     Writes exact ``dict`` (str keys), ``list``, ``tuple`` and object arrays holding values
-    of the kinds :func:`aps.codec._pack_small` writes, numpy scalars of a wire dtype, and
+    of the kinds :func:`aps.wire.codec._pack_small` writes, numpy scalars of a wire dtype, and
     more such containers. ``nesting`` counts the containers around ``value``, ``depth`` the
-    object arrays (as :func:`aps.codec._check_tree` counts them). Anything else returns
+    object arrays (as :func:`aps.wire.codec._check_tree` counts them). Anything else returns
     ``False`` (with parts already appended: the caller drops them), so that the generic path
     packs it or raises its error: other types and subclasses, non-str keys, object arrays
     nested :data:`MAX_OBJECT_DEPTH` deep, large or big-endian arrays, ints beyond 64 bits.
@@ -153,7 +153,7 @@ ATOM_KINDS = frozenset({type(None), bool, float, str, bytes})
 def pack_object_array(
     array: np.ndarray[Any, Any], append: Callable[[bytes], Any], nesting: int, depth: int
 ) -> bool:
-    """Append an object array as ``aps.codec._ext_object_array`` packs it; ``False``: refused."""
+    """Append an object array as ``codec._ext_object_array`` packs it; ``False``: refused."""
     if array.dtype != _OBJECT or depth >= MAX_OBJECT_DEPTH or nesting >= _MAX_FAST_NESTING:
         return False  # a structured dtype, or too deep: the generic path's error
     shape = array.shape
@@ -230,7 +230,7 @@ def _container_header(size: int, fix: int, code16: int, code32: int) -> bytes | 
 def _scalar_prefixes() -> dict[type, bytes]:
     """Per numpy scalar type of a wire dtype: the bytes before its data.
 
-    As ``aps.codec._default`` packs it.
+    As ``aps.wire.codec._default`` packs it.
     """
     prefixes: dict[type, bytes] = {}
     for name in DTYPES:

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import aps
-from aps._loop import run
-from aps._probe import CheckResult, check_learner
-from aps._top import top
+from aps.cli._probe import CheckResult, check_learner
+from aps.cli._top import top
 from aps.errors import ApsError, ConfigError
 from aps.launch import _thunks
 from aps.launch.base import LOG_LEVELS, TOKEN_ENV, WorkerSpec, client_factory
 from aps.launch.slurm import sbatch_script
 from aps.session import Timeouts
+from aps.session._loop import run
 from aps.vector import VECTOR_BACKENDS
 from aps.worker import Worker
 from aps.worker.envs import make_env

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces as gs
 
-from aps._typing import Array, Info
+from aps._base._typing import Array, Info
 from aps.errors import ConfigError, ProtocolError
 
 __all__ = [

@@ -27,8 +27,8 @@ import collections
 import struct
 from collections.abc import Iterator
 
-from aps._buffers import allocate, seal
-from aps._typing import Frame
+from aps._base._buffers import allocate, seal
+from aps._base._typing import Frame
 from aps.errors import ConfigError, FrameTooLarge
 
 __all__ = [

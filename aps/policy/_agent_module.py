@@ -16,9 +16,9 @@ import torch
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
-from aps._imports import import_object
-from aps._numpy_heads import numpy_dtype
+from aps._base._imports import import_object
 from aps.errors import ConfigError
+from aps.policy._numpy_heads import numpy_dtype
 
 __all__ = [
     "PolicySpec",
