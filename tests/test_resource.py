@@ -101,7 +101,7 @@ def test_only_the_base_defines_aexit() -> None:
     )
     # A lease's exit is no close: it reads how the block ended (a worker's failure breaks
     # the workers, see aps.learner.lease), so it defines its own.
-    assert defining == ["_resource.py", "learner/lease.py"]
+    assert defining == ["_base/_resource.py", "learner/lease.py"]
 
 
 async def test_a_learners_block_binds_on_entry_and_unbinds_at_its_end() -> None:
