@@ -146,11 +146,13 @@ async def test_detach_figures_split_env_and_policy_time(workers: WorkerTasks) ->
                 # The loop holds the stream: what the worker sends meanwhile waits in it.
                 await until(lambda: learner.metrics.queue_depth >= 1)
                 break
-        worker = learner.metrics.workers[0]
+        metrics = learner.metrics
+        worker = metrics.workers[0]
     assert worker.chunks >= 3 and worker.env_steps == worker.transitions
     assert worker.env_steps == worker.chunks * steps * ENVS
     assert worker.inference_seconds > 0 and worker.env_seconds > 0
     assert worker.answers >= worker.chunks  # the reset's answer too
+    assert metrics.chunk_wait_seconds > 0  # the stream waited for its first chunks
 
 
 async def test_the_round_trip_is_measured_while_a_stream_waits(workers: WorkerTasks) -> None:

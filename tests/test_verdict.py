@@ -375,9 +375,19 @@ def test_idle_workers_and_a_learner_that_rarely_waits_in_rollout_name_the_learne
     # Waiting most of the window: not the learner's loop.
     waited = dataclasses.replace(window, lockstep_wait_seconds=1.2)
     assert verdict(waited).bound == "wire"
-    # A chunk stream with a reset in the window: its chunks came without calls.
+    # A chunk stream with a reset in the window: its chunks came without calls, and what it
+    # waited is the stream's own figure.
     stream = dataclasses.replace(window, lockstep_calls=1)
     assert verdict(stream).bound == "wire"
+    held = dataclasses.replace(stream, chunk_wait_seconds=0.3)
+    result = verdict(held)
+    assert result.bound == "learner"
+    assert result.line == (
+        "learner-bound: workers are busy only 10% of the time, and the learner waits for "
+        "their chunks only 15% of its time (a chunk stream); its own loop between them takes "
+        "85% (its process uses 45% of a core)"
+    )
+    assert verdict(dataclasses.replace(stream, chunk_wait_seconds=1.2)).bound == "wire"
 
 
 def test_idle_workers_and_a_busy_learner_process_name_the_learner() -> None:

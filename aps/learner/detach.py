@@ -124,6 +124,8 @@ class Detach:
         self._warned_stall = False
         self._keep_previous = False
         self._pumps: Pumps | None = None  # the open stream's, while chunks() runs
+        self.chunk_wait = 0.0
+        """Seconds chunk streams waited for their next chunk, in all (the learner's figures)."""
 
     def _slot(self, remote: Remote) -> _SlotSync:
         slot = self._slots.get(remote)
@@ -631,8 +633,11 @@ class Detach:
                 for _ in range(max_in_flight):
                     await self._request_chunk(remote, num_steps)
             pumps.start(active)
+            clock = time.perf_counter
             while True:
+                waiting = clock()
                 remote, item = await pumps.get()
+                self.chunk_wait += clock() - waiting
                 if isinstance(item, WorkerLost) and pool.recovery.on_worker_lost == "drop":
                     await pumps.drop(remote, item)
                     active.remove(remote)

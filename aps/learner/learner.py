@@ -511,6 +511,7 @@ class Learner(AsyncResource):
             lockstep_calls=requests.calls,
             lockstep_wait_seconds=requests.wait_seconds,
             queue_depth=self._detach.queue_depth,
+            chunk_wait_seconds=self._detach.chunk_wait,
         )
 
     async def publish(self, agent: Any, *, epsilon: float | None = None) -> int:

@@ -213,6 +213,9 @@ class Metrics:
     """Time those calls waited, from their first request sent to their last answer."""
     queue_depth: int = 0
     """Chunks received and not yet taken by the training loop (DETACH), now."""
+    chunk_wait_seconds: float = 0.0
+    """Time the training loop waited inside chunk streams (``chunks()``) for the next chunk:
+    the rest of a stream's time is the loop's own (training, mostly)."""
 
     def since(self, earlier: Metrics | None) -> Metrics:
         """The figures of the time from ``earlier`` to this snapshot.
@@ -230,6 +233,7 @@ class Metrics:
             cpu_seconds=self.cpu_seconds - earlier.cpu_seconds,
             lockstep_calls=self.lockstep_calls - earlier.lockstep_calls,
             lockstep_wait_seconds=self.lockstep_wait_seconds - earlier.lockstep_wait_seconds,
+            chunk_wait_seconds=self.chunk_wait_seconds - earlier.chunk_wait_seconds,
         )
 
     @property
@@ -308,6 +312,7 @@ class Metrics:
             "lockstep_calls": self.lockstep_calls,
             "lockstep_wait_seconds": self.lockstep_wait_seconds,
             "queue_depth": self.queue_depth,
+            "chunk_wait_seconds": self.chunk_wait_seconds,
             "syncs": self.syncs,
             "weight_bytes": self.weight_bytes,
             "transitions": self.transitions,

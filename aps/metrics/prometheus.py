@@ -21,6 +21,7 @@ name                                          type     meaning
 ``aps_lockstep_calls_total``                  counter  lockstep calls (reset, step) sent to workers
 ``aps_lockstep_wait_seconds_total``           counter  time those calls waited for their answers
 ``aps_queue_depth``                           gauge    chunks received, not yet taken (DETACH)
+``aps_chunk_wait_seconds_total``              counter  time chunk streams waited for a chunk
 ``aps_syncs_total``                           counter  weight messages sent
 ``aps_weight_bytes_total``                    counter  bytes of weight arrays sent
 ``aps_transitions_total``                     counter  transitions received in chunks (DETACH)
@@ -132,6 +133,12 @@ _LEARNER: tuple[tuple[str, str, str, Callable[[Metrics], float]], ...] = (
         "gauge",
         "Chunks received and not yet taken by the training loop (DETACH).",
         lambda m: m.queue_depth,
+    ),
+    (
+        "chunk_wait_seconds",
+        "counter",
+        "Time chunk streams waited for their next chunk (DETACH).",
+        lambda m: m.chunk_wait_seconds,
     ),
     ("syncs", "counter", "Weight messages sent, all workers.", lambda m: m.syncs),
     (

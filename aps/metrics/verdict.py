@@ -50,11 +50,11 @@ DETACH (chunks)
     1. Busy at least :data:`BUSY_SHARE` (half) of the window: the workers are the bound, and
        the largest part of their busy time names it: ``env``, ``inference``, or ``wire`` for
        encoding.
-    2. Idle most of the window: the learner holds them back (``learner``) when it waits
-       inside ``rollout()`` calls for under :data:`WAIT_SHARE` of the window (a rollout asks
-       every worker and waits for every chunk, and counts with the lockstep calls: the
-       window's chunks came from rollouts where its calls times its workers reach its
-       chunks; a chunk stream's chunks come without calls), when chunks
+    2. Idle most of the window: the learner holds them back (``learner``) when it waits for
+       chunks for under :data:`WAIT_SHARE` of the window: inside ``rollout()`` calls (a
+       rollout asks every worker and waits for every chunk, and counts with the lockstep
+       calls: the window's chunks came from rollouts where its calls times its workers reach
+       its chunks) or inside a chunk stream (``chunk_wait_seconds``); when chunks
        wait for its training loop (``queue_depth`` above 0 at the window's end), or when its
        process uses at least :data:`LEARNER_CPU` (0.8) of a core (receiving, decoding,
        training).
@@ -283,16 +283,21 @@ def _detach(window: Metrics, timed: list[WorkerMetrics]) -> Verdict:
     cpu = window.cpu_seconds / span
     idle = f"workers are busy only {_pct(busy)} of the time"
     calls = window.lockstep_calls
-    wait = _clamp(window.lockstep_wait_seconds / span)
     chunks = sum(w.chunks for w in timed)
-    if calls * len(timed) >= chunks and wait < WAIT_SHARE:
-        # rollout() asks every worker and waits for every chunk: the learner's time outside
-        # those waits is its own loop (training, mostly), which the idle workers wait for.
+    rollouts = calls * len(timed) >= chunks
+    streamed = window.chunk_wait_seconds > 0
+    waited = window.chunk_wait_seconds + (window.lockstep_wait_seconds if rollouts else 0.0)
+    wait = _clamp(waited / span)
+    if (rollouts or streamed) and wait < WAIT_SHARE:
+        # rollout() asks every worker and waits for every chunk, a stream waits for the next
+        # one: the learner's time outside those waits is its own loop (training, mostly),
+        # which the idle workers wait for.
+        how = f"{calls} rollouts" if rollouts else "a chunk stream"
         return Verdict(
             bound="learner",
             line=(
                 f"learner-bound: {idle}, and the learner waits for their chunks only "
-                f"{_pct(wait)} of its time ({calls} rollouts); its own loop between them takes "
+                f"{_pct(wait)} of its time ({how}); its own loop between them takes "
                 f"{_pct(1 - wait)} (its process uses {_cpu(cpu)})"
             ),
             shares={**shares, "wait": wait},
