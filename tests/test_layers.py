@@ -118,6 +118,8 @@ CODEC_PARTS = {
     "aps.wire._wire": ("aps.wire.codec", "aps.wire._fast_pack", "aps.wire._unpack"),
     "aps.wire._fast_pack": ("aps.wire.codec", "aps.wire._unpack"),
     "aps.wire._unpack": ("aps.wire.codec", "aps.wire._fast_pack"),
+    "aps.wire._trees": ("aps.wire.codec",),
+    "aps.wire._guards": ("aps.wire.codec",),
 }
 
 

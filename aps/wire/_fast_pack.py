@@ -54,7 +54,7 @@ def pack_tree(value: Any, append: Callable[[bytes], Any], nesting: int, depth: i
     Writes exact ``dict`` (str keys), ``list``, ``tuple`` and object arrays holding values
     of the kinds :func:`aps.wire.codec._pack_small` writes, numpy scalars of a wire dtype, and
     more such containers. ``nesting`` counts the containers around ``value``, ``depth`` the
-    object arrays (as :func:`aps.wire.codec._check_tree` counts them). Anything else returns
+    object arrays (as :func:`aps.wire._trees.check_tree` counts them). Anything else returns
     ``False`` (with parts already appended: the caller drops them), so that the generic path
     packs it or raises its error: other types and subclasses, non-str keys, object arrays
     nested :data:`MAX_OBJECT_DEPTH` deep, large or big-endian arrays, ints beyond 64 bits.

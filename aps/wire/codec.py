@@ -79,10 +79,30 @@ from aps.wire._fast_pack import (
     pack_object_array,
     pack_tree,
 )
+from aps.wire._guards import (
+    ANY_ARRAYS,
+    COMPRESSED_CODE,
+    FRAME_DELTA_CODE,
+    NO_ARRAYS,
+    PLAIN_ARRAYS,
+    check_ready,
+    inflating_hook,
+    may_hold,
+    peek_tag,
+)
+from aps.wire._trees import (
+    LEAVES,
+    PathError,
+    check_tree,
+    is_array_tree,
+    map_tree,
+    pending_leaves,
+    rebuilt,
+    split_leaves,
+)
 from aps.wire._unpack import (
     SCAN_FROM,
     TOP_HOOK,
-    make_ext_hook,
     reference_hook,
     scan,
     str_keys,
@@ -110,10 +130,9 @@ from aps.wire._wire import (
     is_large,
     unpadded_header,
 )
-from aps.wire.compression import EXT_COMPRESSED, Compressor, inflater
-from aps.wire.frame_delta import EXT_FRAME_DELTA
+from aps.wire.compression import Compressor
 from aps.wire.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, register_message
-from aps.wire.spaces import sample_nbytes, space_from_wire, space_to_wire
+from aps.wire.spaces import space_from_wire, space_to_wire
 
 __all__ = [
     "ALIGNMENT",
@@ -328,70 +347,6 @@ def _pack_frame(body: dict[str, Any], compressor: Compressor | None = None) -> b
     return seal(frame)
 
 
-class _PathError(WireError):
-    """A bad value deep in a tree; the path to it is collected while the error unwinds."""
-
-    def __init__(self, problem: str) -> None:
-        self.problem = problem
-        self.path: list[str] = []
-        super().__init__(problem)
-
-
-# Values whose subtree needs no walk: plain scalars and numpy scalars of wire dtypes.
-_LEAVES = frozenset(
-    [type(None), bool, int, float, str, bytes, *(np.dtype(name).type for name in DTYPES)]
-)
-
-
-def _check_tree(value: Any, depth: int) -> None:
-    """Refuse what msgpack would pack but the peer would refuse: non-str keys, deep nesting.
-
-    Only containers are walked; the inline tests skip leaves and numeric arrays without a
-    call, which matters for object arrays such as ``final_obs`` (one element per env).
-    """
-    if type(value) is np.ndarray:
-        if value.dtype.hasobject:
-            if depth >= MAX_OBJECT_DEPTH:
-                raise _PathError(
-                    f"object arrays nest deeper than {MAX_OBJECT_DEPTH} levels; flatten the value"
-                )
-            for index, item in enumerate(value.flat):
-                kind = type(item)
-                if kind in _LEAVES or (kind is np.ndarray and not item.dtype.hasobject):
-                    continue
-                try:
-                    _check_tree(item, depth + 1)
-                except _PathError as exc:
-                    exc.path.append(f"[{index}]")
-                    raise
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if type(key) is not str:
-                raise _PathError(
-                    f"has the map key {key!r} of type {type(key).__name__}; only str keys "
-                    "travel; convert the keys with str()"
-                )
-            kind = type(item)
-            if kind in _LEAVES or (kind is np.ndarray and not item.dtype.hasobject):
-                continue
-            try:
-                _check_tree(item, depth)
-            except _PathError as exc:
-                exc.path.append(f"[{key!r}]")
-                raise
-    elif isinstance(value, tuple | list):
-        for index, item in enumerate(value):
-            kind = type(item)
-            if kind in _LEAVES or (kind is np.ndarray and not item.dtype.hasobject):
-                continue
-            try:
-                _check_tree(item, depth)
-            except _PathError as exc:
-                exc.path.append(f"[{index}]")
-                raise
-
-
 # --------------------------------------------------------------------------------------------
 # Field specs, built once per message class from its annotations.
 
@@ -425,25 +380,6 @@ class _Spec:
 
 def _is_array(value: Any) -> bool:
     return type(value) is np.ndarray and not value.dtype.hasobject
-
-
-def _is_array_tree(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is an :data:`~aps._base._typing.ArrayTree`.
-
-    A numeric array, or dicts and tuples of them nested at most :data:`MAX_OBJECT_DEPTH` levels.
-    """
-    kind = type(value)
-    if kind is np.ndarray:
-        return not value.dtype.hasobject
-    if depth >= MAX_OBJECT_DEPTH:
-        return False
-    if kind is dict:
-        return all(
-            type(key) is str and _is_array_tree(item, depth + 1) for key, item in value.items()
-        )
-    if kind is tuple:
-        return all(_is_array_tree(item, depth + 1) for item in value)
-    return False
 
 
 _ATOMS: dict[object, tuple[Callable[[Any], bool], str]] = {
@@ -488,7 +424,7 @@ def _field_for(name: str, hint: object) -> _Field:
         return _Field(
             name,
             _PLAIN,
-            lambda v: (type(v) is np.ndarray and not v.dtype.hasobject) or _is_array_tree(v),
+            lambda v: (type(v) is np.ndarray and not v.dtype.hasobject) or is_array_tree(v),
             "a numpy array, or a dict or tuple of them (nested)",
         )
     options = (
@@ -552,19 +488,14 @@ def _head(spec: _Spec, message: Message) -> bytes:
 _SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
 _SPECS_BY_CLASS: dict[type[Message], _Spec] = {s.cls: s for s in _SPECS_BY_TAG.values()}
 
-# What the fields of each message type may hold, by tag: no numpy value at all (no field is
-# an array, a space or plain data of any kind); plain arrays only (a space description,
-# whose Box bounds travel uncompressed so that a space costs what its frame costs); or any.
-_NO_ARRAYS, _PLAIN_ARRAYS, _ANY_ARRAYS = 0, 1, 2
-
 
 def _arrays_of(spec: _Spec) -> int:
     kinds = {field.kind for field in spec.fields}
     if _SPACE in kinds:
-        return _PLAIN_ARRAYS
+        return PLAIN_ARRAYS
     if _ANY in kinds or any("numpy array" in field.expected for field in spec.fields):
-        return _ANY_ARRAYS
-    return _NO_ARRAYS
+        return ANY_ARRAYS
+    return NO_ARRAYS
 
 
 _ARRAYS_BY_TAG: dict[str, int] = {tag: _arrays_of(spec) for tag, spec in _SPECS_BY_TAG.items()}
@@ -634,13 +565,13 @@ def encode(
             f"cannot encode {type(message).__qualname__}: not an aps message type; "
             f"known tags: {_KNOWN_TAGS}"
         )
-    if compressor is not None and _ARRAYS_BY_TAG[spec.tag] == _PLAIN_ARRAYS:
+    if compressor is not None and _ARRAYS_BY_TAG[spec.tag] == PLAIN_ARRAYS:
         compressor = None  # a space's bounds travel uncompressed: the decoder refuses them so
     placed = type(message).FRAME_DELTA if frame_delta else None
     if placed is not None:
         obs = getattr(message, placed)
         # Each array of a structured obs (a Dict or Tuple space's) is split on its own.
-        delta = _frame_delta.split(obs) if type(obs) is np.ndarray else _split_leaves(obs)
+        delta = _frame_delta.split(obs) if type(obs) is np.ndarray else split_leaves(obs)
         if delta is not None:
             body = _body(spec, message)
             body[placed] = delta
@@ -659,36 +590,6 @@ def encode(
         raise _locate(spec, body, exc) from exc
 
 
-def _split_leaves(obs: Any) -> Any:
-    """``obs`` (a dict or tuple of arrays) with each frame stack in it as a Delta, or ``None``.
-
-    ``None`` when none of its arrays is a frame stack (see :func:`aps.wire.frame_delta.split`).
-    """
-    found = False
-
-    def split(array: Any) -> Any:
-        nonlocal found
-        delta = _frame_delta.split(array)
-        found = found or delta is not None
-        return array if delta is None else delta
-
-    tree = _map_tree(split, obs, 0)
-    return tree if found else None
-
-
-def _map_tree(function: Callable[[Any], Any], value: Any, depth: int) -> Any:
-    """Apply ``function`` to each leaf of dicts and tuples nested at most MAX_OBJECT_DEPTH deep.
-
-    Deeper containers are handed to ``function`` whole, for the field's check to refuse.
-    """
-    if depth < MAX_OBJECT_DEPTH:
-        if type(value) is dict:
-            return {key: _map_tree(function, item, depth + 1) for key, item in value.items()}
-        if type(value) is tuple:
-            return tuple(_map_tree(function, item, depth + 1) for item in value)
-    return function(value)
-
-
 def _body(spec: _Spec, message: Message) -> dict[str, Any]:
     """The map ``{"t": tag, field: value, ...}`` that encodes ``message``, its fields checked."""
     body: dict[str, Any] = {"t": spec.tag}
@@ -697,10 +598,10 @@ def _body(spec: _Spec, message: Message) -> dict[str, Any]:
         if value is None and field.name in spec.omitted:
             continue
         if field.kind == _ANY:
-            if type(value) not in _LEAVES and not _is_array(value):
+            if type(value) not in LEAVES and not _is_array(value):
                 try:
-                    _check_tree(value, 0)
-                except _PathError as exc:
+                    check_tree(value, 0)
+                except PathError as exc:
                     path = "".join(reversed(exc.path))
                     raise WireError(
                         f"cannot encode field {field.name!r} of {spec.cls.__name__}: "
@@ -756,7 +657,7 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
     field's value must also pass the field's check (as in :func:`_body`). The frame is byte
     for byte what :func:`_pack_frame` makes of the message's body (the tests compare them);
     for anything else, including every value that fails its check or that msgpack or
-    :func:`_check_tree` would refuse, ``None`` leaves the work and the error to the generic
+    :func:`check_tree` would refuse, ``None`` leaves the work and the error to the generic
     path.
     """
     parts = [_head(spec, message) if spec.omitted else spec.head]
@@ -797,19 +698,6 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
 
 # --------------------------------------------------------------------------------------------
 # Decoding (the ext hooks and the zero-copy walk are in aps.wire._unpack)
-
-
-_SMALL_FRAME = 4096
-_COMPRESSED_CODE = bytes([EXT_COMPRESSED])
-_FRAME_DELTA_CODE = bytes([EXT_FRAME_DELTA])
-
-
-def _may_hold(code: bytes, frame: Frame, size: int) -> bool:
-    """Whether ``frame`` may hold an ext of ``code``: ``False`` only if it cannot."""
-    if size > _SMALL_FRAME:
-        return True  # scanning a large frame costs more than the hook
-    data = frame if type(frame) is bytes or type(frame) is bytearray else bytes(frame)
-    return code in data
 
 
 def decode(
@@ -865,16 +753,21 @@ def decode(
     pending: list[_frame_delta.Pending] = []
     # A compressed array's ext code is a byte of the frame: a small frame without that byte
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
-    inflates = compression != "none" and _may_hold(_COMPRESSED_CODE, frame, size)
-    rebuilds = frame_delta and _may_hold(_FRAME_DELTA_CODE, frame, size)
+    inflates = compression != "none" and may_hold(COMPRESSED_CODE, frame, size)
+    rebuilds = frame_delta and may_hold(FRAME_DELTA_CODE, frame, size)
     allowance: Allowance | None = None
     tag: str | None = None
     if inflates or rebuilds:
         if rate is not None:
             rate.frame(size)
         allowance = Allowance(max_frame_size, rate)
-        tag = _peek_tag(frame)
-        ext_hook = _inflating_hook(tag, compression, frame_delta, allowance, pending)
+        tag = peek_tag(frame)
+        arrays = _ARRAYS_BY_TAG.get(tag, -1) if tag is not None else -1
+        spec = _SPECS_BY_TAG.get(tag) if tag is not None else None
+        delta = spec is not None and spec.cls.FRAME_DELTA is not None
+        ext_hook = inflating_hook(
+            tag, arrays, delta, _delta_fields, compression, frame_delta, allowance, pending
+        )
     if size > SCAN_FROM:
         # What decoding will allocate is charged before msgpack builds anything (a frame of
         # many small objects is refused), and the large arrays are found on the way. Only
@@ -913,7 +806,7 @@ def decode(
         field = spec.cls.FRAME_DELTA
         assert field is not None
         obs = body.get(field) if type(body) is dict else None
-        placed = [obs] if type(obs) is _frame_delta.Pending else _pending_leaves(obs)
+        placed = [obs] if type(obs) is _frame_delta.Pending else pending_leaves(obs)
         if len(placed) != len(pending) or not all(
             a is b for a, b in zip(placed, pending, strict=False)
         ):
@@ -925,9 +818,9 @@ def decode(
             )
         keys = spec.names | {"t"}
         if keys - spec.omitted <= body.keys() <= keys:  # else _message names it
-            body[field] = _map_tree(_rebuilt, obs, 0)
+            body[field] = map_tree(rebuilt, obs, 0)
     if type(body) is dict and body.get("t") == Ready.TAG:
-        _check_ready(body, max_frame_size)
+        check_ready(body, max_frame_size)
     message = _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
     if allowance is not None and rate is not None:
         rate.expanded += allowance.expanded
@@ -947,139 +840,6 @@ def _delta_fields() -> str:
 def _words(cls: type[Message]) -> str:
     """``RolloutChunk`` as "rollout chunk": a message type's name in an error's text."""
     return re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
-
-
-def _pending_leaves(obs: Any) -> list[_frame_delta.Pending]:
-    """The frame-delta placeholders at the leaves of a decoded chunk's ``obs``.
-
-    In the order msgpack decoded them: depth first, as the tree is laid out in the frame.
-    """
-    found: list[_frame_delta.Pending] = []
-
-    def visit(leaf: Any) -> Any:
-        if type(leaf) is _frame_delta.Pending:
-            found.append(leaf)
-        return leaf
-
-    _map_tree(visit, obs, 0)
-    return found
-
-
-def _rebuilt(leaf: Any) -> Any:
-    return leaf.rebuild() if type(leaf) is _frame_delta.Pending else leaf
-
-
-def _peek_tag(frame: Frame) -> str | None:
-    """The tag of ``frame``'s message when its map starts with it, as :func:`encode` writes."""
-    head = frame[:40]  # a map header, "t", and a tag of at most 32 bytes
-    if type(head) is not bytes:
-        head = bytes(head)
-    if not head:
-        return None
-    first = head[0]
-    at = 1 if 0x81 <= first <= 0x8F else 3 if first == 0xDE else 0
-    if not at or head[at : at + 2] != b"\xa1t" or len(head) <= at + 2:
-        return None
-    kind = head[at + 2]
-    if not 0xA0 <= kind <= 0xBF:
-        return None  # every tag is a fixstr
-    start = at + 3
-    tag = head[start : start + (kind & 0x1F)]
-    return tag.decode("ascii", "replace") if len(tag) == kind & 0x1F else None
-
-
-def _refuse(problem: Callable[[], str]) -> Callable[[bytes], Any]:
-    """An ext payload handler that refuses every payload; the message is made on refusal."""
-
-    def refuse(payload: bytes) -> Any:
-        raise WireError(problem())
-
-    return refuse
-
-
-def _inflating_hook(
-    tag: str | None,
-    compression: str,
-    frame_delta: bool,
-    allowance: Allowance,
-    pending: list[_frame_delta.Pending],
-) -> Callable[[int, bytes], Any]:
-    """The ext hook of a frame whose message has ``tag`` (``None``: unknown, or not first).
-
-    Compressed arrays are inflated, and frame-delta arrays made placeholders (appended to
-    ``pending``), only where the message type's fields may hold them: refused anywhere else
-    before any work is done.
-    """
-    arrays = _ARRAYS_BY_TAG.get(tag, -1) if tag is not None else -1
-    if arrays == _NO_ARRAYS:
-
-        def refuse_all(code: int, data: bytes) -> Any:
-            raise WireError(
-                f"{tag} message holds a msgpack extension (code {code}), but none of its "
-                "fields holds arrays; the peer is not a compatible aps peer"
-            )
-
-        return refuse_all
-    inflate: Callable[[bytes], Any] | None = None
-
-    def where() -> str:  # called only where a frame is refused: most frames never are
-        return f"a {tag} message" if arrays >= 0 else "a frame that does not start with its tag"
-
-    if compression != "none":
-        if arrays == _ANY_ARRAYS:
-            inflate = inflater(compression, allowance)
-        else:
-            inflate = _refuse(
-                lambda: (
-                    f"compressed array in {where()}; "
-                    + (
-                        "a space description's arrays travel uncompressed"
-                        if arrays == _PLAIN_ARRAYS
-                        else "an aps peer writes the tag first"
-                    )
-                    + ": the peer is not a compatible aps peer"
-                )
-            )
-    rebuild: Callable[[bytes], Any] | None = None
-    if frame_delta:
-        spec = _SPECS_BY_TAG.get(tag) if tag is not None else None
-        if spec is not None and spec.cls.FRAME_DELTA is not None:
-            unpack = _frame_delta.unpacker(allowance, make_ext_hook(MAX_OBJECT_DEPTH, inflate))
-
-            def rebuild(payload: bytes) -> _frame_delta.Pending:
-                placeholder = unpack(payload)
-                pending.append(placeholder)  # where it may appear is checked once decoded
-                return placeholder
-
-        else:
-            rebuild = _refuse(lambda: f"frame-delta array in {where()}; only {_delta_fields()}")
-    return make_ext_hook(0, inflate, rebuild)
-
-
-_STEP_BYTES = 10
-"""What a step answer carries per env besides its observation: reward, terminated, truncated."""
-
-
-def _check_ready(body: dict[str, Any], max_frame_size: int) -> None:
-    """Refuse a Ready whose envs could never step within ``max_frame_size``.
-
-    Runs on the wire description, before the spaces are built: what the learner builds
-    per env (batched spaces, step buffers) is then bounded by the frame limit it set.
-    """
-    num_envs = body.get("num_envs")
-    if type(num_envs) is not int:
-        return  # _message names the wrong type (and the pool refuses fewer than 1 env)
-    for name in ("observation", "action"):
-        # At least a step's reward and flags (8 + 1 + 1 bytes) travel per env, whatever the
-        # spaces: an empty Dict or a zero-size Box bounds nothing by itself.
-        per_env = max(sample_nbytes(body.get(f"{name}_space")), _STEP_BYTES)
-        if num_envs * per_env > max_frame_size:
-            raise WireError(
-                f"ready message declares {num_envs} envs of {per_env} {name} bytes each "
-                f"({num_envs * per_env} bytes a step), more than this side's max_frame_size "
-                f"of {max_frame_size} bytes: a step's {name}s could never travel; run fewer "
-                "envs per worker, or raise max_frame_size on both sides"
-            )
 
 
 HANDSHAKE_FRAME_SIZE = 16 * 1024
