@@ -2,7 +2,8 @@
 
 Discrete action spaces get CleanRL's categorical agent; float ``Box`` action spaces (Pendulum,
 MuJoCo) get its Gaussian agent, whose log standard deviation is a learned parameter that does
-not depend on the state, as in CleanRL's ``ppo_continuous_action.py``.
+not depend on the state, as in CleanRL's ``ppo_continuous_action.py``. Frames (a 3-d ``Box``
+of observations channels last, as MinAtar's ``MinAtar/Breakout-v1``) get a small CNN.
 
 Each iteration the learner publishes its agent as a new policy version, every worker acts
 ``num_steps`` steps on its envs with the version it holds, and the learner trains on the
@@ -14,7 +15,10 @@ version travels:
 - ``--sync aps --kl-threshold t``: Adaptive Policy Synchronization. The learner measures
   KL(worker's version || newest version) on the states that worker just acted on and syncs
   it when the KL exceeds t, or once it is ``--max-lag`` versions behind (APS's default
-  bound unless given; ``--max-lag 0`` removes it, as in the paper).
+  bound unless given; ``--max-lag 0`` removes it, as in the paper);
+- ``--sync relative --drift-updates u``: APS with its threshold in updates' worth of drift
+  (:class:`aps.sync.RelativeAPS`): the worker's KL against ``u`` times the KL one update
+  moved the policy on the same states, with the same ``--max-lag`` bound.
 
 With ``--overlap-rollouts`` the workers act the next batch while the learner trains on this
 one (:meth:`aps.ClusterEnv.rollout_async`), so acting and training share the machine's cores
@@ -45,6 +49,8 @@ value always comes from the learner's critic.
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
     python examples/ppo_cluster.py --hidden-size 1024  # 2.1M parameters, 8.45 MB a version
+    python examples/ppo_cluster.py --env-id MinAtar/Breakout-v1 --hidden-size 128 \\
+        --sync relative --correction vtrace  # pip install minatar: pixels, a small CNN
     python examples/ppo_cluster.py --env-id Pendulum-v1 --total-timesteps 200000 --gamma 0.9 \\
         --num-steps 256 --update-epochs 10 --ent-coef 0 --norm-reward
     python examples/ppo_cluster.py --env-id HalfCheetah-v5 --total-timesteps 1000000 \\
@@ -79,7 +85,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -93,6 +99,8 @@ import aps
 from aps.correction import decoupled_ppo_loss, gae, vtrace
 
 CORRECTIONS = ("none", "decoupled", "vtrace")
+SYNCS = ("aps", "relative", "fixed", "always")
+Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
 
 
 def arg(default: Any, help: str) -> Any:
@@ -132,8 +140,11 @@ class Args:
     num_layers: int = arg(2, "hidden layers of the actor and of the critic")
 
     # Synchronization.
-    sync: str = arg("aps", "aps, fixed or always")
+    sync: str = arg("aps", "aps, relative, fixed or always")
     kl_threshold: float = arg(0.05, "APS: sync a worker when its KL to the learner exceeds this")
+    drift_updates: float = arg(
+        4.0, "relative: sync a worker once its KL exceeds this many updates' worth of drift"
+    )
     weight_precision: str = arg("exact", "how weights travel: exact, or float16 (half the bytes)")
     overlap_weights: bool = arg(
         False, "a chosen version travels while workers act with theirs (applies a chunk later)"
@@ -142,7 +153,7 @@ class Args:
         False, "act the next rollout while training on this one (acted one update behind)"
     )
     max_lag: int | None = arg(
-        None, "APS: also sync a worker this many versions behind (0: no bound; default: APS's)"
+        None, "APS, relative: also sync a worker this many versions behind (0: no bound)"
     )
     fixed_versions: int = arg(4, "fixed: sync a worker once it is this many versions behind")
     recompute_values: bool = arg(True, "GAE with the learner's critic (else the workers' values)")
@@ -195,8 +206,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
         parser.error(
             f"--correction must be one of {', '.join(CORRECTIONS)}, got {args.correction!r}"
         )
-    if args.sync not in ("aps", "fixed", "always"):
-        parser.error(f"--sync must be aps, fixed or always, got {args.sync!r}")
+    if args.sync not in SYNCS:
+        parser.error(f"--sync must be one of {', '.join(SYNCS)}, got {args.sync!r}")
     if args.compression not in (None, *aps.wire.compression.SETTINGS):
         choices = ", ".join(aps.wire.compression.SETTINGS)
         parser.error(f"--compression must be one of {choices}, got {args.compression!r}")
@@ -214,12 +225,14 @@ def make_sync(args: Any) -> Any:
         return aps.sync.AlwaysSync()
     if args.sync == "fixed":
         return aps.sync.FixedInterval(versions=args.fixed_versions)
-    if args.max_lag is None:
-        return aps.sync.APS(kl_threshold=args.kl_threshold)  # the default staleness bound
-    return aps.sync.APS(kl_threshold=args.kl_threshold, max_lag=args.max_lag or None)
+    # Without --max-lag, the strategy's own default staleness bound; 0 removes the bound.
+    bound = {} if args.max_lag is None else {"max_lag": args.max_lag or None}
+    if args.sync == "relative":
+        return aps.sync.RelativeAPS(updates=args.drift_updates, **bound)
+    return aps.sync.APS(kl_threshold=args.kl_threshold, **bound)
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: Layer, std: float = np.sqrt(2), bias_const: float = 0.0) -> Layer:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -286,10 +299,52 @@ class GaussianAgent(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
 
+class ConvTower(nn.Module):
+    """MinAtar's network (Young and Tian, 2019) on frames ``[..., H, W, C]`` channels last:
+    one 3x3 conv of 16 filters, ``hidden_size`` ReLU units, then a linear output layer.
+
+    Any leading axes (``[B]``, or the learner's ``[T, E]``) are kept, as ``nn.Linear`` keeps them.
+    """
+
+    def __init__(self, shape: tuple[int, ...], hidden_size: int, out_size: int, std: float) -> None:
+        super().__init__()
+        height, width, channels = shape
+        self.net = nn.Sequential(
+            layer_init(nn.Conv2d(channels, 16, 3)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(16 * (height - 2) * (width - 2), hidden_size)),
+            nn.ReLU(),
+            layer_init(nn.Linear(hidden_size, out_size), std=std),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = x.reshape(-1, *x.shape[-3:]).float().permute(0, 3, 1, 2)
+        out: torch.Tensor = self.net(frames)
+        return out.reshape(*x.shape[:-3], -1)
+
+
+class ConvAgent(Agent):
+    """The categorical agent on small frames (MinAtar): an actor and a critic tower each.
+
+    Two towers, not a shared trunk, so :class:`aps.policy.Policy` calls each head on the
+    frames directly; at 10 x 10 pixels the second convolution costs little.
+    """
+
+    def __init__(self, envs: Any, hidden_size: int = 128) -> None:
+        nn.Module.__init__(self)
+        shape = tuple(envs.single_observation_space.shape)
+        self.critic = ConvTower(shape, hidden_size, 1, std=1.0)
+        self.actor = ConvTower(shape, hidden_size, envs.single_action_space.n, std=0.01)
+
+
 def make_agent(envs: Any, hidden_size: int = 64, num_layers: int = 2) -> nn.Module:
-    """The agent for the envs' action space: Gaussian for a float Box, else categorical."""
+    """The agent for the envs' spaces: Gaussian for a float Box of actions; else a CNN for
+    frames (a 3-d observation Box; ``num_layers`` unused), else CleanRL's categorical MLP."""
     if isinstance(envs.single_action_space, gym.spaces.Box):
         return GaussianAgent(envs, hidden_size=hidden_size, num_layers=num_layers)
+    if len(envs.single_observation_space.shape or ()) == 3:
+        return ConvAgent(envs, hidden_size=hidden_size)
     return Agent(envs, hidden_size=hidden_size, num_layers=num_layers)
 
 
@@ -299,8 +354,13 @@ def make_env(env_id: str, norm_obs: bool = False) -> gym.Env[Any, Any]:
     Observations are normalized (and clipped to [-10, 10]) here, on the worker, when
     ``norm_obs``; the learner then trains on exactly what the workers' policies saw. Rewards
     are never changed here, so the returns the workers report are the env's own; the learner
-    scales them for training (``--norm-reward``).
+    scales them for training (``--norm-reward``). ``MinAtar/...`` ids are registered here,
+    where the env is made (``pip install minatar``).
     """
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        from minatar.gym import register_envs
+
+        register_envs()
     env = gym.make(env_id)
     if norm_obs:
         env = gym.wrappers.NormalizeObservation(env)
