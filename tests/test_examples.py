@@ -113,6 +113,45 @@ def test_ppo_cluster_corrections_with_worker_values_in_process(
 
 
 @pytest.mark.timeout(120)
+def test_ppo_cluster_minatar_frames_with_the_relative_signal(tmp_path: Path) -> None:
+    """Frames channels last get the CNN on both sides; RelativeAPS decides the syncs."""
+    pytest.importorskip("minatar")
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--env-id",
+        "MinAtar/Breakout-v1",
+        "--hidden-size",
+        "32",
+        "--sync",
+        "relative",
+        "--drift-updates",
+        "2",
+        "--max-lag",
+        "3",
+        "--correction",
+        "vtrace",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["env_id"] == "MinAtar/Breakout-v1" and result["global_step"] == 256
+    assert result["sync"] == "relative"
+    # 4 versions: each worker synced to the first; later ones only by the signal or the
+    # bound of 3, so never more than 2 per worker in all and never a lag past 3.
+    assert 2 <= result["syncs"] <= 8 and result["lag_max"] <= 3
+    # The workers built the learner's CNN from the import path: the bytes are its size.
+    agent_bytes = 4 * sum(
+        (16 * 4 * 9 + 16) + (16 * 8 * 8 * 32 + 32) + (32 * out_size + out_size)
+        for out_size in (1, 3)
+    )
+    assert result["bytes_per_version"] == agent_bytes
+
+
+@pytest.mark.timeout(120)
 def test_ppo_cluster_overlapping_rollouts(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     run(
