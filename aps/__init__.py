@@ -95,6 +95,9 @@ _MOVED = {
         )
     },
     **{f"aps.{name}": f"aps.session.{name}" for name in ("protocol", "delivery")},
+    "aps.pg.trainer": "aps.learner.trainer",
+    "aps.pg.simulate": "aps.learner.simulate",
+    "aps.pg.sampling": "aps.worker.sampling",
 }
 """Modules that moved into the folders of their layers, by their old import paths.
 

@@ -3,7 +3,7 @@
 :func:`allreduce_sum` and :class:`RoundStore`: one gloo all-reduce (``torch.distributed``)
 over the learner and the workers, rendezvoused at a store the learner opens for one round.
 The worker's gradient sampling lives with the other policy-gradient parts, in
-:mod:`aps.pg.sampling`.
+:mod:`aps.worker.sampling`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CPU milliseconds per trajectory gradient of aps.pg.simulate (NIGT in virtual time).
+"""CPU milliseconds per trajectory gradient of aps.learner.simulate (NIGT in virtual time).
 
 Usage: python benchmarks/simulate_speed.py ENV N [--iterations 10] [--horizon 50]
 [--threads 1] [--pool 64]. Runs Rennala(batch=30) with h_i = H sqrt(i) and the paper's MLP
@@ -16,7 +16,7 @@ import gymnasium as gym
 import torch
 
 from aps import pg
-from aps.pg.simulate import simulate
+from aps.learner.simulate import simulate
 from experiments.nigt.__main__ import Agent
 
 

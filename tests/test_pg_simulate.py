@@ -1,4 +1,4 @@
-"""aps.pg.simulate: NIGT in virtual time with the networked path's rules and update."""
+"""aps.learner.simulate: NIGT in virtual time with the networked path's rules and update."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 import aps
 from aps import pg
-from aps.pg.simulate import afedpg, simulate
+from aps.learner.simulate import afedpg, simulate
 from tests.pg_agents import MeanAgent, Reveal
 
 
@@ -191,9 +191,9 @@ def test_afedpg_converges_on_a_quadratic() -> None:
 def test_sampler_limit_must_be_a_positive_int() -> None:
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from aps.pg.sampling import GradientSampler
     from aps.policy import Policy
     from aps.wire.messages import GradientRound
+    from aps.worker.sampling import GradientSampler
 
     envs = SyncVectorEnv([Reveal] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
     policy = Policy(MeanAgent(), envs.single_observation_space, envs.single_action_space)

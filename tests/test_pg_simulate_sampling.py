@@ -1,4 +1,4 @@
-"""GradientSampler.sample and Synchronous(share=k): the batch sampling aps.pg.simulate uses."""
+"""GradientSampler.sample and Synchronous(share=k): the batch sampling aps.learner.simulate uses."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from torch import nn
 
 import aps
 from aps import pg
+from aps.learner.simulate import simulate
 from aps.pg.reinforce import surrogate
-from aps.pg.sampling import GradientSampler
-from aps.pg.simulate import simulate
 from aps.policy import Policy
 from aps.wire.messages import GradientRound
+from aps.worker.sampling import GradientSampler
 from tests.pg_agents import MeanAgent, Reveal
 
 

@@ -159,9 +159,9 @@ def test_the_sampler_records_the_states_it_acted_on() -> None:
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from aps.pg.sampling import GradientSampler
     from aps.policy import Policy
     from aps.wire.messages import GradientRound
+    from aps.worker.sampling import GradientSampler
 
     # copy=False and SameStep, as workers build their envs: the obs buffer is reused.
     envs = SyncVectorEnv(

@@ -37,11 +37,11 @@ pytest.importorskip("torch")
 
 import aps
 from aps import pg
+from aps.learner.simulate import simulate
 from aps.pg.aggregate import RennalaRound
-from aps.pg.sampling import GradientSampler
-from aps.pg.simulate import simulate
 from aps.policy import Policy
 from aps.wire.messages import GradientProgress, GradientReport, GradientRound
+from aps.worker.sampling import GradientSampler
 from tests.conftest import FAST, WorkerTasks
 from tests.pg_agents import MeanAgent, Reveal
 

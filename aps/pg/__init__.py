@@ -1,4 +1,4 @@
-"""Asynchronous policy-gradient aggregation: the pure parts of Rennala NIGT and Malenia NIGT.
+"""Asynchronous policy-gradient aggregation: the pure rules of Rennala NIGT and Malenia NIGT.
 
 Workers sample trajectories at a point the learner broadcast, compute REINFORCE gradients
 ``g_H`` there and report gradient sums with counts and the round id; the learner aggregates a
@@ -11,16 +11,17 @@ pure functions of data (no event loop, no sockets, no clock reads), tested with 
   one vector.
 - :class:`Rennala`, :class:`Malenia`, :class:`Synchronous`: aggregation rules; each starts a
   mutable :class:`Round` that the driver feeds with reports.
-- :class:`NIGT` (in :mod:`aps.pg.trainer`, the one module here that does I/O): the trainer
-  that drives a :class:`~aps.learner.Learner`'s workers with the pieces above; ``aps.pg``
-  imports it on first use of the name, so importing the pure parts imports no learner.
 - :mod:`aps.pg.reinforce` (``reward_to_go``, ``surrogate``): the estimator ``g_H`` with
   absolute discount. It needs torch, so it is a submodule to import explicitly
   (``from aps.pg.reinforce import surrogate``): ``import aps.pg`` never imports torch.
-- :mod:`aps.pg.simulate` (``simulate``, ``afedpg``): the same rounds and update in virtual
-  time, with per-worker gradient times ``h_i`` and aggregation times ``kappa_i``, real envs
-  stepped in one process (the paper's experimental model), and the AFedPG baseline (every
-  gradient applied on arrival) in the same time model.
+
+The drivers that do I/O live with their roles: the trainer :class:`NIGT` beside the learner's
+modes (:mod:`aps.learner.trainer`; still named ``aps.pg.NIGT``, imported on first use of the
+name, so importing the pure rules imports no learner), the workers' sampler beside the worker
+(:mod:`aps.worker.sampling`), and the virtual-time runs of the paper's model, ``simulate``
+and ``afedpg``, beside the trainer (:mod:`aps.learner.simulate`). The old module paths
+``aps.pg.trainer``, ``aps.pg.sampling`` and ``aps.pg.simulate`` still import (the very
+modules).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from aps.pg.aggregate import (
 from aps.pg.nigt import Layout, NIGTState, NIGTUpdate, flatten, unflatten
 
 if TYPE_CHECKING:
-    from aps.pg.trainer import NIGT, RoundStats
+    from aps.learner.trainer import NIGT, RoundStats
 
 __all__ = [
     # The trainer (drives an aps Learner; the rest of this package is pure).
@@ -65,14 +66,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The trainer's names, imported on first use.
+    """The trainer's public names, imported on first use.
 
-    The trainer drives a :class:`~aps.learner.Learner`; importing it here eagerly would make
-    every import of the pure rules (the learner's and the worker's included) import the
-    learner, and close an import circle.
+    The trainer drives a :class:`~aps.learner.Learner`, a layer above these rules; importing
+    it here eagerly would make every import of the rules (the learner's and the worker's
+    included) import the learner. This lookup is the one upward reference of the layer, for
+    the name users write, and ``tests/test_layers.py`` allows exactly it.
     """
     if name in ("NIGT", "RoundStats"):
-        from aps.pg import trainer
+        from aps.learner.trainer import NIGT, RoundStats
 
-        return getattr(trainer, name)
+        return {"NIGT": NIGT, "RoundStats": RoundStats}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

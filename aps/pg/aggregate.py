@@ -741,7 +741,7 @@ class Synchronous:
             minibatch NIGT, where each worker computes a fixed share of the batch
             (``M = k n``): the round waits until every worker noted or reported ``k``
             gradients, takes a worker's reports until they hold ``k``, and
-            :func:`aps.pg.simulate.simulate` stops each worker at exactly ``k`` (it idles),
+            :func:`aps.learner.simulate.simulate` stops each worker at exactly ``k`` (it idles),
             so a round takes ``max_i k h_i``. The networked trainer does not stop its
             workers at ``k``: a worker's sum may hold more, and is taken whole.
 

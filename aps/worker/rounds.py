@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from aps.gradients import allreduce_sum
-from aps.pg.sampling import GradientSampler
 from aps.session import Session
 from aps.wire.messages import (
     CollectGradients,
@@ -36,6 +35,7 @@ from aps.wire.messages import (
     ReduceGradients,
     StopGradients,
 )
+from aps.worker.sampling import GradientSampler
 
 __all__ = ["RoundSum", "serve_rounds"]
 

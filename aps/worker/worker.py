@@ -48,7 +48,6 @@ from aps.errors import (
     VersionMismatch,
 )
 from aps.multiagent import agents_per_env, is_parallel_env
-from aps.pg.sampling import GradientSampler
 from aps.session import Session, Timeouts
 from aps.session.protocol import NONCE_SIZE, REQUESTS, Role, check_learner_proof, worker_proof
 from aps.transports.base import Transport, TransportFactory
@@ -73,6 +72,7 @@ from aps.wire.messages import (
 from aps.worker.collector import Collector
 from aps.worker.envs import EnvSpec, check_registered, describe, make_env, resolve_env
 from aps.worker.rounds import serve_rounds
+from aps.worker.sampling import GradientSampler
 from aps.worker.steps import StepServer
 
 __all__ = ["Worker"]

@@ -1,1 +1,1 @@
-"""NIGT in virtual time (aps.pg.simulate): ``python -m experiments.nigt``."""
+"""NIGT in virtual time (aps.learner.simulate): ``python -m experiments.nigt``."""

@@ -1,4 +1,4 @@
-"""Rennala, Malenia, synchronized NIGT and AFedPG in the paper's time model (aps.pg.simulate).
+"""Rennala, Malenia, synchronized NIGT and AFedPG in the paper's time model (aps.learner.simulate).
 
     python -m experiments.nigt                       # equal, sqrt, comm on Reacher, 3 seeds
     python -m experiments.nigt --scenarios hetero    # the heterogeneous-environment experiment
@@ -43,7 +43,7 @@ Methods: ``rennala``, ``malenia``, ``synchronous`` (the paper's synchronized NIG
 worker computes ``--sync-share`` gradients, 1 by default, and waits for the slowest),
 ``synchronous-same-batch`` (every worker computes ``ceil(M / n)``, ``M`` the one Rennala,
 or Malenia with heterogeneous envs, chose: the same batch per round), ``afedpg`` (one step
-per arriving gradient, :func:`aps.pg.simulate.afedpg`).
+per arriving gradient, :func:`aps.learner.simulate.afedpg`).
 
 Tuning, as the paper tunes: per (scenario, method) over its grid (:func:`grid_of`): the
 step sizes of ``--lr`` (``2^-7,2^-5``: powers of two as the paper writes them), ``M`` of
@@ -87,7 +87,7 @@ from torch import nn
 
 from aps import pg
 from aps.errors import ApsError
-from aps.pg.simulate import afedpg, simulate
+from aps.learner.simulate import afedpg, simulate
 
 METHODS = ("rennala", "malenia", "synchronous", "synchronous-same-batch", "afedpg")
 SCENARIOS = ("equal", "sqrt", "comm", "hetero")

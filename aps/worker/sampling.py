@@ -5,7 +5,7 @@
 :meth:`GradientSampler.step` between reads of its connection. One call steps every env once;
 when trajectories end (termination, truncation, or ``horizon`` steps) their gradients are
 summed into one :class:`~aps.wire.messages.GradientReport`. The workers and the virtual-time
-simulator (:mod:`aps.pg.simulate`) share it.
+simulator (:mod:`aps.learner.simulate`) share it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ broadcast point; worker ``i``'s ``k``-th gradient is ready at ``start + k * h[i]
 completions are fed, in time order, to the round of the *same* aggregation rule the networked
 trainer uses (:meth:`~aps.pg.Round.note`, as a worker's progress message would) until
 :attr:`~aps.pg.Round.ready`; then every worker's sum is computed from real trajectories
-sampled at the point (:class:`~aps.pg.sampling.GradientSampler`, the workers' own sampler, on a
+sampled at the point (:class:`~aps.worker.sampling.GradientSampler`, the workers' own sampler, on a
 vector env in this process) and added with :meth:`~aps.pg.Round.add`, the aggregation costs
 ``max(kappa)`` over the workers that send, and the *same* :class:`~aps.pg.NIGTUpdate` step
 follows.
@@ -16,7 +16,7 @@ What is simulated and what is real: the clock is the model's; the environments, 
 trajectories, the gradients, the aggregation and the update are real. Every worker samples
 at the same broadcast point, so a round's trajectories for all the workers that share one env
 factory are sampled together, on one vector env of up to ``pool`` envs
-(:meth:`~aps.pg.sampling.GradientSampler.sample`), with each worker's gradient sum and count
+(:meth:`~aps.worker.sampling.GradientSampler.sample`), with each worker's gradient sum and count
 kept apart: a worker's sum holds exactly the count the rule noted. Each env is given a fixed
 number of consecutive trajectories before any step and idles once it has run them, so no
 trajectory is dropped or selected by its length: with episodes that end early (Hopper) the
@@ -29,6 +29,11 @@ NIGT: every worker computes exactly ``k`` gradients and then idles, so a round t
 :func:`afedpg` runs the paper's main baseline, AFedPG (asynchronous federated policy
 gradient), in the same time model: every worker's gradient is applied the moment it arrives,
 each one costs its worker ``h[i]`` to compute and ``kappa[i]`` to send.
+
+It lives beside the networked trainer (:mod:`aps.learner.trainer`) because it plays the
+learner's part with the same rules and update; the workers' part is their own sampler, which
+it imports from the worker (the one place the learner's side does), so that a simulated
+worker samples exactly as a real one.
 """
 
 from __future__ import annotations
@@ -227,7 +232,7 @@ def _check(
 class _Pool:
     """Vector envs of one env factory, one per power-of-two size up to ``limit``, made lazily.
 
-    Every size gets its own :class:`~aps.pg.sampling.GradientSampler` (the workers' sampler)
+    Every size gets its own :class:`~aps.worker.sampling.GradientSampler` (the workers' sampler)
     over a ``SameStep``-autoreset :class:`gymnasium.vector.SyncVectorEnv`, seeded apart.
     """
 
@@ -241,8 +246,8 @@ class _Pool:
         """The sampler over ``size`` envs."""
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-        from aps.pg.sampling import GradientSampler
         from aps.policy import Policy
+        from aps.worker.sampling import GradientSampler
 
         if size not in self.samplers:
             vector = SyncVectorEnv(

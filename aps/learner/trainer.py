@@ -1,8 +1,8 @@
 """The NIGT trainer: drives Rennala, Malenia or synchronized NIGT over an aps learner.
 
-This module is the I/O side of :mod:`aps.pg`: it lives in the roles layer (it talks to a
+This module is the I/O side of :mod:`aps.pg`: it sits beside the learner's modes (it drives a
 :class:`~aps.learner.Learner`), while the rules it applies (:class:`~aps.pg.NIGTUpdate`,
-the aggregation rounds) stay pure.
+the aggregation rounds) stay pure in :mod:`aps.pg`. Users reach it as ``aps.pg.NIGT``.
 
 Each iteration broadcasts the extrapolated point; workers sample *and* differentiate at that
 point and sum their gradients locally, announcing only their counts. When the aggregation
