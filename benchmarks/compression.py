@@ -285,7 +285,7 @@ async def pong_run(setting: str, steps: int, num_envs: int) -> dict[str, Any]:
                 wall = time.perf_counter() - wall
                 _, cpu_after = cpu_seconds([process.pid])
                 sent, received = link.sent - sent, link.received - received
-                used = learner._pool.slots.remotes[0].session.compression
+                used = learner._pool.slots.admitted[0].session.compression
             finally:
                 if process.returncode is None:
                     process.terminate()
@@ -458,7 +458,7 @@ async def delta_run(chunk_steps: int, num_envs: int, chunks: int) -> dict[str, A
         task = asyncio.create_task(worker.run())
         try:
             await learner.wait_for_workers()
-            encoding = learner._pool.slots.remotes[0].session.encoding
+            encoding = learner._pool.slots.admitted[0].session.encoding
             await learner.reset(seed=0)
             await learner.publish(_tiny_agent_class()(learner))
             link = listener.accepted[-1]

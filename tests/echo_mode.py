@@ -65,11 +65,11 @@ async def echo(learner: aps.Learner, payload: Any) -> list[Echoed]:
         InvalidState: another operation holds the workers.
     """
     pool = learner._pool  # the learner's side of a mode is written over its pool
-    requests = [Echo(payload=payload) for _ in pool.slots.remotes]
+    requests = [Echo(payload=payload) for _ in pool.slots.admitted]
 
-    async def redo(remote: Any, request: Request, operation: str) -> Message:
+    async def redo(slot: Any, request: Request, operation: str) -> Message:
         # A replacement took the worker over before it answered: ask the replacement.
-        return await pool.requests.call_until_answered(remote, request, operation)
+        return await pool.requests.call_until_answered(slot, request, operation)
 
     answers = await pool.exchange(cast("list[Request]", requests), "echo", redo=redo)
     return cast("list[Echoed]", answers)

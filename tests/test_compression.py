@@ -193,7 +193,7 @@ async def stop(tasks: list[asyncio.Task[None]]) -> None:
 
 
 def sessions(learner: aps.Learner) -> list[str]:
-    return [remote.session.compression for remote in learner._pool.slots.remotes]
+    return [remote.session.compression for remote in learner._pool.slots.admitted]
 
 
 # --------------------------------------------------------------------------------------------
@@ -766,6 +766,6 @@ async def test_auto_stays_plain_over_the_real_local_transports(url: str) -> None
         try:
             await learner.reset(seed=0)
             assert sessions(learner) == ["none"]
-            assert transports.is_local(learner._pool.slots.remotes[0].session._transport)
+            assert transports.is_local(learner._pool.slots.admitted[0].session._transport)
         finally:
             await stop(tasks)

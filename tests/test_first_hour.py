@@ -173,7 +173,7 @@ async def test_a_refused_worker_never_says_it_serves(
     caplog.set_level(logging.INFO, logger="aps")
     async with aps.Learner("tcp://127.0.0.1:0", num_workers=2, timeouts=FAST) as learner:
         workers.start(learner.url, num_envs=1, label="first")
-        while not learner._pool.slots.remotes:  # noqa: ASYNC110 - polling a test-only condition
+        while not learner._pool.slots.admitted:  # noqa: ASYNC110 - polling a test-only condition
             await asyncio.sleep(0.01)
         odd = workers.start(learner.url, env="Pendulum-v1", label="odd")
         with pytest.raises(aps.ConfigError, match="same spaces"):

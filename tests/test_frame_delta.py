@@ -616,7 +616,7 @@ async def test_detach_chunks_travel_as_newest_frames_and_equal_the_envs(
         tasks = [asyncio.create_task(one.run())]
         try:
             await learner.wait_for_workers()
-            session = learner._pool.slots.remotes[0].session
+            session = learner._pool.slots.admitted[0].session
             assert session.frame_delta
             codec_name = "zstd" if setting == "zstd" else "none"
             assert session.encoding == f"{codec_name},frame-delta"
@@ -651,7 +651,7 @@ async def test_the_handshake_settles_frame_delta_for_both_ends(
         tasks = [asyncio.create_task(one.run())]
         try:
             await learner.wait_for_workers()
-            assert learner._pool.slots.remotes[0].session.encoding == expected
+            assert learner._pool.slots.admitted[0].session.encoding == expected
             await learner.reset(seed=3)
             await learner.publish(StackAgent(learner))
             rollout = await learner.rollout(6)

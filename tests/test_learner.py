@@ -254,7 +254,7 @@ async def test_spaces_that_disagree_are_refused(workers: WorkerTasks) -> None:
     async with aps.Learner(TCP, num_workers=2, timeouts=FAST) as learner:
         workers.start(learner.url, num_envs=1)
         await asyncio.sleep(0)  # let the first worker in first
-        while not learner._pool.slots.remotes:  # noqa: ASYNC110 - polling a test-only condition
+        while not learner._pool.slots.admitted:  # noqa: ASYNC110 - polling a test-only condition
             await asyncio.sleep(0.01)
         odd = workers.start(learner.url, env="Pendulum-v1")
         with pytest.raises(aps.ConfigError, match="same spaces"):

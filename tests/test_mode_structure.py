@@ -157,7 +157,7 @@ def test_each_member_the_modes_use_is_the_pools_own() -> None:
     pool = Learner("tcp://127.0.0.1:0", num_workers=1)._pool  # not started: nothing bound
     members = set(vars(pool)) | set(dir(type(pool)))  # without running a property
     assert sorted(set(used_members()) - members) == []
-    forwarded = ("remotes", "counts", "offsets", "dropped", "former", "restarts", "was_reset")
+    forwarded = ("admitted", "counts", "offsets", "dropped", "former", "restarts", "was_reset")
     assert [name for name in forwarded if name in members] == []
     assert {"slots", "recovery", "requests", "lease", "exchange"} <= set(used_members())
 
@@ -166,7 +166,7 @@ def test_the_member_rule_can_fail() -> None:
     source = (
         "class Mode:\n"
         "    def run(self, pool, other):\n"
-        "        self._pool.slots.remotes\n"
+        "        self._pool.slots.admitted\n"
         "        pool.slots.counts\n"
         "        pool.lease(Mode.X, 'run')\n"
         "        other._pool.hidden\n"

@@ -13,18 +13,18 @@ import pytest
 
 import aps
 from aps.errors import WorkerError, WorkerLost
-from aps.learner.pool import Remote, WorkerInfo
+from aps.learner.pool import Slot, WorkerInfo
 from aps.learner.pump import Pumps
 from aps.learner.rollouts import WorkerMetrics
 from aps.wire.messages import ErrorReport, GradientProgress, Message
 
 
-def slot(worker_id: int = 0) -> Remote:
+def make_slot(worker_id: int = 0) -> Slot:
     info = WorkerInfo(
         worker_id=worker_id, env_offset=0, num_envs=1, env_id="E", host="h", pid=1, peer="p"
     )
     # The pumps never touch the session: the modes' receives do.
-    return Remote(info=info, session=None, metrics=WorkerMetrics(worker_id), session_id=b"")  # type: ignore[arg-type]
+    return Slot(info=info, session=None, metrics=WorkerMetrics(worker_id), session_id=b"")  # type: ignore[arg-type]
 
 
 def progress(count: int) -> GradientProgress:
@@ -36,8 +36,8 @@ def scripted(*steps: Message | BaseException | None) -> tuple[list[int], object]
     calls: list[int] = []
     script: Iterator[Message | BaseException | None] = iter(steps)
 
-    async def receive(remote: Remote) -> Message | aps.ApsError | None:
-        calls.append(remote.info.worker_id)
+    async def receive(slot: Slot) -> Message | aps.ApsError | None:
+        calls.append(slot.info.worker_id)
         step = next(script, None)
         if step is None and len(calls) > len(steps):
             await asyncio.Event().wait()
@@ -61,12 +61,12 @@ async def test_an_error_a_receive_raises_reaches_the_consumer_and_ends_the_pump(
 ) -> None:
     calls, receive = scripted(progress(1), RuntimeError("catch-up failed"))
     pumps = Pumps(pool, receive, name="test")  # type: ignore[arg-type]
-    remote = slot()
-    pumps.start([remote])
+    slot = make_slot()
+    pumps.start([slot])
     first = await asyncio.wait_for(pumps.get(), 10)
-    assert first == (remote, progress(1))
+    assert first == (slot, progress(1))
     got, error = await asyncio.wait_for(pumps.get(), 10)
-    assert got is remote and isinstance(error, RuntimeError)
+    assert got is slot and isinstance(error, RuntimeError)
     with pytest.raises(RuntimeError, match="catch-up failed"):
         pumps.unwrap(got, error)
     await asyncio.sleep(0)
@@ -80,10 +80,10 @@ async def test_a_returned_error_is_delivered_and_nothing_is_delivered_for_none(
     lost = WorkerLost("worker 0 was lost and worker 1 took over", worker_id=0)
     _, receive = scripted(lost, None, progress(2))
     pumps = Pumps(pool, receive, name="test")  # type: ignore[arg-type]
-    remote = slot()
-    pumps.start([remote])
-    assert await asyncio.wait_for(pumps.get(), 10) == (remote, lost)
-    assert await asyncio.wait_for(pumps.get(), 10) == (remote, progress(2))
+    slot = make_slot()
+    pumps.start([slot])
+    assert await asyncio.wait_for(pumps.get(), 10) == (slot, lost)
+    assert await asyncio.wait_for(pumps.get(), 10) == (slot, progress(2))
     await pumps.stop()
 
 
@@ -91,9 +91,9 @@ async def test_an_error_report_unwraps_as_the_workers_error(pool: object) -> Non
     pumps = Pumps(pool, scripted()[1], name="test")  # type: ignore[arg-type]
     report = ErrorReport(message="env exploded", remote_type="ValueError", traceback="tb")
     with pytest.raises(WorkerError, match="env exploded") as caught:
-        pumps.unwrap(slot(3), report)
+        pumps.unwrap(make_slot(3), report)
     assert caught.value.worker_id == 3
-    assert pumps.unwrap(slot(), progress(4)) == progress(4)
+    assert pumps.unwrap(make_slot(), progress(4)) == progress(4)
 
 
 async def test_a_full_inbox_holds_the_pumps_back_and_stop_returns_what_was_left(
@@ -101,8 +101,8 @@ async def test_a_full_inbox_holds_the_pumps_back_and_stop_returns_what_was_left(
 ) -> None:
     calls, receive = scripted(*(progress(n) for n in range(10)))
     pumps = Pumps(pool, receive, name="test", backlog=1)  # type: ignore[arg-type]
-    remotes = [slot(0), slot(1)]
-    pumps.start(remotes)
+    admitted = [make_slot(0), make_slot(1)]
+    pumps.start(admitted)
     for _ in range(20):
         await asyncio.sleep(0)
     # One message fills the inbox; each pump then holds one more, waiting to put it, and

@@ -395,11 +395,11 @@ async def test_a_stalled_worker_resumes_under_wait(tmp_path: Path) -> None:
             await learner.reset(seed=0)
             process.send_signal(signal.SIGSTOP)
             stepping = asyncio.create_task(learner.step(np.zeros(1, np.int64)))
-            await until(lambda: not learner._pool.slots.remotes[0].attached.is_set(), timeout=30)
+            await until(lambda: not learner._pool.slots.admitted[0].attached.is_set(), timeout=30)
             process.send_signal(signal.SIGCONT)
             async with asyncio.timeout(50):  # well below reconnect_timeout
                 await stepping
-            assert learner._pool.slots.remotes[0].metrics.resumes == 1
+            assert learner._pool.slots.admitted[0].metrics.resumes == 1
         finally:
             process.send_signal(signal.SIGCONT)
             await learner.aclose()
@@ -421,7 +421,7 @@ async def test_closing_after_a_loss_under_wait_does_not_wait() -> None:
         worker.cancel()
         await asyncio.wait([worker])
         stepping = asyncio.create_task(learner.step(np.zeros(1, np.int64)))
-        await until(lambda: not learner._pool.slots.remotes[0].attached.is_set())
+        await until(lambda: not learner._pool.slots.admitted[0].attached.is_set())
         async with asyncio.timeout(30):  # far below reconnect_timeout
             await learner.aclose()
             with pytest.raises(aps.WorkerLost, match="closed before it resumed"):
@@ -461,13 +461,13 @@ async def test_leaving_a_chunk_stream_after_a_loss_under_wait_does_not_wait() ->
             async with asyncio.timeout(60):  # far below reconnect_timeout
                 async for _ in stream:
                     process.kill()  # the worker goes away, the stream still owes a chunk
-                    await until(lambda: not learner._pool.slots.remotes[0].attached.is_set())
+                    await until(lambda: not learner._pool.slots.admitted[0].attached.is_set())
                     break
                 await stream.aclose()  # leaving the stream
         finally:
             process.kill()
             await asyncio.to_thread(process.wait)
-        assert learner._pool.slots.remotes[0].outbox.discarding > 0
+        assert learner._pool.slots.admitted[0].outbox.discarding > 0
 
 
 async def test_a_worker_whose_learner_is_gone_exits_non_zero_after_its_window(

@@ -30,7 +30,7 @@ The package, one room each:
 - :mod:`~aps.learner.pool`: :class:`~aps.learner.pool.WorkerPool`, the workers' lifecycle, the
   lease on them (:mod:`~aps.learner.lease`, the one owner of what they are used for now) and
   one request per worker; it composes :mod:`~aps.learner.slots` (the slot table),
-  :mod:`~aps.learner.replace` (recovery, spares, replacement, ``on_worker_lost``) and
+  :mod:`~aps.learner.recovery` (recovery, spares, replacement, ``on_worker_lost``) and
   :mod:`~aps.learner.requests` (the numbered request/answer service every mode uses), which
   the modes reach as ``pool.slots``, ``pool.recovery`` and ``pool.requests``.
 - :mod:`~aps.learner.lockstep`: reset, step, and the partial batches of send/recv.

@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from aps import transports
 from aps.errors import ConfigError, WireError
-from aps.learner.replace import OnWorkerLost
+from aps.learner.recovery import OnWorkerLost
 from aps.learner.rollouts import WeightPrecision
 from aps.session import Timeouts
 from aps.sync import AlwaysSync, SyncStrategy
@@ -142,7 +142,7 @@ class LearnerConfig:
     def build(
         cls, listen: str | Listener, *, num_workers: int, **options: Unpack[ListenOptions]
     ) -> Self:
-        """Check the user's arguments and make the config.
+        """AnswerCheck the user's arguments and make the config.
 
         A key left out takes :class:`aps.Learner`'s default.
 

@@ -38,7 +38,7 @@ import numpy as np
 from aps._base._typing import ArrayTree
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, WorkerLost
 from aps.learner.lease import Lease, Mode
-from aps.learner.pool import Remote, WorkerPool, expect
+from aps.learner.pool import Slot, WorkerPool, expect
 from aps.learner.pump import Item, Pumps
 from aps.learner.requests import worker_error
 from aps.learner.rollouts import (
@@ -113,12 +113,12 @@ class Detach:
     ) -> None:
         self._pool = pool
         self.overlap = overlap
-        self._late: set[Remote] = set()  # rollout(): workers whose version follows the request
+        self._late: set[Slot] = set()  # rollout(): workers whose version follows the request
         self._policy = policy
         self.sync = sync
         self._precision: WeightPrecision = precision
         self.versions: PolicyVersions | None = None
-        self._slots: dict[Remote, _SlotSync] = {}
+        self._slots: dict[Slot, _SlotSync] = {}
         self._stream: AsyncGenerator[Chunk, None] | None = None
         self._previous_stream: AsyncGenerator[Chunk, None] | None = None
         self._warned_stall = False
@@ -127,11 +127,11 @@ class Detach:
         self.chunk_wait = 0.0
         """Seconds chunk streams waited for their next chunk, in all (the learner's figures)."""
 
-    def _slot(self, remote: Remote) -> _SlotSync:
-        slot = self._slots.get(remote)
-        if slot is None:
-            slot = self._slots[remote] = _SlotSync()
-        return slot
+    def _books(self, slot: Slot) -> _SlotSync:
+        books = self._slots.get(slot)
+        if books is None:
+            books = self._slots[slot] = _SlotSync()
+        return books
 
     def require_policy(self, operation: str) -> PolicyVersions:
         """The versions, created on first use.
@@ -161,25 +161,25 @@ class Detach:
 
     # What a new connection needs (SlotHooks).
 
-    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+    def replaced(self, slot: Slot, void: Sequence[Request]) -> None:
         """Forget the lost worker; its replacement owes the stream the chunks it owed."""
-        slot = self._slot(remote)
-        slot.lost += sum(isinstance(r, RolloutRequest) for r in void)
-        slot.steps_since_sync = slot.last_chunk_version = 0
-        slot.acted_on = None
-        slot.acted_recurrent = None
-        slot.declined_all = True
+        books = self._books(slot)
+        books.lost += sum(isinstance(r, RolloutRequest) for r in void)
+        books.steps_since_sync = books.last_chunk_version = 0
+        books.acted_on = None
+        books.acted_recurrent = None
+        books.declined_all = True
 
-    async def rejoined(self, remote: Remote) -> None:
+    async def rejoined(self, slot: Slot) -> None:
         """Send a resumed worker the newest version if it no longer holds it.
 
         Also when it holds none: its first version may have been lost with the connection
         that carried it, and the rollout requests replayed next need one.
         """
         versions = self.versions
-        held = remote.metrics.version
+        held = slot.metrics.version
         if versions is not None and versions.current and held != versions.current:
-            await self._send_weights(remote)
+            await self._send_weights(slot)
 
     # Versions and their synchronization.
 
@@ -188,10 +188,10 @@ class Detach:
         pool = self._pool
         versions = self.require_policy("publish")
         version = versions.publish(agent, epsilon=epsilon)
-        for remote in pool.slots.remotes:
-            if remote.metrics.version < 0 and remote.info.worker_id not in pool.slots.dropped:
+        for slot in pool.slots.admitted:
+            if slot.metrics.version < 0 and slot.info.worker_id not in pool.slots.dropped:
                 try:
-                    await self._send_weights(remote)
+                    await self._send_weights(slot)
                 except WorkerLost as exc:
                     # Outside any lease: publishing does not hold the workers (a chunk stream
                     # publishes from inside its loop), yet a worker without its first version
@@ -201,28 +201,28 @@ class Detach:
         self._prune()
         return version
 
-    async def _maybe_sync(self, remote: Remote, *, overlap: bool = False) -> bool:
-        """Ask the strategy whether ``remote`` gets the newest version, and send it if so.
+    async def _maybe_sync(self, slot: Slot, *, overlap: bool = False) -> bool:
+        """Ask the strategy whether ``slot`` gets the newest version, and send it if so.
 
         With ``overlap`` a chosen version is not sent: the caller sends it (``True``) right
         after the request it was decided for. A worker that holds no version gets one now.
-        ``remote.metrics.version`` (``held``) is the version the worker acts the next request
+        ``slot.metrics.version`` (``held``) is the version the worker acts the next request
         with, since every version sent to it so far precedes that request on the wire: the
         divergence is measured against it.
         """
         versions = self.versions
         if versions is None or versions.current == 0:
             raise InvalidState("publish(agent) before the first rollout")
-        held = remote.metrics.version
+        held = slot.metrics.version
         if held == versions.current:
             return False
         if held < 0:
-            await self._send_weights(remote)
+            await self._send_weights(slot)
             return False
-        slot = self._slot(remote)
+        books = self._books(slot)
 
         def measure(version: int) -> float:
-            acted_on, recurrent = slot.acted_on, slot.acted_recurrent
+            acted_on, recurrent = books.acted_on, books.acted_recurrent
             # No chunk yet: nothing to measure on, so treat the worker as far away.
             if acted_on is None:
                 return math.inf
@@ -240,7 +240,7 @@ class Detach:
             # Measured once per decision: the context keeps the value (SyncContext.divergence
             # calls this at most once), the metrics record it.
             value = measure(held)
-            remote.metrics.divergences.append(value)
+            slot.metrics.divergences.append(value)
             return value
 
         def update_drift() -> float:
@@ -250,28 +250,28 @@ class Detach:
             return measure(previous) if versions.has(previous) else math.nan
 
         context = SyncContext(
-            worker_id=remote.info.worker_id,
+            worker_id=slot.info.worker_id,
             worker_version=held,
             learner_version=versions.current,
-            steps_since_sync=slot.steps_since_sync,
-            seconds_since_sync=time.monotonic() - slot.synced_at,
+            steps_since_sync=books.steps_since_sync,
+            seconds_since_sync=time.monotonic() - books.synced_at,
             measure_divergence=divergence,
             measure_update_drift=update_drift,
         )
         if self.sync.should_sync(context):
             if overlap:
                 return True
-            await self._send_weights(remote)
+            await self._send_weights(slot)
             self._prune()
             return False
-        slot.declined_all &= context.divergence_measured
+        books.declined_all &= context.divergence_measured
         lag = versions.current - held
-        if slot.declined_all and lag >= STALL_LAG and not remote.metrics.stalled:
-            self._stalled(remote, held, versions.current, context.divergence())
+        if books.declined_all and lag >= STALL_LAG and not slot.metrics.stalled:
+            self._stalled(slot, held, versions.current, context.divergence())
         return False
 
-    def _stalled(self, remote: Remote, held: int, current: int, divergence: float) -> None:
-        metrics = remote.metrics
+    def _stalled(self, slot: Slot, held: int, current: int, divergence: float) -> None:
+        metrics = slot.metrics
         metrics.stalled = True
         metrics.stalls += 1
         if not self._warned_stall:
@@ -283,10 +283,10 @@ class Detach:
                 "clips against it) is never crossed, and learning stalls; bound staleness "
                 "with APS(kl_threshold, max_lag=16) or lower the threshold (metrics.stalled "
                 "lists stalled workers)",
-                *(remote.info.worker_id, held, current, divergence),
+                *(slot.info.worker_id, held, current, divergence),
             )
 
-    async def _send_weights(self, remote: Remote) -> None:
+    async def _send_weights(self, slot: Slot) -> None:
         versions = self.versions
         assert versions is not None
         version = versions.current
@@ -294,38 +294,38 @@ class Detach:
             version=version, arrays=versions.weights(version), epsilon=versions.epsilon
         )
         # Encoded once, when published, however many workers it goes to.
-        frame = versions.frame(version, remote.session.compression)
-        await self._pool.requests.send(remote, message, frame)
-        metrics = remote.metrics
+        frame = versions.frame(version, slot.session.compression)
+        await self._pool.requests.send(slot, message, frame)
+        metrics = slot.metrics
         metrics.version = version
         metrics.syncs += 1
         metrics.weight_bytes += versions.nbytes(version)
         metrics.stalled = False
-        slot = self._slot(remote)
-        slot.steps_since_sync = 0
-        slot.synced_at = time.monotonic()
-        slot.declined_all = True
+        books = self._books(slot)
+        books.steps_since_sync = 0
+        books.synced_at = time.monotonic()
+        books.declined_all = True
 
     def _prune(self) -> None:
         if self.versions is not None:
-            held = {r.metrics.version for r in self._pool.slots.remotes}
+            held = {r.metrics.version for r in self._pool.slots.admitted}
             if self._keep_previous:  # a strategy measures one update's drift against it
                 held.add(self.versions.current - 1)
             self.versions.prune(held)
 
     # Chunks.
 
-    def _check(self, remote: Remote, message: Message) -> None:
-        """Refuse a chunk that does not fit what this learner sent ``remote``.
+    def _validate(self, slot: Slot, message: Message) -> None:
+        """Refuse a chunk that does not fit what this learner sent ``slot``.
 
         Raises:
             ProtocolError: naming the worker, the field, and what was expected and received.
         """
         if type(message) is RolloutChunk:
-            self._check_chunk(remote, message)
+            self._check_chunk(slot, message)
 
-    def _check_chunk(self, remote: Remote, message: RolloutChunk) -> None:
-        info = remote.info
+    def _check_chunk(self, slot: Slot, message: RolloutChunk) -> None:
+        info = slot.info
         steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
         if steps < 1:
             raise ProtocolError(
@@ -382,7 +382,7 @@ class Detach:
             )
         cuts = int(np.count_nonzero(message.truncated))
         if structured:
-            self._check_structured(remote, message, (steps, info.num_envs), cuts)
+            self._check_structured(slot, message, (steps, info.num_envs), cuts)
         last_obs = (cuts, *obs_shape)
         truncated_obs: Any = message.truncated_obs  # an array unless structured (checked above)
         if message.truncated_index.shape != (cuts, 2) or (
@@ -400,7 +400,7 @@ class Detach:
                 f"worker {info.worker_id} sent truncated observations at (step, env) indices "
                 "that are not its truncated steps; the worker is not a compatible aps worker"
             )
-        self._check_recurrent(remote, message, steps)
+        self._check_recurrent(slot, message, steps)
         active = message.agent_active
         if active is not None and not (
             type(active) is np.ndarray
@@ -412,25 +412,25 @@ class Detach:
                 f"{_described(active)}, expected a bool array of shape "
                 f"{(steps, info.num_envs)}; the worker is not a compatible aps worker"
             )
-        slot = self._slot(remote)
-        if not slot.last_chunk_version <= message.version <= remote.metrics.version:
+        books = self._books(slot)
+        if not books.last_chunk_version <= message.version <= slot.metrics.version:
             raise ProtocolError(
                 f"worker {info.worker_id} sent a chunk acted with version {message.version}, "
-                f"but it was sent versions up to {remote.metrics.version} and already used "
-                f"{slot.last_chunk_version}; refusing to attribute it"
+                f"but it was sent versions up to {slot.metrics.version} and already used "
+                f"{books.last_chunk_version}; refusing to attribute it"
             )
 
     def _check_structured(
-        self, remote: Remote, message: RolloutChunk, expected: tuple[int, int], cuts: int
+        self, slot: Slot, message: RolloutChunk, expected: tuple[int, int], cuts: int
     ) -> None:
-        """Check a chunk's observations of a ``Dict`` or ``Tuple`` space, array by array.
+        """AnswerCheck a chunk's observations of a ``Dict`` or ``Tuple`` space, array by array.
 
         The rule of lockstep's observations (:func:`~aps.wire.batching.check_part`), with the
         chunk's leading axes: ``(T, E)`` for ``obs``, ``(E,)`` for ``next_obs``, ``(K,)`` for
         ``truncated_obs``.
         """
         observation_space, _ = self._pool.slots.require_workers()
-        info = remote.info
+        info = slot.info
         try:
             check_part(observation_space, message.obs, expected, "obs")
             check_part(observation_space, message.next_obs, expected[1:], "next_obs")
@@ -442,7 +442,7 @@ class Detach:
                 "compatible aps worker"
             ) from None
 
-    def _check_recurrent(self, remote: Remote, message: RolloutChunk, steps: int) -> None:
+    def _check_recurrent(self, slot: Slot, message: RolloutChunk, steps: int) -> None:
         """Refuse a recurrent state that does not fit the policy and the worker's envs.
 
         A feed-forward policy's chunk has neither ``initial_state`` nor ``episode_start``; a
@@ -450,7 +450,7 @@ class Detach:
         :data:`MAX_STATE_ARRAYS` finite float arrays with ``E`` on axis 1, of at most
         :data:`MAX_STATE_MAGNITUDE`, shaped as the published policy's state for ``E`` envs.
         """
-        info = remote.info
+        info = slot.info
         envs = info.num_envs
         state, starts = message.initial_state, message.episode_start
         versions = self.versions
@@ -491,26 +491,26 @@ class Detach:
                 "compatible aps worker (workers and learner must run the same policy)"
             )
 
-    def _accept_chunk(self, remote: Remote, message: RolloutChunk) -> Chunk:
-        """Account for a chunk that passed :meth:`_check`; the learner's view of it."""
-        info = remote.info
+    def _accept_chunk(self, slot: Slot, message: RolloutChunk) -> Chunk:
+        """Account for a chunk that passed :meth:`_validate`; the learner's view of it."""
+        info = slot.info
         steps = message.reward.shape[0]
-        slot = self._slot(remote)
-        slot.last_chunk_version = message.version
+        books = self._books(slot)
+        books.last_chunk_version = message.version
         versions = self.versions
         assert versions is not None
         lag = versions.current - message.version
         transitions = steps * info.num_envs
-        metrics = remote.metrics
+        metrics = slot.metrics
         metrics.chunks += 1
         metrics.transitions += transitions
         metrics.env_steps += transitions
         metrics.lag_sum += lag * transitions
         metrics.lag_max = max(metrics.lag_max, lag)
-        slot.steps_since_sync += transitions
-        slot.acted_on = message.obs  # sampled only if a divergence is measured on it
+        books.steps_since_sync += transitions
+        books.acted_on = message.obs  # sampled only if a divergence is measured on it
         state, starts = message.initial_state, message.episode_start
-        slot.acted_recurrent = None if state is None or starts is None else (tuple(state), starts)
+        books.acted_recurrent = None if state is None or starts is None else (tuple(state), starts)
         return Chunk.of(message, worker_id=info.worker_id, env_offset=info.env_offset, lag=lag)
 
     async def rollout(self, num_steps: int) -> Rollout:
@@ -519,7 +519,7 @@ class Detach:
         self.require_policy("rollout")
         if not pool.recovery.was_reset:
             raise InvalidState("call reset() before rollout()")
-        requests = [RolloutRequest(num_steps=num_steps)] * len(pool.slots.remotes)
+        requests = [RolloutRequest(num_steps=num_steps)] * len(pool.slots.admitted)
         self._late.clear()
         answers = await pool.exchange(
             requests,
@@ -527,38 +527,38 @@ class Detach:
             redo=self._redo,
             before=self._before,
             after=self._after,
-            check=self._check,
+            validate=self._validate,
             within=self._due(num_steps),
         )
         results = [expect(a, RolloutChunk) for a in answers]
-        remotes = pool.slots.remotes
-        chunks = [self._accept_chunk(r, m) for r, m in zip(remotes, results, strict=True)]
+        admitted = pool.slots.admitted
+        chunks = [self._accept_chunk(r, m) for r, m in zip(admitted, results, strict=True)]
         return Rollout.from_chunks(chunks)
 
-    async def _before(self, remote: Remote) -> None:
-        await self._prepare(remote, "rollout")
-        if await self._maybe_sync(remote, overlap=self.overlap):
-            self._late.add(remote)
+    async def _before(self, slot: Slot) -> None:
+        await self._prepare(slot, "rollout")
+        if await self._maybe_sync(slot, overlap=self.overlap):
+            self._late.add(slot)
 
-    async def _after(self, remote: Remote) -> None:
-        """Send the version chosen for ``remote`` behind its request (``overlap``)."""
-        if remote in self._late:
-            self._late.discard(remote)
-            await self._send_weights(remote)
+    async def _after(self, slot: Slot) -> None:
+        """Send the version chosen for ``slot`` behind its request (``overlap``)."""
+        if slot in self._late:
+            self._late.discard(slot)
+            await self._send_weights(slot)
             self._prune()
 
-    async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
+    async def _redo(self, slot: Slot, request: Request, operation: str) -> Message:
         """A rollout asked of a worker that was replaced: reset the new one's envs, ask again."""
         pool = self._pool
-        answer = await pool.requests.reset_replacement(remote, operation)
+        answer = await pool.requests.reset_replacement(slot, operation)
         if isinstance(answer, ErrorReport):
             return answer
-        pool.recovery.envs_reset(remote)
-        await self._maybe_sync(remote)
+        pool.recovery.note_reset(slot)
+        await self._maybe_sync(slot)
         assert isinstance(request, RolloutRequest)
         due = self._due(request.num_steps)
-        chunk = await pool.requests.call(remote, request, operation, self._check, within=due)
-        return chunk if chunk is not None else await self._redo(remote, request, operation)
+        chunk = await pool.requests.call(slot, request, operation, self._validate, within=due)
+        return chunk if chunk is not None else await self._redo(slot, request, operation)
 
     def _due(self, num_steps: int) -> float:
         """How long after its request a chunk of ``num_steps`` steps may take.
@@ -611,8 +611,8 @@ class Detach:
             end=self.end_stream,
         ) as lease:
 
-            async def receive(remote: Remote) -> Message | None:
-                return await self._receive_chunk(remote, num_steps)
+            async def receive(slot: Slot) -> Message | None:
+                return await self._receive_chunk(slot, num_steps)
 
             pumps = self._pumps = Pumps(pool, receive, name="aps chunks")
             active = pool.slots.active()
@@ -627,72 +627,72 @@ class Detach:
                         self._stream = None
 
             lease.on_release(wind_down)
-            for remote in active:
-                self._slot(remote).lost = 0
-                await self._prepare(remote, "chunks")
+            for slot in active:
+                self._books(slot).lost = 0
+                await self._prepare(slot, "chunks")
                 for _ in range(max_in_flight):
-                    await self._request_chunk(remote, num_steps)
+                    await self._request_chunk(slot, num_steps)
             pumps.start(active)
             clock = time.perf_counter
             while True:
                 waiting = clock()
-                remote, item = await pumps.get()
+                slot, item = await pumps.get()
                 self.chunk_wait += clock() - waiting
                 if isinstance(item, WorkerLost) and pool.recovery.on_worker_lost == "drop":
-                    await pumps.drop(remote, item)
-                    active.remove(remote)
+                    await pumps.drop(slot, item)
+                    active.remove(slot)
                     if active:
                         continue
-                message = pumps.unwrap(remote, item)
-                chunk = self._accept_chunk(remote, expect(message, RolloutChunk))
+                message = pumps.unwrap(slot, item)
+                chunk = self._accept_chunk(slot, expect(message, RolloutChunk))
                 yield chunk
-                await self._request_chunk(remote, num_steps)
+                await self._request_chunk(slot, num_steps)
 
-    async def _prepare(self, remote: Remote, operation: str) -> None:
+    async def _prepare(self, slot: Slot, operation: str) -> None:
         """Reset a replacement's envs before it acts on its own."""
         pool = self._pool
-        if pool.recovery.needs_reset(remote):
-            slot = self._slot(remote)
-            slot.preparing = True
+        if pool.recovery.needs_reset(slot):
+            books = self._books(slot)
+            books.preparing = True
             try:
-                answer = await pool.requests.reset_replacement(remote, operation)
+                answer = await pool.requests.reset_replacement(slot, operation)
             finally:
-                slot.preparing = False
+                books.preparing = False
             if isinstance(answer, ErrorReport):
-                raise worker_error(remote, answer)
-            pool.recovery.envs_reset(remote)
+                raise worker_error(slot, answer)
+            pool.recovery.note_reset(slot)
 
-    async def _request_chunk(self, remote: Remote, num_steps: int) -> None:
-        slot = self._slot(remote)
-        if slot.preparing:
+    async def _request_chunk(self, slot: Slot, num_steps: int) -> None:
+        books = self._books(slot)
+        if books.preparing:
             # A reset is outstanding (lockstep on the wire): ask once it is answered.
-            slot.lost += 1
+            books.lost += 1
             return
-        late = await self._maybe_sync(remote, overlap=self.overlap)
-        await self._pool.requests.send_request(remote, RolloutRequest(num_steps=num_steps))
+        late = await self._maybe_sync(slot, overlap=self.overlap)
+        await self._pool.requests.send_request(slot, RolloutRequest(num_steps=num_steps))
         if late:
-            await self._send_weights(remote)
+            await self._send_weights(slot)
             self._prune()
 
-    async def _receive_chunk(self, remote: Remote, num_steps: int) -> Message | None:
-        """A stream's next answer from ``remote`` (its pump's receive; see :mod:`.pump`).
+    async def _receive_chunk(self, slot: Slot, num_steps: int) -> Message | None:
+        """A stream's next answer from ``slot`` (its pump's receive; see :mod:`.pump`).
 
         A replacement worker is reset and asked for as many chunks as its predecessor owed
         (``None``: nothing to deliver yet).
         """
         operation = "chunks"
         answer = await self._pool.requests.answer_from(
-            remote, operation, self._check, within=self._due(num_steps)
+            slot, operation, self._validate, within=self._due(num_steps)
         )
         if answer is None:
-            await self._prepare(remote, operation)
-            slot = self._slot(remote)
-            owed, slot.lost = slot.lost, 0
+            await self._prepare(slot, operation)
+            books = self._books(slot)
+            owed, books.lost = books.lost, 0
             for _ in range(owed):
-                await self._request_chunk(remote, num_steps)
+                await self._request_chunk(slot, num_steps)
         return answer
 
-    async def _drain(self, left: Sequence[Item], remotes: Sequence[Remote], lease: Lease) -> None:
+    async def _drain(self, left: Sequence[Item], admitted: Sequence[Slot], lease: Lease) -> None:
         """Receive the answers still owed after a stream ends, so lockstep can resume.
 
         The stream's wind-down (its lease judged what ended it first, and judges what this
@@ -700,9 +700,9 @@ class Detach:
         """
         pool = self._pool
         failure: WorkerLost | ProtocolError | None = None
-        for remote, message in left:
+        for slot, message in left:
             if isinstance(message, RolloutChunk):
-                remote.metrics.dropped_chunks += 1
+                slot.metrics.dropped_chunks += 1
             elif isinstance(message, (WorkerLost, ProtocolError)) and failure is None:
                 failure = message
         if lease.broken is not None:
@@ -713,19 +713,17 @@ class Detach:
             raise failure
         try:
             async with asyncio.timeout(pool.config.timeouts.step + pool.recovery.reconnect_timeout):
-                for remote in remotes:
-                    if not remote.attached.is_set():
+                for slot in admitted:
+                    if not slot.attached.is_set():
                         # Lost and waited for: its chunks are dropped whenever it resumes.
-                        remote.outbox.forget()
+                        slot.outbox.forget()
                         continue
-                    while remote.outbox.pending:
-                        late = await pool.requests.answer_from(
-                            remote, "the end of the chunk stream"
-                        )
+                    while slot.outbox.pending:
+                        late = await pool.requests.answer_from(slot, "the end of the chunk stream")
                         if late is None:
                             break  # a replacement owes nothing; it is reset before its use
                         if isinstance(late, RolloutChunk):
-                            remote.metrics.dropped_chunks += 1
+                            slot.metrics.dropped_chunks += 1
         except (WorkerLost, ProtocolError) as exc:
             if pool.recovery.on_worker_lost == "raise":
                 raise  # as a failure the pumps delivered, above

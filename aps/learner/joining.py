@@ -26,8 +26,8 @@ from aps.errors import (
 )
 from aps.learner.admission import reject
 from aps.learner.config import LearnerConfig
-from aps.learner.replace import Recovery, Spare
-from aps.learner.slots import Remote, Slots, log
+from aps.learner.recovery import Recovery, Spare
+from aps.learner.slots import Slot, Slots, log
 from aps.session import Session
 from aps.wire.compression import (
     accepted as accepted_compression,
@@ -84,7 +84,7 @@ class Joining:
             proof=b"",
             aps_version=__version__,
             num_workers=self.config.num_workers,
-            workers=sum(remote.attached.is_set() for remote in self.slots.remotes),
+            workers=sum(slot.attached.is_set() for slot in self.slots.admitted),
             spares=len(self.recovery.spares),
             num_envs=sum(self.slots.counts),
             autoreset_mode=self.config.autoreset_mode.value,
@@ -110,7 +110,7 @@ class Joining:
             return
         # A new worker (or one whose session this learner does not know: it restarted).
         num_workers = self.config.num_workers
-        spare = len(self.slots.remotes) + self._admitting >= num_workers
+        spare = len(self.slots.admitted) + self._admitting >= num_workers
         spares = len(self.recovery.spares)
         if spare and (self.recovery.on_worker_lost != "wait" or spares >= num_workers):
             why = (
@@ -189,13 +189,13 @@ class Joining:
         if self.slots.spaces is None:
             self.slots.spaces = (ready.observation_space, ready.action_space)
 
-    async def _resume(self, session: Session, hello: Hello, remote: Remote, proof: bytes) -> None:
+    async def _resume(self, session: Session, hello: Hello, slot: Slot, proof: bytes) -> None:
         """Take a worker whose connection dropped back into its session and env slots."""
-        info = remote.info
+        info = slot.info
         if not (
-            remote.outbox.can_resume(hello.served)
+            slot.outbox.can_resume(hello.served)
             and hello.num_envs == info.num_envs
-            and hello.version <= remote.metrics.version
+            and hello.version <= slot.metrics.version
             and info.worker_id not in self.slots.dropped
         ):
             await reject(
@@ -203,20 +203,20 @@ class Joining:
                 ProtocolError(
                     f"cannot resume worker {info.worker_id}'s session: it says it answered "
                     f"{hello.served} requests of {info.num_envs} envs holding version "
-                    f"{hello.version}, but it was sent {remote.outbox.sent} requests "
-                    f"({remote.outbox.received} answered) for {info.num_envs} envs, and version "
-                    f"{remote.metrics.version}"
+                    f"{hello.version}, but it was sent {slot.outbox.sent} requests "
+                    f"({slot.outbox.received} answered) for {info.num_envs} envs, and version "
+                    f"{slot.metrics.version}"
                     + (", and it was dropped" if info.worker_id in self.slots.dropped else "")
                     + "; restart the worker without resuming"
                 ),
                 proof,
             )
-        await self._welcome(session, hello, info.worker_id, remote.session_id, proof, resumed=True)
+        await self._welcome(session, hello, info.worker_id, slot.session_id, proof, resumed=True)
         # Weights sent before the cut may be lost: the worker's word is what it holds.
-        remote.metrics.version = hello.version
-        remote.metrics.resumes += 1
+        slot.metrics.version = hello.version
+        slot.metrics.resumes += 1
         log.warning("worker %d resumed its session from %s", info.worker_id, session.peer)
-        await self.slots.attach(remote, session)
+        await self.slots.attach(slot, session)
 
     async def _check_spaces(self, session: Session, ready: Ready, hello: Hello) -> None:
         if ready.num_envs != hello.num_envs:
@@ -261,7 +261,7 @@ class Joining:
         except TimeoutError:
             refused = "; ".join(refusals()[-3:]) or "none"
             message = (
-                f"{len(self.slots.remotes)} of {self.config.num_workers} workers arrived at {url} "
+                f"{len(self.slots.admitted)} of {self.config.num_workers} workers arrived at {url} "
                 f"within {seconds} s (recent refusals: {refused})"
             )
             if self.config.launcher is None:

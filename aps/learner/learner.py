@@ -236,7 +236,7 @@ class Learner(AsyncResource):
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
         """The admitted workers in env order."""
-        return tuple(r.info for r in self._pool.slots.remotes)
+        return tuple(r.info for r in self._pool.slots.admitted)
 
     @property
     def restarts(self) -> int:
@@ -499,7 +499,7 @@ class Learner(AsyncResource):
         Workers that were replaced keep their entries, before the current ones.
         """
         pool = self._pool
-        workers = (*pool.slots.former, *(r.metrics for r in pool.slots.remotes))
+        workers = (*pool.slots.former, *(r.metrics for r in pool.slots.admitted))
         now = time.monotonic()
         requests = pool.requests
         return Metrics(

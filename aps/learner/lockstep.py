@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 from aps._base._typing import Array, Info
 from aps.errors import ConfigError, InvalidState, ProtocolError, Timeout, WireError, WorkerLost
 from aps.learner.lease import Lease, Mode
-from aps.learner.pool import FRESH_RESET, Remote, WorkerPool, expect
+from aps.learner.pool import FRESH_RESET, Slot, WorkerPool, expect
 from aps.learner.requests import worker_error
 from aps.wire import codec
 from aps.wire.batching import (
@@ -68,14 +68,14 @@ class Lockstep:
 
     def __init__(self, pool: WorkerPool) -> None:
         self._pool = pool
-        self._partial: dict[Remote, asyncio.Task[Message]] = {}  # send() -> recv()
+        self._partial: dict[Slot, asyncio.Task[Message]] = {}  # send() -> recv()
         self._lease: Lease | None = None  # held from the first send() to the last recv()
         self._answered: asyncio.Future[None] | None = None  # recv() waits; an answer wakes it
         # Slots whose next step is the NextStep reset step after a replacement's first reset
         # (see _restarted_step); whichever mode resets their envs next ends that.
-        self._reset_next: set[Remote] = set()
-        pool.recovery.on_envs_reset(self._reset_next.discard)
-        # Worked out once from the spaces, which never change once known (see _check and
+        self._reset_next: set[Slot] = set()
+        pool.recovery.on_reset(self._reset_next.discard)
+        # Worked out once from the spaces, which never change once known (see _validate and
         # _step_requests): the batch layout of each worker size's observations, and the
         # action batches check_batch accepts as they are.
         self._obs_layouts: dict[int, tuple[tuple[int, ...], np.dtype[Any]] | None] = {}
@@ -85,10 +85,10 @@ class Lockstep:
     # exchange (see _redo), a partial step by its own task, and a replacement's envs are
     # reset first wherever the pool's recovery says so.
 
-    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+    def replaced(self, slot: Slot, void: Sequence[Request]) -> None:
         """Nothing to forget: the lockstep keeps no state of the lost worker's."""
 
-    async def rejoined(self, remote: Remote) -> None:
+    async def rejoined(self, slot: Slot) -> None:
         """Nothing to send first: the unanswered requests are sent again by the pool."""
 
     async def reset(
@@ -120,7 +120,7 @@ class Lockstep:
             requests,
             "reset",
             redo=self._redo,
-            check=self._check,
+            validate=self._validate,
             running=self._running(),
             within=pool.config.timeouts.step,
         )
@@ -130,7 +130,7 @@ class Lockstep:
         info = merge_infos(
             list(zip(slots.offsets, (r.info for r in results), strict=True)), sum(slots.counts)
         )
-        pool.recovery.mark_reset()
+        pool.recovery.note_reset_all()
         return obs, info
 
     async def step(self, actions: Any) -> StepReturn:
@@ -138,13 +138,17 @@ class Lockstep:
         pool = self._pool
         if not pool.recovery.was_reset:
             raise InvalidState("call reset() before step()")
-        requests = self._step_requests(pool.slots.remotes, actions, pool.slots.counts)
+        requests = self._step_requests(pool.slots.admitted, actions, pool.slots.counts)
         async with pool.lease(Mode.EXCHANGE, "step", running=self._running()):
             answers = await pool.requests.exchange(
-                requests, "step", self._redo, check=self._check, within=pool.config.timeouts.step
+                requests,
+                "step",
+                self._redo,
+                validate=self._validate,
+                within=pool.config.timeouts.step,
             )
             # Stitched under the lease: answers that do not stitch break the workers.
-            return self._stitch(pool.slots.remotes, answers)
+            return self._stitch(pool.slots.admitted, answers)
 
     async def env_call(
         self,
@@ -177,11 +181,11 @@ class Lockstep:
             requests, kind, redo=self._redo_call, within=pool.config.timeouts.step, lease=lease
         )
         result: list[Any] = [None] * sum(len(where) for where in places)
-        for remote, answer, where in zip(pool.slots.remotes, answers, places, strict=True):
+        for slot, answer, where in zip(pool.slots.admitted, answers, places, strict=True):
             got = expect(answer, EnvCallResult).values
             if len(got) != len(where):
                 raise ProtocolError(
-                    f"worker {remote.info.worker_id} answered {kind}({name!r}) with {len(got)} "
+                    f"worker {slot.info.worker_id} answered {kind}({name!r}) with {len(got)} "
                     f"values for {len(where)} envs; the worker is not a compatible aps worker"
                 )
             for place, value in zip(where, got, strict=True):
@@ -205,8 +209,8 @@ class Lockstep:
         pool = self._pool
         chosen = range(sum(pool.slots.counts)) if indices is None else indices
         # Each worker's own env indices, and where in the result each of its values goes.
-        local: list[list[int]] = [[] for _ in pool.slots.remotes]
-        places: list[list[int]] = [[] for _ in pool.slots.remotes]
+        local: list[list[int]] = [[] for _ in pool.slots.admitted]
+        places: list[list[int]] = [[] for _ in pool.slots.admitted]
         for place, index in enumerate(chosen):
             worker = bisect.bisect_right(pool.slots.offsets, index) - 1
             local[worker].append(index - pool.slots.offsets[worker])
@@ -226,11 +230,11 @@ class Lockstep:
                 ) from None
         return requests, places
 
-    async def _redo_call(self, remote: Remote, request: Request, operation: str) -> Message:
+    async def _redo_call(self, slot: Slot, request: Request, operation: str) -> Message:
         """An env call sent to a worker that was replaced goes to its replacement as it was."""
         pool = self._pool
         return await pool.requests.call_until_answered(
-            remote, request, operation, within=pool.config.timeouts.step
+            slot, request, operation, within=pool.config.timeouts.step
         )
 
     def _running(self) -> str:
@@ -239,7 +243,7 @@ class Lockstep:
             return "sent steps are not all received; recv() first"
         return "another operation is running"
 
-    async def _redo(self, remote: Remote, request: Request, operation: str) -> Message:
+    async def _redo(self, slot: Slot, request: Request, operation: str) -> Message:
         """The answer to ``request`` from a replacement of the worker it was sent to.
 
         A reset is sent again as it was; for a step, the replacement's envs are reset and
@@ -248,12 +252,12 @@ class Lockstep:
         pool = self._pool
         if isinstance(request, ResetRequest):
             return await pool.requests.call_until_answered(
-                remote, request, operation, self._check, within=pool.config.timeouts.step
+                slot, request, operation, self._validate, within=pool.config.timeouts.step
             )
-        return await pool.requests.reset_replacement(remote, operation, self._check)
+        return await pool.requests.reset_replacement(slot, operation, self._validate)
 
-    def _check(self, remote: Remote, answer: Message) -> None:
-        """Refuse a reset or step answer that is not a batch of exactly ``remote``'s envs.
+    def _validate(self, slot: Slot, answer: Message) -> None:
+        """Refuse a reset or step answer that is not a batch of exactly ``slot``'s envs.
 
         Its info too (:func:`~aps.wire.batching.check_info`): a malformed one, or one that
         reaches other workers' envs, is that worker's fault, like a malformed obs, and
@@ -262,7 +266,7 @@ class Lockstep:
         Raises:
             ProtocolError: naming the worker, the field, and what was expected and received.
         """
-        count = remote.info.num_envs
+        count = slot.info.num_envs
         if type(answer) is StepResult:
             shape = (count,)
             bad = misfit(
@@ -274,7 +278,7 @@ class Lockstep:
             )
             if bad is not None:
                 raise ProtocolError(
-                    f"worker {remote.info.worker_id} sent a step whose {bad}; the worker is "
+                    f"worker {slot.info.worker_id} sent a step whose {bad}; the worker is "
                     "not a compatible aps worker"
                 )
             what = "step"
@@ -288,7 +292,7 @@ class Lockstep:
                 check_info(info, count)
             except ProtocolError as exc:
                 raise ProtocolError(
-                    f"worker {remote.info.worker_id} sent a {what} whose {exc}; the worker is "
+                    f"worker {slot.info.worker_id} sent a {what} whose {exc}; the worker is "
                     "not a compatible aps worker"
                 ) from None
         obs = answer.obs
@@ -310,12 +314,12 @@ class Lockstep:
             check_part(observation_space, obs, count, "obs")
         except ProtocolError as exc:
             raise ProtocolError(
-                f"worker {remote.info.worker_id} sent a {what} whose {exc}; all workers must "
+                f"worker {slot.info.worker_id} sent a {what} whose {exc}; all workers must "
                 "run envs with the same spaces"
             ) from None
 
     def _step_requests(
-        self, remotes: Sequence[Remote], actions: Any, counts: Sequence[int]
+        self, admitted: Sequence[Slot], actions: Any, counts: Sequence[int]
     ) -> list[Request]:
         pool = self._pool
         total = sum(counts)
@@ -348,13 +352,13 @@ class Lockstep:
         reset_next = self._reset_next
         return [
             FRESH_RESET
-            if remote in reset_next or pool.recovery.needs_reset(remote)
-            else StepRequest(actions=part, seq=remote.outbox.sent, acked=remote.outbox.received)
-            for remote, part in zip(remotes, parts, strict=True)
+            if slot in reset_next or pool.recovery.needs_reset(slot)
+            else StepRequest(actions=part, seq=slot.outbox.sent, acked=slot.outbox.received)
+            for slot, part in zip(admitted, parts, strict=True)
         ]
 
-    def _stitch(self, remotes: Sequence[Remote], answers: Sequence[Message]) -> StepReturn:
-        """Stitch the step answers of ``remotes`` (in env order) into one batch.
+    def _stitch(self, admitted: Sequence[Slot], answers: Sequence[Message]) -> StepReturn:
+        """Stitch the step answers of ``admitted`` (in env order) into one batch.
 
         Raises:
             ProtocolError: an answer is not a step of exactly its worker's envs (under a
@@ -367,14 +371,14 @@ class Lockstep:
         infos: list[tuple[int, Info]] = []
         counts: list[int] = []
         offset = 0
-        for remote, answer in zip(remotes, answers, strict=True):
+        for slot, answer in zip(admitted, answers, strict=True):
             if type(answer) is not StepResult:
                 answer = (
-                    self._restarted_step(remote, answer)
+                    self._restarted_step(slot, answer)
                     if isinstance(answer, ResetResult)
                     else expect(answer, StepResult)
                 )
-            count = remote.info.num_envs  # the arrays fit: see _check
+            count = slot.info.num_envs  # the arrays fit: see _check
             obs.append(answer.obs)
             reward.append(answer.reward)
             terminated.append(answer.terminated)
@@ -397,18 +401,18 @@ class Lockstep:
             merge_infos(infos, offset),
         )
 
-    def _restarted_step(self, remote: Remote, reset: ResetResult) -> StepResult:
+    def _restarted_step(self, slot: Slot, reset: ResetResult) -> StepResult:
         """Turn the reset of a replacement worker's envs into their step result.
 
         The first one ends the lost worker's episodes (truncated, flagged); under ``NextStep``
         a second reset on the next step plays the part of the autoreset step.
         """
-        n = remote.info.num_envs
+        n = slot.info.num_envs
         pool = self._pool
-        restarted = pool.recovery.needs_reset(remote)
-        pool.recovery.envs_reset(remote)  # ends a pending reset step too
+        restarted = pool.recovery.needs_reset(slot)
+        pool.recovery.note_reset(slot)  # ends a pending reset step too
         if restarted and pool.config.autoreset_mode is AutoresetMode.NEXT_STEP:
-            self._reset_next.add(remote)
+            self._reset_next.add(slot)
         info = dict(reset.info)
         if restarted:
             info["worker_restarted"] = np.ones(n, dtype=np.bool_)
@@ -434,38 +438,38 @@ class Lockstep:
             lease = await pool.lease(Mode.PARTIAL, "send", drained=True).take()
             lease.on_release(self._cancel_steps)
         try:
-            remotes = self._select(worker_ids)
-            requests = self._step_requests(remotes, actions, [r.info.num_envs for r in remotes])
+            admitted = self._select(worker_ids)
+            requests = self._step_requests(admitted, actions, [r.info.num_envs for r in admitted])
         except BaseException:
             if lease is not self._lease:
                 await lease.release()  # nothing was sent: the workers are free again
             raise
         self._lease = lease
-        for remote, request in zip(remotes, requests, strict=True):
+        for slot, request in zip(admitted, requests, strict=True):
             # Registered first: a send that fails below is still answered (or raised) in recv.
             task = asyncio.create_task(
-                self._partial_answer(remote, request), name=f"aps step {remote.info.worker_id}"
+                self._partial_answer(slot, request), name=f"aps step {slot.info.worker_id}"
             )
             task.add_done_callback(self._wake_recv)
-            self._partial[remote] = task
+            self._partial[slot] = task
             try:
-                await pool.requests.send_request(remote, request)
+                await pool.requests.send_request(slot, request)
             except WorkerLost as exc:
                 await self._release(exc)
                 raise
 
-    def _select(self, worker_ids: Sequence[int] | None) -> list[Remote]:
-        by_id = {r.info.worker_id: r for r in self._pool.slots.remotes}
+    def _select(self, worker_ids: Sequence[int] | None) -> list[Slot]:
+        by_id = {r.info.worker_id: r for r in self._pool.slots.admitted}
         ids = list(by_id) if worker_ids is None else list(worker_ids)
         if len(set(ids)) != len(ids) or not ids:
             raise ConfigError(f"worker_ids must be distinct and not empty, got {worker_ids!r}")
         for worker_id in ids:
-            remote = by_id.get(worker_id)
-            if remote is None:
+            slot = by_id.get(worker_id)
+            if slot is None:
                 raise ConfigError(
                     f"no worker {worker_id!r}; the workers are {sorted(by_id)} (see .workers)"
                 )
-            if remote in self._partial:
+            if slot in self._partial:
                 raise InvalidState(
                     f"worker {worker_id} still has a step sent and not received; recv() first"
                 )
@@ -476,13 +480,13 @@ class Lockstep:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def _partial_answer(self, remote: Remote, request: Request) -> Message:
+    async def _partial_answer(self, slot: Slot, request: Request) -> Message:
         pool = self._pool
         answer = await pool.requests.answer_from(
-            remote, "step", self._check, within=pool.config.timeouts.step
+            slot, "step", self._validate, within=pool.config.timeouts.step
         )
         if answer is None:
-            answer = await self._redo(remote, request, "step")
+            answer = await self._redo(slot, request, "step")
         return answer
 
     async def recv(self, min_workers: int) -> StepReturn:
@@ -511,16 +515,16 @@ class Lockstep:
                 await waiter
             finally:
                 self._answered = None
-        ready = [r for r in pool.slots.remotes if r in waiting and waiting[r].done()]
+        ready = [r for r in pool.slots.admitted if r in waiting and waiting[r].done()]
         answers: list[Message] = []
         failure: BaseException | None = None
-        for remote in ready:
-            task = waiting.pop(remote)
+        for slot in ready:
+            task = waiting.pop(slot)
             error = task.exception() if not task.cancelled() else InvalidState("cancelled")
             if error is not None:
                 failure = failure or error
             elif isinstance(answer := task.result(), ErrorReport):
-                failure = failure or worker_error(remote, answer)
+                failure = failure or worker_error(slot, answer)
             else:
                 answers.append(answer)
         result: StepReturn | None = None

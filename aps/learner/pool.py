@@ -8,8 +8,8 @@ them all (:meth:`WorkerPool.exchange`). The modes reach its parts through the me
 hold them, never through properties that forward:
 
 - ``pool.slots`` (:mod:`~aps.learner.slots`): the slot table, each admitted worker's env slots
-  (a :class:`~aps.learner.slots.Remote`) in env order;
-- ``pool.recovery`` (:mod:`~aps.learner.replace`): recovery and spares, ``on_worker_lost``
+  (a :class:`~aps.learner.slots.Slot`) in env order;
+- ``pool.recovery`` (:mod:`~aps.learner.recovery`): recovery and spares, ``on_worker_lost``
   applied, a spare taking a lost worker's slots over, and what a replacement means to the envs;
 - ``pool.requests`` (:mod:`~aps.learner.requests`): the numbered request/answer service:
   requests carry sequence numbers, a resumed worker gets again what it did not answer, and
@@ -40,21 +40,21 @@ from aps.learner.admission import Gate
 from aps.learner.config import LearnerConfig
 from aps.learner.joining import Joining
 from aps.learner.lease import _LEASES, Lease, Mode, _State
-from aps.learner.replace import OnWorkerLost, Recovery
+from aps.learner.recovery import OnWorkerLost, Recovery
 from aps.learner.requests import FRESH_RESET, Redo, Requests
-from aps.learner.slots import Check, Remote, SlotHooks, Slots, WorkerInfo, expect, log
+from aps.learner.slots import AnswerCheck, Slot, SlotHooks, Slots, WorkerInfo, expect, log
 from aps.transports.base import Listener
 from aps.wire.messages import Message, Request
 
 __all__ = [
     "FRESH_RESET",
-    "Check",
+    "AnswerCheck",
     "LearnerMode",
     "Lease",
     "Mode",
     "OnWorkerLost",
     "Redo",
-    "Remote",
+    "Slot",
     "SlotHooks",
     "WorkerInfo",
     "WorkerPool",
@@ -208,7 +208,7 @@ class WorkerPool:
             await self._gate.aclose()
         if self._listener is not None:
             await self._listener.aclose()
-        sessions = [r.session for r in self.slots.remotes] + [
+        sessions = [r.session for r in self.slots.admitted] + [
             s.session for s in self.recovery.spares
         ]
         await asyncio.gather(
@@ -318,9 +318,9 @@ class WorkerPool:
         operation: str,
         *,
         redo: Redo,
-        before: Callable[[Remote], Awaitable[None]] | None = None,
-        after: Callable[[Remote], Awaitable[None]] | None = None,
-        check: Check | None = None,
+        before: Callable[[Slot], Awaitable[None]] | None = None,
+        after: Callable[[Slot], Awaitable[None]] | None = None,
+        validate: AnswerCheck | None = None,
         running: str = "another operation is running",
         within: float | None = None,
         lease: Lease | None = None,
@@ -329,7 +329,7 @@ class WorkerPool:
 
         ``before`` runs for each worker before any request is sent, ``after`` right after
         its request was sent (weights that follow it); ``redo`` gives the answer when a
-        replacement took a worker over before answering (its envs start afresh); ``check``
+        replacement took a worker over before answering (its envs start afresh); ``validate``
         tests each answer, and ``within`` makes each answer due that many seconds after its
         request, heartbeats or not (``None``: a silence deadline; see
         :meth:`Requests.answer_from`). It runs under a lease of :attr:`Mode.EXCHANGE` (with
@@ -345,5 +345,5 @@ class WorkerPool:
             lease = self.lease(Mode.EXCHANGE, operation, running=running)
         async with lease:
             return await self.requests.exchange(
-                requests, operation, redo, before, after, check, within
+                requests, operation, redo, before, after, validate, within
             )

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from aps.errors import ApsError, WorkerLost
-from aps.learner.pool import Remote, WorkerPool
+from aps.learner.pool import Slot, WorkerPool
 from aps.learner.requests import worker_error
 from aps.wire.messages import ErrorReport, Message
 
@@ -24,10 +24,10 @@ __all__ = ["Item", "Pumps", "Receive"]
 
 log = logging.getLogger(__name__)
 
-Item = tuple[Remote, Message | BaseException]
+Item = tuple[Slot, Message | BaseException]
 """What the inbox holds: a worker's slot, and its message or its failure."""
 
-Receive = Callable[[Remote], Awaitable[Message | ApsError | None]]
+Receive = Callable[[Slot], Awaitable[Message | ApsError | None]]
 """A mode's next receive from one worker: a message, or an error to deliver while the pump
 goes on (a replacement, announced as its predecessor's loss), or ``None``: nothing to deliver
 this time (the worker was brought up to date). Raising ends the pump; the error is delivered."""
@@ -55,45 +55,45 @@ class Pumps:
         """What the workers delivered and nobody took yet."""
         return self._inbox.qsize()
 
-    def start(self, remotes: Sequence[Remote]) -> None:
-        """Start one pump for each of ``remotes``."""
+    def start(self, admitted: Sequence[Slot]) -> None:
+        """Start one pump for each of ``admitted``."""
         self._tasks += [
-            asyncio.create_task(self._pump(remote), name=f"{self._name} {remote.info.worker_id}")
-            for remote in remotes
+            asyncio.create_task(self._pump(slot), name=f"{self._name} {slot.info.worker_id}")
+            for slot in admitted
         ]
 
-    async def _pump(self, remote: Remote) -> None:
+    async def _pump(self, slot: Slot) -> None:
         while True:
             try:
-                item = await self._receive(remote)
+                item = await self._receive(slot)
             except Exception as exc:  # delivered: the consumer raises it
-                await self._inbox.put((remote, exc))
+                await self._inbox.put((slot, exc))
                 return
             if item is not None:
-                await self._inbox.put((remote, item))
+                await self._inbox.put((slot, item))
 
     async def get(self) -> Item:
         """The next thing any worker delivered, in arrival order."""
         return await self._inbox.get()
 
-    def unwrap(self, remote: Remote, item: Message | BaseException) -> Message:
-        """``item`` as a message of ``remote``'s.
+    def unwrap(self, slot: Slot, item: Message | BaseException) -> Message:
+        """``item`` as a message of ``slot``'s.
 
         Raises:
             BaseException: the failure it is.
-            WorkerError: it is the error ``remote`` reported.
+            WorkerError: it is the error ``slot`` reported.
         """
         if isinstance(item, BaseException):
             raise item
         if isinstance(item, ErrorReport):
-            raise worker_error(remote, item)
+            raise worker_error(slot, item)
         return item
 
-    async def drop(self, remote: Remote, lost: WorkerLost) -> None:
-        """Leave ``remote`` out of chunk streams and gradient rounds (``on_worker_lost="drop"``)."""
-        self._pool.slots.drop(remote)
+    async def drop(self, slot: Slot, lost: WorkerLost) -> None:
+        """Leave ``slot`` out of chunk streams and gradient rounds (``on_worker_lost="drop"``)."""
+        self._pool.slots.drop(slot)
         log.warning("%s; dropped it, going on with the other workers", lost)
-        await remote.session.aclose("the learner dropped this worker")
+        await slot.session.aclose("the learner dropped this worker")
 
     async def stop(self) -> list[Item]:
         """Cancel the pumps and wait for them; return what they delivered and nobody took."""

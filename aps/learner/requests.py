@@ -3,7 +3,7 @@
 :class:`Requests` is the service every mode talks to the workers through: a request is
 numbered and sent (or kept for after a resume), an answer is received exactly once, a
 connection that took a slot over is brought up to date (what the modes say first, then the
-unanswered requests), and a failure is handed to :class:`~aps.learner.replace.Recovery`.
+unanswered requests), and a failure is handed to :class:`~aps.learner.recovery.Recovery`.
 The books (numbering, acknowledgement, resending, voiding) are the outbox's, which does no
 I/O; this room does the sending and receiving.
 """
@@ -15,8 +15,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from aps.errors import EndOfStream, ProtocolError, Timeout, TransportError, WorkerError
-from aps.learner.replace import Recovery, lost
-from aps.learner.slots import Check, Remote, SlotHooks, Slots
+from aps.learner.recovery import Recovery, lost
+from aps.learner.slots import AnswerCheck, Slot, SlotHooks, Slots
 from aps.session import Timeouts
 from aps.session.delivery import Accepted
 from aps.wire.messages import (
@@ -36,7 +36,7 @@ __all__ = ["FRESH_RESET", "Redo", "Requests", "worker_error"]
 FRESH_RESET = ResetRequest(seed=None, options=None)
 """What a replacement's envs get before they act (each worker seeds them its own way)."""
 
-Redo = Callable[[Remote, Request, str], Awaitable[Message]]
+Redo = Callable[[Slot, Request, str], Awaitable[Message]]
 """How a mode answers a request whose worker was replaced meanwhile (see exchange)."""
 
 
@@ -50,7 +50,7 @@ MAX_TIMING = 86_400.0
 _TIMED = (ResetResult, StepResult, RolloutChunk)
 
 
-def _record(remote: Remote, answer: ResetResult | StepResult | RolloutChunk) -> None:
+def _record(slot: Slot, answer: ResetResult | StepResult | RolloutChunk) -> None:
     """Count ``answer`` in its worker's figures, with the timings it carries.
 
     See :data:`~aps.wire.messages.TIMINGS`; an answer without timings adds only its count.
@@ -73,25 +73,25 @@ def _record(remote: Remote, answer: ResetResult | StepResult | RolloutChunk) -> 
         ):
             shown = TIMINGS_FORMAT.unpack(timings) if len(timings) == 12 else timings[:40]
             raise ProtocolError(
-                f"worker {remote.info.worker_id} sent timings {shown!r} in its "
+                f"worker {slot.info.worker_id} sent timings {shown!r} in its "
                 f"{type(answer).__name__}; expected {TIMINGS_FORMAT.size} bytes of three "
                 f"float32 seconds ({', '.join(TIMINGS)}), each in 0..{MAX_TIMING}: the worker "
                 "is not a compatible aps worker"
             )
-    metrics = remote.metrics
+    metrics = slot.metrics
     metrics.answers += 1
     if type(answer) is StepResult:
-        metrics.env_steps += remote.info.num_envs
+        metrics.env_steps += slot.info.num_envs
     metrics.env_seconds += env
     metrics.inference_seconds += inference
     metrics.encode_seconds += encode
 
 
-def worker_error(remote: Remote, report: ErrorReport) -> WorkerError:
-    """The :class:`WorkerError` for an error ``remote`` reported."""
+def worker_error(slot: Slot, report: ErrorReport) -> WorkerError:
+    """The :class:`WorkerError` for an error ``slot`` reported."""
     return WorkerError(
         report.message,
-        worker_id=remote.info.worker_id,
+        worker_id=slot.info.worker_id,
         remote_type=report.remote_type,
         remote_traceback=report.traceback,
     )
@@ -121,49 +121,49 @@ class Requests:
         self.wait_seconds = 0.0
         """Their time, from the first request sent to the last answer, in total."""
 
-    async def send_request(self, remote: Remote, request: Request) -> None:
-        """Number ``request`` for ``remote`` and send it (or keep it for after a resume)."""
-        request = remote.outbox.number(request)
+    async def send_request(self, slot: Slot, request: Request) -> None:
+        """Number ``request`` for ``slot`` and send it (or keep it for after a resume)."""
+        request = slot.outbox.number(request)
         # The answer deadline counts from here (see answer_from); a request only queued for
         # a resume is timed again when catch_up sends it.
-        remote.asked = asyncio.get_running_loop().time()
-        if remote.delivered == remote.generation and remote.attached.is_set():
+        slot.asked = asyncio.get_running_loop().time()
+        if slot.delivered == slot.generation and slot.attached.is_set():
             # send()'s body, written out: this runs per request (every lockstep step), one
             # coroutine fewer.
             try:
-                await remote.session.send(request)
+                await slot.session.send(request)
             except TransportError as exc:
-                await self._send_failed(remote, request, exc)
+                await self._send_failed(slot, request, exc)
 
-    async def send(self, remote: Remote, message: Message, frame: bytes | None = None) -> None:
-        """Send an unnumbered message to ``remote``; a broken connection is noticed later.
+    async def send(self, slot: Slot, message: Message, frame: bytes | None = None) -> None:
+        """Send an unnumbered message to ``slot``; a broken connection is noticed later.
 
         Raises:
             WorkerLost: sending failed under ``on_worker_lost="raise"``. Otherwise the
                 connection is closed, and the next receive recovers it.
         """
         try:
-            await remote.session.send(message, frame=frame)
+            await slot.session.send(message, frame=frame)
         except TransportError as exc:
-            await self._send_failed(remote, message, exc)
+            await self._send_failed(slot, message, exc)
 
-    async def _send_failed(self, remote: Remote, message: Message, exc: TransportError) -> None:
+    async def _send_failed(self, slot: Slot, message: Message, exc: TransportError) -> None:
         """What a failed send does: see :meth:`send`."""
         if self._recovery.on_worker_lost == "raise":
-            raise lost(remote, type(message).__name__, exc) from exc
+            raise lost(slot, type(message).__name__, exc) from exc
         # Whatever was unanswered goes again on the connection that takes over.
-        remote.delivered = -1
-        await remote.session.aclose("sending failed")
+        slot.delivered = -1
+        await slot.session.aclose("sending failed")
 
     async def answer_from(
         self,
-        remote: Remote,
+        slot: Slot,
         operation: str,
-        check: Check | None = None,
+        validate: AnswerCheck | None = None,
         *,
         within: float | None = None,
     ) -> Message | None:
-        """Receive ``remote``'s next answer, exactly once.
+        """Receive ``slot``'s next answer, exactly once.
 
         ``within`` (seconds) makes it an answer deadline: the answer is due that long after
         the latest request sent on the connection (see :meth:`send_request`), and heartbeats
@@ -173,7 +173,7 @@ class Requests:
         most ``timeouts.step``, and any frame restarts it (for waits whose length the pool
         cannot bound).
 
-        ``check`` looks at each fresh answer before it is returned and raises
+        ``validate`` looks at each fresh answer before it is returned and raises
         :class:`ProtocolError` for one that does not fit (wrong shapes, say): a malformed
         answer, like an unexpected message or a wrong sequence number, is its worker's
         failure, handled as its loss under ``on_worker_lost`` (see :meth:`Recovery.fail`).
@@ -188,74 +188,76 @@ class Requests:
                 it was disconnected).
         """
         while True:
-            generation = remote.generation
+            generation = slot.generation
             try:
-                if remote.delivered != generation:
-                    await self.catch_up(remote)
+                if slot.delivered != generation:
+                    await self.catch_up(slot)
                 if within is None:
-                    message = await remote.session.receive(
+                    message = await slot.session.receive(
                         timeout=self._timeouts.step,
-                        operation=f"worker {remote.info.worker_id}'s {operation}",
+                        operation=f"worker {slot.info.worker_id}'s {operation}",
                     )
                 else:
-                    message = await remote.session.receive(
+                    message = await slot.session.receive(
                         timeout=within,
-                        operation=f"worker {remote.info.worker_id}'s {operation}",
-                        since=remote.asked,
+                        operation=f"worker {slot.info.worker_id}'s {operation}",
+                        since=slot.asked,
                     )
-                accepted = remote.outbox.accept(message)
+                accepted = slot.outbox.accept(message)
                 if accepted is not Accepted.FRESH:
                     continue
                 if isinstance(message, _TIMED):
-                    _record(remote, message)
-                if check is not None and type(message) is not ErrorReport:
-                    check(remote, message)
+                    _record(slot, message)
+                if validate is not None and type(message) is not ErrorReport:
+                    validate(slot, message)
                 return message
             except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
                 # A silent worker is a lost one, under every on_worker_lost (the Timeout is
                 # the WorkerLost's cause); under "wait" it may resume when it wakes up.
-                if await self._recovery.fail(remote, generation, operation, exc):
+                if await self._recovery.fail(slot, generation, operation, exc):
                     return None
 
     async def call(
         self,
-        remote: Remote,
+        slot: Slot,
         request: Request,
         operation: str,
-        check: Check | None = None,
+        validate: AnswerCheck | None = None,
         *,
         within: float | None = None,
     ) -> Message | None:
-        """Send one request to ``remote`` and receive its answer (``None``: replaced meanwhile).
+        """Send one request to ``slot`` and receive its answer (``None``: replaced meanwhile).
 
         ``within``: as :meth:`answer_from`.
         """
-        await self.send_request(remote, request)
-        return await self.answer_from(remote, operation, check, within=within)
+        await self.send_request(slot, request)
+        return await self.answer_from(slot, operation, validate, within=within)
 
     async def call_until_answered(
         self,
-        remote: Remote,
+        slot: Slot,
         request: Request,
         operation: str,
-        check: Check | None = None,
+        validate: AnswerCheck | None = None,
         *,
         within: float | None = None,
     ) -> Message:
         """:meth:`call`, sent again to each replacement until one of them answers."""
-        while (answer := await self.call(remote, request, operation, check, within=within)) is None:
+        while (
+            answer := await self.call(slot, request, operation, validate, within=within)
+        ) is None:
             pass
         return answer
 
     async def reset_replacement(
-        self, remote: Remote, operation: str, check: Check | None = None
+        self, slot: Slot, operation: str, validate: AnswerCheck | None = None
     ) -> Message:
-        """Reset the envs of the worker that took ``remote`` over, before they act.
+        """Reset the envs of the worker that took ``slot`` over, before they act.
 
         :data:`FRESH_RESET` goes to each later replacement in turn until one answers. The
         answer is returned, a :class:`~aps.wire.messages.ResetResult` or an
         :class:`~aps.wire.messages.ErrorReport`; the caller notes the reset
-        (:meth:`Recovery.envs_reset`) once it used the answer (lockstep stitches it into a
+        (:meth:`Recovery.note_reset`) once it used the answer (lockstep stitches it into a
         step first, and reads :meth:`Recovery.needs_reset` to flag the lost worker's
         episodes as ended).
 
@@ -265,35 +267,35 @@ class Requests:
             WorkerLost | ProtocolError: as :meth:`answer_from`.
         """
         return await self.call_until_answered(
-            remote, FRESH_RESET, operation, check, within=self._timeouts.step
+            slot, FRESH_RESET, operation, validate, within=self._timeouts.step
         )
 
-    async def catch_up(self, remote: Remote) -> None:
+    async def catch_up(self, slot: Slot) -> None:
         """Bring a connection that took over up to date: what the modes say, then requests."""
-        generation = remote.generation
+        generation = slot.generation
         for hooks in self._hooks:
-            await hooks.rejoined(remote)
+            await hooks.rejoined(slot)
         # Requests numbered meanwhile were only queued: the live queue is read, so they go too.
-        unanswered = remote.outbox.resend()
+        unanswered = slot.outbox.resend()
         index = 0
         while index < len(unanswered):
-            await self.send(remote, unanswered[index])
-            if remote.delivered == -1 or remote.generation != generation:
+            await self.send(slot, unanswered[index])
+            if slot.delivered == -1 or slot.generation != generation:
                 return  # failed again: the next receive notices
             index += 1
-        remote.delivered = generation
+        slot.delivered = generation
         if unanswered:
             # What was unanswered was asked again just now: its answer is due from here.
-            remote.asked = asyncio.get_running_loop().time()
+            slot.asked = asyncio.get_running_loop().time()
 
     async def exchange(
         self,
         requests: Sequence[Request],
         operation: str,
         redo: Redo,
-        before: Callable[[Remote], Awaitable[None]] | None = None,
-        after: Callable[[Remote], Awaitable[None]] | None = None,
-        check: Check | None = None,
+        before: Callable[[Slot], Awaitable[None]] | None = None,
+        after: Callable[[Slot], Awaitable[None]] | None = None,
+        validate: AnswerCheck | None = None,
         within: float | None = None,
     ) -> list[Message]:
         """One request per slot, then one answer from each, in env order.
@@ -306,35 +308,35 @@ class Requests:
             WorkerError: an env raised on a worker (the others' answers are still received).
             WorkerLost | Timeout | ProtocolError: a worker failed.
         """
-        remotes = self._slots.remotes
+        admitted = self._slots.admitted
         if before is not None:
             # Every worker's preparation first (weights, say), then the requests: large
             # frames handed to several connections travel at the same time.
-            for remote in remotes:
-                await before(remote)
+            for slot in admitted:
+                await before(slot)
         clock = time.perf_counter
         began = clock()
-        for remote, request in zip(remotes, requests, strict=True):
-            await self.send_request(remote, request)
+        for slot, request in zip(admitted, requests, strict=True):
+            await self.send_request(slot, request)
             if after is not None:
-                await after(remote)
+                await after(slot)
         answers: list[Message] = []
         failure: WorkerError | None = None
         # Answers are taken in env order, so the worker whose answer came last is the last
         # one this loop had to wait for: each wait is the time its answer came after the
         # ones before it (see WorkerMetrics.wait_seconds).
-        slowest: Remote | None = None
-        for remote, request in zip(remotes, requests, strict=True):
+        slowest: Slot | None = None
+        for slot, request in zip(admitted, requests, strict=True):
             waiting = clock()
-            answer = await self.answer_from(remote, operation, check, within=within)
+            answer = await self.answer_from(slot, operation, validate, within=within)
             if answer is None:  # a replacement took over: its envs start afresh
-                answer = await redo(remote, request, operation)
+                answer = await redo(slot, request, operation)
             waited = clock() - waiting
-            remote.metrics.wait_seconds += waited
+            slot.metrics.wait_seconds += waited
             if waited > WAITED or slowest is None:
-                slowest = remote
+                slowest = slot
             if isinstance(answer, ErrorReport):
-                failure = failure or worker_error(remote, answer)
+                failure = failure or worker_error(slot, answer)
                 continue
             answers.append(answer)
         if slowest is not None:

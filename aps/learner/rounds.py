@@ -39,7 +39,7 @@ from aps.errors import (
 )
 from aps.gradients import RoundStore, allreduce_sum
 from aps.learner.lease import Lease, Mode
-from aps.learner.pool import Remote, WorkerInfo, WorkerPool, expect
+from aps.learner.pool import Slot, WorkerInfo, WorkerPool, expect
 from aps.learner.pump import Pumps
 from aps.session.protocol import State
 from aps.wire import codec
@@ -92,12 +92,12 @@ class _RoundFrames:
         self.message = message
         self._frames: dict[str, bytes] = {}
 
-    def frame(self, remote: Remote) -> bytes:
-        """The frame for ``remote``'s session, encoded with its codec on first use."""
-        name = remote.session.compression
+    def frame(self, slot: Slot) -> bytes:
+        """The frame for ``slot``'s session, encoded with its codec on first use."""
+        name = slot.session.compression
         frame = self._frames.get(name)
         if frame is None:
-            frame = self._frames[name] = remote.session.encode(self.message)
+            frame = self._frames[name] = slot.session.encode(self.message)
         return frame
 
 
@@ -107,9 +107,9 @@ class GradientRounds:
     def __init__(self, pool: WorkerPool) -> None:
         self._pool = pool
         self.active = False
-        self._remotes: list[Remote] = []
+        self._remotes: list[Slot] = []
         self._pumps: Pumps | None = None
-        self._behind: set[Remote] = set()  # took over by a resume or replacement: catch up
+        self._behind: set[Slot] = set()  # took over by a resume or replacement: catch up
         self._round: _RoundFrames | None = None
         # The workers the current round was sent to: a replacement joins at the next round.
         self._members: frozenset[int] = frozenset()
@@ -123,19 +123,19 @@ class GradientRounds:
 
     # What a new connection needs (SlotHooks).
 
-    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
+    def replaced(self, slot: Slot, void: Sequence[Request]) -> None:
         """Nothing to forget: a replacement starts sampling at the current round."""
 
-    async def rejoined(self, remote: Remote) -> None:
+    async def rejoined(self, slot: Slot) -> None:
         """Send the current round to a worker that resumed its session.
 
         A replacement (a new worker id) is not part of the round under way, whose aggregation
         rule counts the workers it started with; it receives the next round.
         """
-        if self._round is not None and remote.info.worker_id in self._members:
-            await self._pool.requests.send(remote, self._round.message, self._round.frame(remote))
+        if self._round is not None and slot.info.worker_id in self._members:
+            await self._pool.requests.send(slot, self._round.message, self._round.frame(slot))
             if self._collect is not None:
-                await self._pool.requests.send(remote, *self._collect)
+                await self._pool.requests.send(slot, *self._collect)
 
     # Rounds.
 
@@ -154,8 +154,8 @@ class GradientRounds:
             self.active = True
             self._remotes = pool.slots.active()
             # Gradient mode samples from fresh resets; a replacement needs no reset now.
-            for remote in self._remotes:
-                pool.recovery.envs_reset(remote)
+            for slot in self._remotes:
+                pool.recovery.note_reset(slot)
             self._pumps = Pumps(
                 pool,
                 self._receive,
@@ -168,9 +168,9 @@ class GradientRounds:
         self._members = frozenset(r.info.worker_id for r in self._remotes)
         self._collect = None
         sent = 0
-        for remote in self._remotes:
-            frame = frames.frame(remote)
-            await pool.requests.send(remote, message, frame)
+        for slot in self._remotes:
+            frame = frames.frame(slot)
+            await pool.requests.send(slot, message, frame)
             sent += len(frame)
         return sent
 
@@ -186,9 +186,9 @@ class GradientRounds:
         message = CollectGradients(round=round_id)
         frame = codec.encode(message)
         self._collect = (message, frame)
-        for remote in self._remotes:
-            if remote.info.worker_id in self._members:
-                await self._pool.requests.send(remote, message, frame)
+        for slot in self._remotes:
+            if slot.info.worker_id in self._members:
+                await self._pool.requests.send(slot, message, frame)
         return len(frame) * len(self._remotes)
 
     async def reduce(
@@ -214,7 +214,7 @@ class GradientRounds:
         store = await asyncio.to_thread(RoundStore, bind, world, seconds)
         sent = 0
         try:
-            for rank, remote in enumerate(members, start=1):
+            for rank, slot in enumerate(members, start=1):
                 message = ReduceGradients(
                     round=round_id,
                     host=host,
@@ -227,7 +227,7 @@ class GradientRounds:
                     timeout=seconds,
                 )
                 frame = codec.encode(message)
-                await pool.requests.send(remote, message, frame)
+                await pool.requests.send(slot, message, frame)
                 sent += len(frame)
             zeros = np.zeros(size + world - 1, dtype=np.float32)
             try:
@@ -257,7 +257,7 @@ class GradientRounds:
             store.close()
         return reduced, sent
 
-    async def _receive(self, remote: Remote) -> Message | ApsError | None:
+    async def _receive(self, slot: Slot) -> Message | ApsError | None:
         """One worker's next gradient message (its pump's receive; see :mod:`.pump`).
 
         The inbox holds a few reports per worker (backpressure beyond them). A worker that
@@ -265,22 +265,22 @@ class GradientRounds:
         replacement was announced as the loss of the worker it replaced).
         """
         pool = self._pool
-        if remote in self._behind:
-            self._behind.discard(remote)
-            await pool.requests.catch_up(remote)
-        generation = remote.generation
+        if slot in self._behind:
+            self._behind.discard(slot)
+            await pool.requests.catch_up(slot)
+        generation = slot.generation
         try:
-            return await remote.session.receive(
+            return await slot.session.receive(
                 timeout=pool.config.timeouts.heartbeat_timeout,
-                operation=f"worker {remote.info.worker_id}'s gradients",
+                operation=f"worker {slot.info.worker_id}'s gradients",
             )
         except (EndOfStream, TransportError, Timeout, ProtocolError) as exc:
-            lost = remote.info.worker_id
-            replaced = await pool.recovery.fail(remote, generation, "gradients", exc)
-            self._behind.add(remote)
+            lost = slot.info.worker_id
+            replaced = await pool.recovery.fail(slot, generation, "gradients", exc)
+            self._behind.add(slot)
             if not replaced:
                 return None
-            took_over = f"worker {lost} was lost and worker {remote.info.worker_id} took over"
+            took_over = f"worker {lost} was lost and worker {slot.info.worker_id} took over"
             return WorkerLost(took_over, worker_id=lost)
 
     async def next_report(
@@ -294,7 +294,7 @@ class GradientRounds:
         seconds = pool.config.timeouts.step
         try:
             async with asyncio.timeout(seconds):
-                remote, item = await pumps.get()
+                slot, item = await pumps.get()
         except TimeoutError:
             raise Timeout(
                 f"no gradient report from any worker for {seconds} s; raise "
@@ -303,21 +303,21 @@ class GradientRounds:
                 seconds=seconds,
             ) from None
         if isinstance(item, WorkerLost) and pool.recovery.on_worker_lost == "drop":
-            if remote in self._remotes:
-                self._remotes.remove(remote)
-            await pumps.drop(remote, item)
-        message = pumps.unwrap(remote, item)
+            if slot in self._remotes:
+                self._remotes.remove(slot)
+            await pumps.drop(slot, item)
+        message = pumps.unwrap(slot, item)
         if isinstance(message, GradientProgress | GradientsReduced):
-            return remote.info.worker_id, message
-        return remote.info.worker_id, expect(message, GradientReport)
+            return slot.info.worker_id, message
+        return slot.info.worker_id, expect(message, GradientReport)
 
     def drop_worker(self, worker_id: int) -> None:
         """:meth:`Learner.drop_worker`."""
         pool = self._pool
-        for remote in self._remotes:
-            if remote.info.worker_id == worker_id:
-                self._remotes.remove(remote)
-                pool.slots.drop(remote)
+        for slot in self._remotes:
+            if slot.info.worker_id == worker_id:
+                self._remotes.remove(slot)
+                pool.slots.drop(slot)
                 return
         slots = pool.slots
         if worker_id in slots.dropped or any(m.worker_id == worker_id for m in slots.former):
@@ -344,10 +344,10 @@ class GradientRounds:
         self._behind.clear()
         try:
             async with asyncio.timeout(pool.config.timeouts.step):
-                for remote in self._remotes:
-                    await remote.session.send(StopGradients())
-                    while remote.session.state is State.STOPPING:
-                        await remote.session.receive(timeout=None, operation="gradients to stop")
+                for slot in self._remotes:
+                    await slot.session.send(StopGradients())
+                    while slot.session.state is State.STOPPING:
+                        await slot.session.receive(timeout=None, operation="gradients to stop")
         except (TimeoutError, ApsError) as exc:
             assert self._lease is not None
             self._lease.fail(InvalidState(f"gradient mode did not end cleanly ({exc!r})"))

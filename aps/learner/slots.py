@@ -1,9 +1,9 @@
 """The slot table: each admitted worker's env slots, in env order, and who serves them now.
 
-A :class:`Remote` is one worker's env slots and the connection serving them; the
+A :class:`Slot` is one worker's env slots and the connection serving them; the
 :class:`Slots` table holds them in env order, finds one by the session id a worker resumes
 with, and tells which are left out (dropped). The slots outlive their workers: a resumed
-connection or a replacement worker takes a slot over (:mod:`~aps.learner.replace`), and the
+connection or a replacement worker takes a slot over (:mod:`~aps.learner.recovery`), and the
 modes key their own per-slot state by the slot. Nothing here does I/O but closing the
 connection a new one replaces.
 """
@@ -25,7 +25,7 @@ from aps.session import Session
 from aps.session.delivery import Outbox
 from aps.wire.messages import Hello, Message, Request
 
-__all__ = ["Check", "Remote", "SlotHooks", "Slots", "WorkerInfo", "expect"]
+__all__ = ["AnswerCheck", "Slot", "SlotHooks", "Slots", "WorkerInfo", "expect"]
 
 log = logging.getLogger("aps.learner.pool")  # one logger for the pool and its rooms
 
@@ -56,12 +56,12 @@ class WorkerInfo:
 
 
 @dataclass(slots=True, eq=False)
-class Remote:
+class Slot:
     """One worker's env slots, and the connection serving them now.
 
     The connection changes when the worker resumes its session and the worker itself when a
     replacement takes the slots over; ``generation`` counts both. Modes keep their own
-    per-slot state, keyed by the remote (identity).
+    per-slot state, keyed by the slot (identity).
     """
 
     info: WorkerInfo
@@ -82,22 +82,22 @@ class Remote:
 class SlotHooks(Protocol):
     """What a mode does when the worker serving a slot changes."""
 
-    def replaced(self, remote: Remote, void: Sequence[Request]) -> None:
-        """A new worker took over ``remote``; ``void`` are the lost worker's unanswered requests.
+    def replaced(self, slot: Slot, void: Sequence[Request]) -> None:
+        """A new worker took over ``slot``; ``void`` are the lost worker's unanswered requests.
 
         The mode forgets what it knew of the lost worker (it is called before anything is sent
         to the new one).
         """
 
-    async def rejoined(self, remote: Remote) -> None:
-        """A connection took over ``remote`` (resumed or replaced): send what it needs first.
+    async def rejoined(self, slot: Slot) -> None:
+        """A connection took over ``slot`` (resumed or replaced): send what it needs first.
 
         Called before the unanswered requests are sent again; send with
         :meth:`Requests.send <aps.learner.requests.Requests.send>`.
         """
 
 
-Check = Callable[[Remote, Message], None]
+AnswerCheck = Callable[[Slot, Message], None]
 """A mode's test of a fresh answer: raises :class:`ProtocolError` when it does not fit."""
 
 
@@ -106,7 +106,7 @@ class Slots:
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
-        self.remotes: list[Remote] = []
+        self.admitted: list[Slot] = []
         """The admitted workers' slots, in env order."""
         self.counts: list[int] = []
         """Envs per worker, in env order."""
@@ -121,7 +121,7 @@ class Slots:
         self.spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None
         """The observation and action spaces of the first worker admitted (the others were
         checked against them)."""
-        self._by_session: dict[bytes, Remote] = {}
+        self._by_session: dict[bytes, Slot] = {}
 
     def require_workers(self) -> tuple[gym.Space[Any], gym.Space[Any]]:
         """The single observation and action spaces, once every worker is admitted."""
@@ -144,16 +144,16 @@ class Slots:
             label=hello.label,
             peer=session.peer,
         )
-        remote = Remote(
+        slot = Slot(
             info=info,
             session=session,
             metrics=WorkerMetrics(worker_id=worker_id),
             session_id=session_id,
         )
-        session.tally = remote.metrics
-        remote.attached.set()
-        self.remotes.append(remote)
-        self._by_session[session_id] = remote
+        session.tally = slot.metrics
+        slot.attached.set()
+        self.admitted.append(slot)
+        self._by_session[session_id] = slot
         self.counts.append(hello.num_envs)
         self.offsets.append(offset)
         session.start_heartbeats()
@@ -162,7 +162,7 @@ class Slots:
             "worker %d admitted from %s: %d x %s (envs %d..%d)",
             *(worker_id, session.peer, hello.num_envs, hello.env_id, offset, last),
         )
-        if len(self.remotes) == self.num_workers:
+        if len(self.admitted) == self.num_workers:
             self._order_by_label()
             self.all_ready.set()
 
@@ -173,43 +173,43 @@ class Slots:
         worker ``i`` its share of the envs (env functions, per-worker seeds and kwargs) in
         that order, so the env order follows the labels. Nothing has used the offsets yet.
         """
-        labels = [r.info.label for r in self.remotes]
+        labels = [r.info.label for r in self.admitted]
         if sorted(labels) != [str(i) for i in range(len(labels))]:
             return  # not a launcher's numbering (workers started by hand): arrival order
-        self.remotes.sort(key=lambda r: int(r.info.label))
+        self.admitted.sort(key=lambda r: int(r.info.label))
         offset = 0
-        for index, remote in enumerate(self.remotes):
-            remote.info = dataclasses.replace(remote.info, env_offset=offset)
-            self.counts[index] = remote.info.num_envs
+        for index, slot in enumerate(self.admitted):
+            slot.info = dataclasses.replace(slot.info, env_offset=offset)
+            self.counts[index] = slot.info.num_envs
             self.offsets[index] = offset
-            offset += remote.info.num_envs
+            offset += slot.info.num_envs
 
-    def by_session(self, session_id: bytes | None) -> Remote | None:
+    def by_session(self, session_id: bytes | None) -> Slot | None:
         """The slot whose session has this id (``None``: none, or it can no longer resume)."""
         return self._by_session.get(session_id) if session_id else None
 
-    def rekey(self, remote: Remote, session_id: bytes | None) -> None:
-        """Let ``remote`` be resumed with ``session_id`` only (``None``: with none)."""
-        self._by_session.pop(remote.session_id, None)  # gone already if it was disowned
+    def rekey(self, slot: Slot, session_id: bytes | None) -> None:
+        """Let ``slot`` be resumed with ``session_id`` only (``None``: with none)."""
+        self._by_session.pop(slot.session_id, None)  # gone already if it was disowned
         if session_id is not None:
-            remote.session_id = session_id
-            self._by_session[session_id] = remote
+            slot.session_id = session_id
+            self._by_session[session_id] = slot
 
-    async def attach(self, remote: Remote, session: Session) -> None:
-        """Make ``session`` the one serving ``remote`` and close the one it replaces."""
-        old, remote.session = remote.session, session
-        session.tally = remote.metrics  # the worker's figures go on across connections
-        remote.generation += 1
+    async def attach(self, slot: Slot, session: Session) -> None:
+        """Make ``session`` the one serving ``slot`` and close the one it replaces."""
+        old, slot.session = slot.session, session
+        session.tally = slot.metrics  # the worker's figures go on across connections
+        slot.generation += 1
         session.start_heartbeats()
-        remote.attached.set()
+        slot.attached.set()
         # A call still waiting on the old connection fails at once and carries on here.
         await old.aclose("another connection took over this worker's session")
 
-    def active(self) -> list[Remote]:
+    def active(self) -> list[Slot]:
         """The slots not dropped, in env order."""
-        return [r for r in self.remotes if r.info.worker_id not in self.dropped]
+        return [r for r in self.admitted if r.info.worker_id not in self.dropped]
 
-    def drop(self, remote: Remote) -> None:
-        """Leave ``remote`` out of chunk streams and gradient rounds from now on."""
-        self.dropped.add(remote.info.worker_id)
-        remote.outbox.drop()
+    def drop(self, slot: Slot) -> None:
+        """Leave ``slot`` out of chunk streams and gradient rounds from now on."""
+        self.dropped.add(slot.info.worker_id)
+        slot.outbox.drop()

@@ -7,7 +7,7 @@ to take the slot over. A worker that broke the protocol is disconnected for good
 replacement's unanswered requests are void, the modes are told (their
 :class:`~aps.learner.slots.SlotHooks`), and its envs are noted as not reset yet: what a
 replacement means to the envs is said here once, for every mode (:meth:`Recovery.needs_reset`,
-:meth:`Recovery.envs_reset`).
+:meth:`Recovery.note_reset`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Literal
 
 from aps.errors import ApsError, ProtocolError, WorkerLost
 from aps.learner.rollouts import WorkerMetrics
-from aps.learner.slots import Remote, SlotHooks, Slots, log
+from aps.learner.slots import Slot, SlotHooks, Slots, log
 from aps.session import Session
 from aps.wire.messages import Hello
 
@@ -29,9 +29,9 @@ __all__ = ["OnWorkerLost", "Recovery", "Spare", "lost"]
 OnWorkerLost = Literal["raise", "wait", "drop"]
 
 
-def lost(remote: Remote, operation: str, exc: BaseException) -> WorkerLost:
-    """The :class:`WorkerLost` for ``remote``, lost during ``operation`` because of ``exc``."""
-    info = remote.info
+def lost(slot: Slot, operation: str, exc: BaseException) -> WorkerLost:
+    """The :class:`WorkerLost` for ``slot``, lost during ``operation`` because of ``exc``."""
+    info = slot.info
     return WorkerLost(
         f"worker {info.worker_id} ({info.env_id} x {info.num_envs} at {info.peer}, pid "
         f"{info.pid}) was lost during {operation}: {exc}",
@@ -78,39 +78,42 @@ class Recovery:
         """Set when the learner begins closing: nothing waits for a lost worker any more."""
         self.was_reset = False
         """Whether the envs were reset at least once (a replacement's are then reset too)."""
-        self._unreset: set[Remote] = set()  # slots whose replacement's envs await their reset
-        self._replaced: set[Remote] = set()  # slots replaced since their last failure noticed
-        self._reset_listeners: list[Callable[[Remote], None]] = []
+        self._awaiting_reset: set[Slot] = set()  # slots whose replacement's envs await their reset
+        self._replaced: set[Slot] = set()  # slots replaced since their last failure noticed
+        self._reset_listeners: list[Callable[[Slot], None]] = []
 
-    # What a replacement means to the envs: one answer for every mode.
+    # What a replacement means to the envs: one answer for every mode. One word for it:
+    # modes *reset* envs (reset_replacement, a FRESH_RESET request, Lockstep.reset); the
+    # books here only *note* it (note_reset, note_reset_all) and tell who asked (on_reset);
+    # needs_reset and was_reset read the books.
 
-    def needs_reset(self, remote: Remote) -> bool:
-        """Whether ``remote``'s envs are a replacement's that no mode has reset yet.
+    def needs_reset(self, slot: Slot) -> bool:
+        """Whether ``slot``'s envs are a replacement's that no mode has reset yet.
 
         A replacement's envs need a reset once the envs were reset (see :attr:`was_reset`):
         a mode resets them with :meth:`~aps.learner.requests.Requests.reset_replacement` (or a
         :data:`~aps.learner.requests.FRESH_RESET` request of its own) before they act.
         """
-        return remote in self._unreset
+        return slot in self._awaiting_reset
 
-    def on_envs_reset(self, listener: Callable[[Remote], None]) -> None:
-        """Call ``listener(remote)`` whenever a slot's envs are noted as reset.
+    def on_reset(self, listener: Callable[[Slot], None]) -> None:
+        """Call ``listener(slot)`` whenever a slot's envs are noted as reset.
 
         For a mode whose own per-slot state follows the envs (lockstep's pending
         ``NextStep`` reset step): a reset by any mode ends it.
         """
         self._reset_listeners.append(listener)
 
-    def envs_reset(self, remote: Remote) -> None:
-        """Note that ``remote``'s envs were just reset, by whichever mode did it."""
-        self._unreset.discard(remote)
+    def note_reset(self, slot: Slot) -> None:
+        """Note that ``slot``'s envs were just reset, by whichever mode did it."""
+        self._awaiting_reset.discard(slot)
         for listener in self._reset_listeners:
-            listener(remote)
+            listener(slot)
 
-    def mark_reset(self) -> None:
+    def note_reset_all(self) -> None:
         """Note that every slot's envs were reset (a replacement's are then reset first)."""
-        for remote in self._slots.remotes:
-            self.envs_reset(remote)
+        for slot in self._slots.admitted:
+            self.note_reset(slot)
         self.was_reset = True
 
     # Spares.
@@ -123,19 +126,19 @@ class Recovery:
 
     async def fill_vacancies(self) -> None:
         """Give each lost worker's slots to a spare with as many envs, if there is one."""
-        for remote in self._slots.remotes:
-            if remote.attached.is_set():
+        for slot in self._slots.admitted:
+            if slot.attached.is_set():
                 continue
             for spare in self.spares:
-                if spare.hello.num_envs == remote.info.num_envs:
+                if spare.hello.num_envs == slot.info.num_envs:
                     self.spares.remove(spare)
-                    await self._replace(remote, spare)
+                    await self._replace(slot, spare)
                     break
 
-    async def _replace(self, remote: Remote, spare: Spare) -> None:
+    async def _replace(self, slot: Slot, spare: Spare) -> None:
         slots = self._slots
-        was, hello = remote.info, spare.hello
-        remote.info = dataclasses.replace(
+        was, hello = slot.info, spare.hello
+        slot.info = dataclasses.replace(
             was,
             worker_id=spare.worker_id,
             env_id=hello.env_id,
@@ -144,27 +147,27 @@ class Recovery:
             label=hello.label,
             peer=spare.session.peer,
         )
-        slots.former.append(remote.metrics)
-        remote.metrics = WorkerMetrics(worker_id=spare.worker_id)
-        slots.rekey(remote, spare.session_id)
-        void = remote.outbox.void()
-        self._replaced.add(remote)
+        slots.former.append(slot.metrics)
+        slot.metrics = WorkerMetrics(worker_id=spare.worker_id)
+        slots.rekey(slot, spare.session_id)
+        void = slot.outbox.void()
+        self._replaced.add(slot)
         if self.was_reset:
-            self._unreset.add(remote)
+            self._awaiting_reset.add(slot)
         for hooks in self._hooks:
-            hooks.replaced(remote, void)
+            hooks.replaced(slot, void)
         self.restarts += 1
         log.warning(
             "worker %d from %s took over the envs %d..%d of lost worker %d",
             *(spare.worker_id, spare.session.peer, was.env_offset),
             *(was.env_offset + was.num_envs - 1, was.worker_id),
         )
-        await slots.attach(remote, spare.session)
+        await slots.attach(slot, spare.session)
 
     # Losses.
 
-    async def fail(self, remote: Remote, generation: int, operation: str, exc: ApsError) -> bool:
-        """Handle a failure of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
+    async def fail(self, slot: Slot, generation: int, operation: str, exc: ApsError) -> bool:
+        """Handle a failure of ``slot``'s connection ``generation`` as ``on_worker_lost`` says.
 
         A lost connection (``EndOfStream``, a transport error, silence) may be resumed; a
         :class:`ProtocolError` (the worker sent something malformed) disconnects the worker
@@ -172,7 +175,7 @@ class Recovery:
         the error is raised, naming the worker; under ``"wait"`` a replacement takes the
         slot over; under ``"drop"`` it is lost like any other.
 
-        Returns once another connection serves ``remote``: ``True`` when a replacement
+        Returns once another connection serves ``slot``: ``True`` when a replacement
         worker took it over (once per replacement: the requests of the lost one are void),
         ``False`` when the worker resumed its session.
 
@@ -180,75 +183,75 @@ class Recovery:
             ProtocolError: the worker broke the protocol, under ``"raise"``.
             WorkerLost: see :meth:`recover`.
         """
-        if isinstance(exc, ProtocolError) and remote.generation == generation:
-            exc = await self._disown(remote, exc)
+        if isinstance(exc, ProtocolError) and slot.generation == generation:
+            exc = await self._disown(slot, exc)
             if self.on_worker_lost == "raise":
                 raise exc
-        await self.recover(remote, generation, operation, exc)
-        replaced = remote in self._replaced
-        self._replaced.discard(remote)
+        await self.recover(slot, generation, operation, exc)
+        replaced = slot in self._replaced
+        self._replaced.discard(slot)
         return replaced
 
-    async def _disown(self, remote: Remote, exc: ProtocolError) -> ProtocolError:
-        """Disconnect the worker serving ``remote`` for breaking the protocol.
+    async def _disown(self, slot: Slot, exc: ProtocolError) -> ProtocolError:
+        """Disconnect the worker serving ``slot`` for breaking the protocol.
 
         Returns:
             The error, its message naming the worker.
         """
-        worker = f"worker {remote.info.worker_id}"
+        worker = f"worker {slot.info.worker_id}"
         named = exc if str(exc).startswith(worker) else ProtocolError(f"{worker}: {exc}")
         log.warning("%s; disconnecting it", named)
         # No resume: what it would send again is what it sent.
-        self._slots.rekey(remote, None)
-        await remote.session.aclose(f"the learner disconnected this worker: {named}")
+        self._slots.rekey(slot, None)
+        await slot.session.aclose(f"the learner disconnected this worker: {named}")
         return named
 
     async def recover(
-        self, remote: Remote, generation: int, operation: str, exc: BaseException
+        self, slot: Slot, generation: int, operation: str, exc: BaseException
     ) -> None:
-        """Handle the loss of ``remote``'s connection ``generation`` as ``on_worker_lost`` says.
+        """Handle the loss of ``slot``'s connection ``generation`` as ``on_worker_lost`` says.
 
-        Returns once another connection serves ``remote`` (resumed or replaced).
+        Returns once another connection serves ``slot`` (resumed or replaced).
 
         Raises:
             WorkerLost: under ``"raise"`` and ``"drop"``; under ``"wait"`` when nothing took
                 over within ``reconnect_timeout``.
         """
-        if remote.generation != generation:
+        if slot.generation != generation:
             return  # a resume already took over
         if self.on_worker_lost != "wait":
-            raise lost(remote, operation, exc) from exc
-        if remote.attached.is_set():
-            remote.attached.clear()
+            raise lost(slot, operation, exc) from exc
+        if slot.attached.is_set():
+            slot.attached.clear()
             log.warning(
                 "%s; waiting up to %s s for it to resume or for a replacement",
-                *(lost(remote, operation, exc), self.reconnect_timeout),
+                *(lost(slot, operation, exc), self.reconnect_timeout),
             )
             # No goodbye: a worker that was only stalled (stopped, swapping, a slow env) sees
             # a dropped connection when it wakes up, and dials again to resume.
-            await remote.session.aclose(goodbye=False)
+            await slot.session.aclose(goodbye=False)
             await self.fill_vacancies()
         try:
             async with asyncio.timeout(self.reconnect_timeout):
-                await self._attached_or_closing(remote)
+                await self._attached_or_closing(slot)
         except TimeoutError:
             raise WorkerLost(
-                f"{lost(remote, operation, exc)}, and no worker resumed its session or "
+                f"{lost(slot, operation, exc)}, and no worker resumed its session or "
                 f"took its envs over within {self.reconnect_timeout} s; start a replacement "
                 "worker sooner or raise reconnect_timeout",
-                worker_id=remote.info.worker_id,
+                worker_id=slot.info.worker_id,
             ) from exc
 
-    async def _attached_or_closing(self, remote: Remote) -> None:
-        """Wait until a connection serves ``remote`` again.
+    async def _attached_or_closing(self, slot: Slot) -> None:
+        """Wait until a connection serves ``slot`` again.
 
         Raises:
             WorkerLost: the learner began closing first.
         """
-        if remote.attached.is_set():
+        if slot.attached.is_set():
             return
         waits = [
-            asyncio.ensure_future(remote.attached.wait()),
+            asyncio.ensure_future(slot.attached.wait()),
             asyncio.ensure_future(self.closing.wait()),
         ]
         try:
@@ -256,8 +259,8 @@ class Recovery:
         finally:
             for wait in waits:
                 wait.cancel()
-        if not remote.attached.is_set():
+        if not slot.attached.is_set():
             raise WorkerLost(
-                f"worker {remote.info.worker_id} was lost and the learner closed before it resumed",
-                worker_id=remote.info.worker_id,
+                f"worker {slot.info.worker_id} was lost and the learner closed before it resumed",
+                worker_id=slot.info.worker_id,
             )
