@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aps.learner.rollouts import PolicyVersions  # noqa: E402
+from aps.learner.rollouts import PolicyVersions, sample_states  # noqa: E402
 from aps.wire import codec  # noqa: E402
 from aps.wire.messages import Weights  # noqa: E402
 from tests.agents import Agent  # noqa: E402
@@ -95,3 +95,23 @@ def test_reused_frames_never_change_a_kept_version() -> None:
             np.testing.assert_array_equal(array, snapshots[version][name])
         decoded = codec.decode(versions.frame(version))
         assert isinstance(decoded, Weights) and decoded.version == version
+
+
+def test_the_states_a_divergence_is_measured_on_fit_a_byte_budget() -> None:
+    box = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    versions = PolicyVersions(box, gym.spaces.Discrete(2))
+    # Small observations: max_states, whatever the chunk (1024 CartPole states are 16 KiB).
+    assert versions.states_for(np.zeros((128, 8, 4), np.float32)) == 1024
+    # Atari frames (28,224 bytes each): as many as fit in 4 MiB.
+    frames = np.zeros((128, 8, 4, 84, 84), np.uint8)
+    assert versions.states_for(frames) == 4 * 2**20 // (4 * 84 * 84) == 148
+    # A structured observation counts every array of a state.
+    tree = {"image": frames, "extra": np.zeros((128, 8, 1000), np.float64)}
+    assert versions.states_for(tree) == 4 * 2**20 // (4 * 84 * 84 + 8000)
+    # Very large states: never fewer than the floor.
+    huge = np.zeros((2, 1, 2**22), np.uint8)
+    assert versions.states_for(huge) == PolicyVersions.MIN_SAMPLED_STATES
+    # Both limits are the versions' own settings.
+    tight = PolicyVersions(box, gym.spaces.Discrete(2), max_states=10, max_sample_bytes=2**30)
+    assert tight.states_for(frames) == 10
+    assert sample_states(frames, versions.states_for(frames)).shape == (148, 4, 84, 84)

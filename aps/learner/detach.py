@@ -231,10 +231,12 @@ class Detach:
                 # through both versions from the state the worker started it with.
                 acted: Any = acted_on  # an array: recurrent policies take array observations
                 obs, starts, state = sample_sequences(
-                    acted, recurrent[1], recurrent[0], versions.max_states
+                    acted, recurrent[1], recurrent[0], versions.states_for(acted)
                 )
                 return versions.divergence(version, obs, state=state, episode_start=starts)
-            return versions.divergence(version, sample_states(acted_on, versions.max_states))
+            return versions.divergence(
+                version, sample_states(acted_on, versions.states_for(acted_on))
+            )
 
         def divergence() -> float:
             # Measured once per decision: the context keeps the value (SyncContext.divergence

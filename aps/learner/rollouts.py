@@ -335,8 +335,22 @@ class PolicyVersions:
     published: that is what travels and what workers act with, and divergences are measured
     against it too, so APS compares the policies the workers really hold.
 
+    A divergence is measured on at most ``max_states`` states, and on fewer when they are
+    large: at most ``max_sample_bytes`` of observations, but never fewer than
+    ``MIN_SAMPLED_STATES`` (:meth:`states_for`). Its cost is two forward passes over them on
+    the learner's event loop, once per sync decision of each worker that acts with an older
+    version: CartPole's 1024 states take a fraction of a millisecond, but 1024 Atari frames
+    through the Nature CNN took 0.8-0.9 s on one CPU core (``benchmarks/decision_cost.py``),
+    which is what made APS's learner step slower than always-sync's. The budget keeps
+    about 150 frames of 84 x 84 x 4 (0.13 s there), and the mean KL's estimate over them
+    stays within about a tenth of itself.
+
     torch is imported on the first :meth:`publish`, never before.
     """
+
+    MIN_SAMPLED_STATES = 64
+    """The fewest states a divergence is measured on when the chunk has them, whatever their
+    size."""
 
     def __init__(
         self,
@@ -344,6 +358,7 @@ class PolicyVersions:
         action_space: Any,
         *,
         max_states: int = 1024,
+        max_sample_bytes: int = 4 * 2**20,
         precision: WeightPrecision = "exact",
     ) -> None:
         if precision not in ("exact", "float16"):
@@ -351,6 +366,7 @@ class PolicyVersions:
         self.precision: WeightPrecision = precision
         self._spaces = (observation_space, action_space)
         self.max_states = max_states
+        self.max_sample_bytes = max_sample_bytes
         self.current = 0
         self.epsilon: float | None = None
         self._weights: dict[int, dict[str, Array]] = {}
@@ -435,6 +451,17 @@ class PolicyVersions:
     def nbytes(self, version: int) -> int:
         """Bytes of ``version``'s arrays."""
         return self._nbytes[version]
+
+    def states_for(self, obs: ArrayTree) -> int:
+        """How many of a chunk's states a divergence is measured on.
+
+        ``max_states``, or fewer where the states of ``obs`` ``[T, E, ...]`` would hold more
+        than ``max_sample_bytes``, but at least :attr:`MIN_SAMPLED_STATES`.
+        """
+        sizes: list[int] = []
+        map_arrays(lambda a: sizes.append(a.itemsize * int(np.prod(a.shape[2:]))), obs)
+        within = self.max_sample_bytes // max(sum(sizes), 1)
+        return int(min(self.max_states, max(self.MIN_SAMPLED_STATES, within)))
 
     def divergence(
         self,
