@@ -16,6 +16,16 @@ Runs of the same budget, one after the other, in the same invocation, each repea
 - ``aps-detach-overlap``: the same with ``--overlap-rollouts``: the workers act the next
   batch while the learner trains on this one.
 
+``--pixels``: Atari frames instead (``--env-id Pong-v5`` by default there), CleanRL's
+``ppo_atari_envpool.py`` as ``examples/ppo_atari.py`` runs it, the same Nature CNN PPO and
+budget in every run:
+
+- ``envpool-inprocess``: ``--mode inprocess``, EnvPool's envs in the learner's process, the
+  learner acting (CleanRL as written): the reference;
+- ``aps-lockstep``: the envs on worker processes, the learner choosing every action;
+- ``aps-detach-always`` and ``aps-detach-aps``: the workers acting with their own copy of
+  the CNN on their CPUs, every version sent, or Adaptive Policy Synchronization.
+
 ``--env-id`` takes a comma-separated list, e.g. ``CartPole-v1,Hopper-v5,Humanoid-v5``: an
 env whose step costs more than a message (MuJoCo) is where envs on other processes pay.
 Box action spaces get CleanRL's continuous PPO (``ppo_continuous_action.py``'s Gaussian
@@ -36,6 +46,8 @@ Usage::
     python benchmarks/ppo_end_to_end.py --quick       # 16,384 env-steps, 1 round
     python benchmarks/ppo_end_to_end.py --env-id Humanoid-v5 --envs-per-worker 8 \
         --total-timesteps 65536 --num-steps 256  # pip install "gymnasium[mujoco]"
+    python benchmarks/ppo_end_to_end.py --pixels --envs-per-worker 8 \
+        --total-timesteps 8192 --repeats 3     # Pong, the Nature CNN
 
 Writes ``results/ppo_end_to_end.json`` (one entry per env under ``"envs"``; a run's
 ``curve`` is its learning curve, ``[env-step, mean return]``); ``benchmarks/results_page.py``
@@ -67,7 +79,8 @@ SUMMARY = re.compile(r"([\d,]+) env-steps in ([\d.]+) s, ([\d,]+) env-steps/s")
 FINAL = re.compile(r"final mean return ([-\d.na]+)")
 ITERATION = re.compile(r"iteration \d+: step (\d+), return ([-\d.na]+)")
 RUNS = ("gym-sync", "gym-async", "sb3-subproc", "aps-lockstep", "aps-detach", "aps-detach-overlap")
-REFERENCES = ("gym-sync", "gym-async", "sb3-subproc")  # the in-process contenders
+PIXEL_RUNS = ("envpool-inprocess", "aps-lockstep", "aps-detach-always", "aps-detach-aps")
+REFERENCES = ("gym-sync", "gym-async", "sb3-subproc", "envpool-inprocess")  # in process
 SB3_CHILD = "--sb3-child"  # argv[1] of this script when it runs ppo_vector.py on SB3's envs
 
 
@@ -153,9 +166,50 @@ def commands(args: argparse.Namespace, env_id: str, seed: int) -> dict[str, list
     return every
 
 
+def pixel_commands(args: argparse.Namespace, env_id: str, seed: int) -> dict[str, list[str]]:
+    """The pixel runs: ``examples/ppo_atari.py`` in each mode, the same PPO and budget."""
+    atari = [
+        sys.executable, str(EXAMPLES / "ppo_atari.py"),
+        "--env-id", env_id,
+        "--backend", "envpool",
+        "--total-timesteps", str(args.total_timesteps),
+        "--workers", str(args.workers),
+        "--envs-per-worker", str(args.envs_per_worker),
+        "--num-steps", str(args.num_steps),
+        "--seed", str(seed),
+    ]  # fmt: skip
+    compression = [] if args.compression is None else ["--compression", args.compression]
+    return {
+        "envpool-inprocess": [*atari, "--mode", "inprocess"],
+        "aps-lockstep": [*atari, "--mode", "lockstep", *compression],
+        "aps-detach-always": [*atari, "--mode", "detach", "--sync", "always", *compression],
+        "aps-detach-aps": [*atari, "--mode", "detach", "--sync", "aps", *compression],
+    }
+
+
+def run_atari(command: list[str], figures: Path) -> dict[str, Any]:
+    """One ``ppo_atari.py`` run, from the JSON it writes."""
+    out = subprocess.run(
+        [*command, "--json", str(figures)], capture_output=True, text=True, timeout=3600
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{command} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    result = json.loads(figures.read_text())
+    return {
+        "env_steps": result["global_step"],
+        "seconds": result["seconds"],
+        "sps": result["sps"],
+        "final_return": result["final_return"],
+        "weight_bytes": result["weight_bytes"],
+        "curve": [[row["step"], row["return"]] for row in result["curve"]],
+    }
+
+
 def run(name: str, command: list[str], scratch: Path) -> dict[str, Any]:
     """Run one example; its env-steps, seconds, env-steps per second and final return."""
     figures = scratch / f"{name}.json"
+    if "ppo_atari.py" in command[1]:
+        return run_atari(command, figures)
     if name.startswith("aps-detach"):  # ppo_cluster.py writes its figures as JSON
         command = [*command, "--json", str(figures)]
     out = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600)
@@ -202,13 +256,14 @@ def mean_interval(values: list[float]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--env-id", default="CartPole-v1", help="one id, or several: a,b,c")
+    p.add_argument("--env-id", default=None, help="one id, or several: a,b,c (CartPole-v1)")
+    p.add_argument("--pixels", action="store_true", help="Atari frames (Pong-v5), ppo_atari.py")
     p.add_argument("--total-timesteps", type=int, default=None, help="131072 (quick 16384)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--envs-per-worker", type=int, default=32)
     p.add_argument("--num-steps", type=int, default=128)
     p.add_argument("--repeats", type=int, default=None, help="rounds, one seed each (5; quick 1)")
-    p.add_argument("--runs", default=",".join(RUNS))
+    p.add_argument("--runs", default=None, help="which runs (all of the workload's)")
     p.add_argument("--compression", default=None, help="passed to the aps runs when given")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", type=Path, default=RESULTS / "ppo_end_to_end.json")
@@ -243,23 +298,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.total_timesteps = args.total_timesteps or (16_384 if args.quick else 131_072)
     repeats = args.repeats or (1 if args.quick else 5)
-    names = [n for n in args.runs.split(",") if n]
-    unknown = set(names) - set(RUNS)
+    known = PIXEL_RUNS if args.pixels else RUNS
+    names = [n for n in (args.runs or ",".join(known)).split(",") if n]
+    unknown = set(names) - set(known)
     if unknown:
-        raise SystemExit(f"unknown runs {sorted(unknown)}; choose from {sorted(RUNS)}")
-    env_ids = [e for e in args.env_id.split(",") if e]
+        raise SystemExit(f"unknown runs {sorted(unknown)}; choose from {sorted(known)}")
+    default_env = "Pong-v5" if args.pixels else "CartPole-v1"
+    env_ids = [e for e in (args.env_id or default_env).split(",") if e]
+    make_commands = pixel_commands if args.pixels else commands
     samples = {env_id: {name: [] for name in names} for env_id in env_ids}
     scratch = Path(tempfile.mkdtemp(prefix="aps-e2e-"))
     for round_ in range(1, repeats + 1):
         for env_id in env_ids:
-            every = commands(args, env_id, seed=round_)
+            every = make_commands(args, env_id, seed=round_)
             for name in names:
                 result = run(name, every[name], scratch)
                 samples[env_id][name].append(result)
                 print(
                     f"round {round_}/{repeats} {env_id} {name:18} {result['sps']:9,.0f} "
                     f"env-steps/s ({result['env_steps']:,} in {result['seconds']:.1f} s), "
-                    f"final return {result['final_return']:.1f}",
+                    f"final return {result['final_return'] or float('nan'):.1f}",
                     flush=True,
                 )
     by_env = {}

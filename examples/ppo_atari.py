@@ -14,6 +14,10 @@ its import path.
   weights travel before each rollout (``aps``: when KL(worker's version || newest) on the
   states it acted on exceeds ``--kl-threshold``; ``always``; ``fixed``: every
   ``--fixed-versions`` versions).
+- ``--mode inprocess``: no aps at all, CleanRL's ``ppo_atari_envpool.py`` shape: the same
+  ``workers x envs-per-worker`` EnvPool envs in the learner's process (the vector env the
+  workers build, :class:`aps.vector.EnvPoolVectorEnv`), the learner acting. The reference
+  the other modes are measured against (``benchmarks/ppo_end_to_end.py --pixels``).
 
 Rewards are clipped to their sign on the learner (EnvPool's ``reward_clip``); the returns
 printed are the games' own.
@@ -75,7 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--backend", default="envpool", choices=("envpool", "ale"), help="whose Atari envs"
     )
-    p.add_argument("--mode", default="detach", choices=("lockstep", "detach"), help="who acts")
+    p.add_argument(
+        "--mode",
+        default="detach",
+        choices=("lockstep", "detach", "inprocess"),
+        help="who acts, and where the envs run (inprocess: EnvPool here, no aps)",
+    )
     p.add_argument(
         "--sync",
         default="aps",
@@ -182,6 +191,19 @@ def make_sync(args: argparse.Namespace) -> Any:
     if args.sync == "fixed":
         return aps.sync.FixedInterval(versions=args.fixed_versions)
     return aps.sync.APS(kl_threshold=args.kl_threshold)
+
+
+def make_inprocess_envs(args: argparse.Namespace) -> Any:
+    """EnvPool's envs in this process, as a worker builds them (envpool backend only)."""
+    if args.backend != "envpool":
+        raise SystemExit("--mode inprocess runs EnvPool's envs: use --backend envpool")
+    return aps.vector.make_vector_env(
+        "envpool",
+        lambda: gym.make(args.env_id),  # unused: EnvPool builds its own envs from the id
+        num_envs=args.num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+        env=args.env_id,
+    )
 
 
 def make_envs(args: argparse.Namespace) -> aps.ClusterEnv:
@@ -455,13 +477,18 @@ def report(
         "final_episodes": len(state["returns"]),
         "final_return": float(np.mean(state["returns"])) if state["returns"] else None,
         "bytes_per_version": sum(t.numel() * t.element_size() for t in agent.state_dict().values()),
-        "versions": metrics.version,
-        "syncs": metrics.syncs,
-        "weight_bytes": metrics.weight_bytes,
+        "versions": 0 if metrics is None else metrics.version,
+        "syncs": 0 if metrics is None else metrics.syncs,
+        "weight_bytes": 0 if metrics is None else metrics.weight_bytes,
         "lag_mean": float(np.mean(state["lags"])) if state["lags"] else 0.0,
         # APS: each worker's last measured KL(its version || the newest), in nats
-        "last_divergences": [w.divergences[-1] for w in metrics.workers if w.divergences],
-        "verdict": aps.metrics.verdict(metrics.since(state["first"])).line,  # the run's bound
+        "last_divergences": []
+        if metrics is None
+        else [w.divergences[-1] for w in metrics.workers if w.divergences],
+        # the run's bound, from aps's figures (none in process)
+        "verdict": None
+        if metrics is None
+        else aps.metrics.verdict(metrics.since(state["first"])).line,
         "curve": [
             {"step": step, "seconds": sec, "return": ret, "weight_bytes": wb}
             for step, sec, ret, wb in state["curve"]
@@ -504,10 +531,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.torch_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    cluster = make_envs(args)
-    envs: Any = cluster
-    if args.mode == "lockstep":
-        envs = gym.wrappers.vector.RecordEpisodeStatistics(cluster)
+    cluster = None if args.mode == "inprocess" else make_envs(args)
+    envs: Any = cluster if cluster is not None else make_inprocess_envs(args)
+    if args.mode != "detach":
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     try:
         agent = NatureCNN(envs).to(device)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -516,9 +543,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "lags": [],
             "episodes": 0,
             "curve": [],  # (env-steps, seconds, mean return, weight bytes) per iteration
-            "first": cluster.metrics,  # aps: the learner's figures at the start
+            "first": None if cluster is None else cluster.metrics,  # aps: figures at the start
         }
-        previous, figures = state["first"], figures_logger(cluster, args)
+        previous = state["first"]
+        figures = None if cluster is None else figures_logger(cluster, args)
         global_step, done = 0, False
         start_time = time.perf_counter()
         next_obs, _ = envs.reset(seed=args.seed)
@@ -527,7 +555,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            if args.mode == "lockstep":
+            if cluster is None or args.mode == "lockstep":
                 r = lockstep_rollout(args, envs, agent, state, device)
             else:
                 r = detach_rollout(args, cluster, agent, state, device)
@@ -550,28 +578,33 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             )
             elapsed = time.perf_counter() - start_time
             mean_return = float(np.mean(state["returns"])) if state["returns"] else None
-            metrics = cluster.metrics
-            state["curve"].append((global_step, elapsed, mean_return, metrics.weight_bytes))
+            metrics = None if cluster is None else cluster.metrics
+            weight_bytes = 0 if metrics is None else metrics.weight_bytes
+            state["curve"].append((global_step, elapsed, mean_return, weight_bytes))
             done = iteration == args.num_iterations
             out_of_time = args.max_seconds is not None and elapsed >= args.max_seconds
-            window = metrics.since(previous)  # aps: this iteration's figures
-            rates, previous = window.rates(), metrics
-            show(
-                f"iteration {iteration}/{args.num_iterations} | "
-                f"{rates['env_steps']:,.0f} env-steps/s | "
-                f"return {'n/a' if mean_return is None else f'{mean_return:.1f}'} | "
-                f"lag {window.lag_mean:.2f} | "
-                f"{(rates['bytes_received'] + rates['bytes_sent']) / 1e6:.2f} MB/s wire | "
-                f"approx_kl {stats['approx_kl']:.4f}",
-                last=done or out_of_time,
-            )
-            figures.tick()
+            parts = [f"iteration {iteration}/{args.num_iterations}"]
+            if metrics is None:
+                parts.append(f"{global_step / elapsed:,.0f} env-steps/s since the start")
+            else:
+                window = metrics.since(previous)  # aps: this iteration's figures
+                rates, previous = window.rates(), metrics
+                parts.append(f"{rates['env_steps']:,.0f} env-steps/s")
+            parts.append(f"return {'n/a' if mean_return is None else f'{mean_return:.1f}'}")
+            if metrics is not None:
+                wire = (rates["bytes_received"] + rates["bytes_sent"]) / 1e6
+                parts += [f"lag {window.lag_mean:.2f}", f"{wire:.2f} MB/s wire"]
+            parts.append(f"approx_kl {stats['approx_kl']:.4f}")
+            show(" | ".join(parts), last=done or out_of_time)
+            if figures is not None:
+                figures.tick()
             write_json(args.json, report(args, agent, metrics, state, device, complete=done))
             if out_of_time and not done:
                 print(f"stopping: --max-seconds {args.max_seconds} passed", flush=True)
                 break
-        figures.close()  # a last row, before the learner closes
-        metrics = cluster.metrics
+        if figures is not None:
+            figures.close()  # a last row, before the learner closes
+        metrics = None if cluster is None else cluster.metrics
     finally:
         envs.close()
     return report(args, agent, metrics, state, device, complete=done)
@@ -587,7 +620,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{result['sps']:,.0f} env-steps/s | {result['weight_bytes'] / 1e6:.2f} MB of weights "
         f"in {result['syncs']} syncs ({result['versions']} versions)"
     )
-    print(f"verdict: {result['verdict']}")
+    if result["verdict"] is not None:
+        print(f"verdict: {result['verdict']}")
 
 
 if __name__ == "__main__":

@@ -116,3 +116,25 @@ def test_a_tiny_mujoco_round_writes_one_table_per_env(tmp_path: Path) -> None:
         assert samples[0]["env_steps"] == 256
         assert samples[0]["curve"]  # a learning curve, [env-step, mean return] rows
     assert [row[0] for row in runs["aps-detach"][0]["curve"]] == [128, 256]
+
+
+@pytest.mark.timeout(400)
+def test_a_tiny_pixel_round_runs_every_mode_on_the_same_budget(tmp_path: Path) -> None:
+    # Pong through EnvPool: in process (the reference), lockstep and DETACH on workers.
+    pytest.importorskip("envpool")
+    e2e = load()
+    out = tmp_path / "e2e.json"
+    argv = ["--pixels", "--repeats", "1", "--total-timesteps", "128", "--num-steps", "16"]
+    assert e2e.main([*argv, "--envs-per-worker", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs = report["envs"]["Pong-v5"]["samples"]
+    assert set(runs) == set(e2e.PIXEL_RUNS)
+    for name, samples in runs.items():
+        assert samples[0]["env_steps"] == 128, name
+        assert [row[0] for row in samples[0]["curve"]] == [64, 128], name
+    # Weights travel only in DETACH: every version to both workers under always-sync.
+    assert runs["envpool-inprocess"][0]["weight_bytes"] == 0
+    assert runs["aps-lockstep"][0]["weight_bytes"] == 0
+    always = runs["aps-detach-always"][0]["weight_bytes"]
+    assert always > 0 and runs["aps-detach-aps"][0]["weight_bytes"] <= always
+    assert "envpool-inprocess" in report["medians"]
