@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cluster import mean_interval
+from cluster import format_interval, mean_interval
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "ppo_atari.py"
@@ -177,12 +177,7 @@ def table(report: dict[str, Any]) -> str:
     summary = report["summary"]
 
     def ci(x: dict[str, Any], fmt: str = ".1f", scale: float = 1.0) -> str:
-        if x["mean"] is None:
-            return "n/a"
-        body = format(x["mean"] / scale, fmt)
-        if x["present"] > 1:
-            body += f" ({x['low'] / scale:{fmt}}, {x['high'] / scale:{fmt}})"
-        return body
+        return format_interval(x, fmt, scale)
 
     lines = [
         "| policy | final return, mean (95% CI) | per seed: return @ env-steps "

@@ -543,6 +543,17 @@ def mean_interval(
     return {**result, "mean": float(data.mean()), "low": float(low), "high": float(high)}
 
 
+def format_interval(x: dict[str, Any], fmt: str = ".1f", scale: float = 1.0) -> str:
+    """``mean (low, high)`` of a :func:`mean_interval`, each divided by ``scale``; ``n/a``
+    without values, and the mean alone with one."""
+    if x["mean"] is None:
+        return "n/a"
+    body = format(x["mean"] / scale, fmt)
+    if x["present"] > 1:
+        body += f" ({x['low'] / scale:{fmt}}, {x['high'] / scale:{fmt}})"
+    return body
+
+
 def median_interval(values: Sequence[float | None]) -> dict[str, Any]:
     """Median and (20%, 80%) quantiles of times where None means "never reached".
 

@@ -187,43 +187,31 @@ def pixel_commands(args: argparse.Namespace, env_id: str, seed: int) -> dict[str
     }
 
 
-def run_atari(command: list[str], figures: Path) -> dict[str, Any]:
-    """One ``ppo_atari.py`` run, from the JSON it writes."""
-    out = subprocess.run(
-        [*command, "--json", str(figures)], capture_output=True, text=True, timeout=3600
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{command} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    result = json.loads(figures.read_text())
-    return {
-        "env_steps": result["global_step"],
-        "seconds": result["seconds"],
-        "sps": result["sps"],
-        "final_return": result["final_return"],
-        "weight_bytes": result["weight_bytes"],
-        "curve": [[row["step"], row["return"]] for row in result["curve"]],
-    }
-
-
 def run(name: str, command: list[str], scratch: Path) -> dict[str, Any]:
-    """Run one example; its env-steps, seconds, env-steps per second and final return."""
+    """Run one example; its env-steps, seconds, env-steps per second and final return.
+
+    ``ppo_cluster.py`` and ``ppo_atari.py`` write their figures as JSON (their curve rows
+    named differently); ``ppo_vector.py``'s are read from what it prints.
+    """
     figures = scratch / f"{name}.json"
-    if "ppo_atari.py" in command[1]:
-        return run_atari(command, figures)
-    if name.startswith("aps-detach"):  # ppo_cluster.py writes its figures as JSON
+    atari = "ppo_atari.py" in command[1]
+    writes_json = atari or name.startswith("aps-detach")
+    if writes_json:
         command = [*command, "--json", str(figures)]
     out = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600)
     text = out.stdout + out.stderr
     if out.returncode != 0:
         raise SystemExit(f"{name} failed ({out.returncode}):\n{text[-3000:]}")
-    if name.startswith("aps-detach"):
+    if writes_json:
         result = json.loads(figures.read_text())
+        step, ret = ("step", "return") if atari else ("global_step", "mean_return")
         return {
             "env_steps": result["global_step"],
             "seconds": result["seconds"],
             "sps": result["sps"],
             "final_return": result["final_return"],
-            "curve": [[row["global_step"], row["mean_return"]] for row in result["curve"]],
+            "weight_bytes": result["weight_bytes"],
+            "curve": [[row[step], row[ret]] for row in result["curve"]],
         }
     # ppo_vector.py prints the mean of the last 20 returns every 10 iterations.
     curve = [[int(m[1]), float(m[2])] for m in map(ITERATION.search, text.splitlines()) if m]

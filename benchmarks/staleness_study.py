@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cluster import mean_interval
+from cluster import format_interval, mean_interval
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "ppo_cluster.py"
@@ -167,12 +167,7 @@ def table(summary: dict[str, Any]) -> str:
     """The summary as markdown: one block per correction, a row per strategy; the verdicts."""
 
     def ci(x: dict[str, Any], fmt: str = ".2f", scale: float = 1.0) -> str:
-        if x["mean"] is None:
-            return "n/a"
-        body = format(x["mean"] / scale, fmt)
-        if x["present"] > 1:
-            body += f" ({x['low'] / scale:{fmt}}, {x['high'] / scale:{fmt}})"
-        return body
+        return format_interval(x, fmt, scale)
 
     lines = [
         "| correction | strategy | seeds | final return, mean (95% CI) | inside always's CI "
