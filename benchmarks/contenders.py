@@ -19,6 +19,11 @@
   installed), plain msgpack of the arrays' bytes behind a 4-byte length, and workers
   stepping a real Gymnasium ``SyncVectorEnv``. What a library on asyncio and msgpack could
   reach; the step limit beside it encodes with aps's codec and steps aps's vector env.
+- ``bare-protocol``: the bare ceiling's strictest form (``bare.py --protocol``): the same
+  frames, payloads and envs, with an ``asyncio.Protocol`` at both ends that parses frames
+  from its own buffer in ``data_received`` instead of ``StreamReader``: the learner writes
+  every worker's actions, and the step completes from the callback that receives the last
+  reply, with one future per step and no task per connection.
 - ``stream-limit``: DETACH without aps's messaging: one process per worker acts with the
   ``aps-detach`` policy and builds chunks of ``T`` steps (aps's ``Collector``, the loop a
   DETACH worker runs), encodes each and writes it to a plain blocking socket; the learner
@@ -585,6 +590,124 @@ class BareCeiling(TransportLimit):
                     return calls
 
 
+class BareProtocol(BareCeiling):
+    """The bare ceiling on ``asyncio.Protocol`` at both ends (see ``bare.FrameProtocol``)."""
+
+    name = "bare-protocol"
+    description = (
+        "no aps code at all, the strictest form: asyncio.Protocol learner and workers parsing "
+        "4-byte-length frames from their own buffer in data_received (uvloop when installed), "
+        "plain msgpack of the arrays' bytes, workers stepping a real Gymnasium SyncVectorEnv "
+        "(bare.py --protocol)"
+    )
+
+    def __init__(self, setup: Setup, pool: list[Array]) -> None:
+        super().__init__(setup, pool)
+        self._protocols: list[bare.FrameProtocol] = []  # every connection, closed by close()
+        self._workers: list[bare.FrameProtocol] = []  # by worker index
+        self._index: dict[bare.FrameProtocol, int] = {}
+        self._replies: list[bytes] = []
+        self._pending = 0
+        self._done: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        setup = self.setup
+        listening = socket.create_server((LOOPBACK, 0))
+        try:
+            port = listening.getsockname()[1]
+            for index in range(setup.num_workers):
+                command = [sys.executable, str(ROOT / "bare.py"), "--worker", f"{LOOPBACK}:{port}"]
+                command += ["--env", setup.env_id, "--index", str(index), "--protocol"]
+                command += ["--num-envs", str(setup.envs_per_worker)]
+                command += ["--seed", str(setup.seed + index * setup.envs_per_worker)]
+                self._processes.append(subprocess.Popen(command))
+            self._runner = asyncio.Runner(loop_factory=_bare_loop)
+            self._runner.run(self._accept_protocols(listening))
+        finally:
+            listening.close()
+
+    def _on_frame(self, protocol: bare.FrameProtocol, frame: bytes) -> None:
+        index = self._index.get(protocol)
+        if index is None:  # the first frame of a connection names the worker's index
+            self._index[protocol] = int(frame)
+            return
+        self._replies[index] = frame
+        self._pending -= 1
+        if self._pending == 0 and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _on_lost(self, _: object) -> None:
+        # A worker that leaves mid-step would otherwise hold the step until STEP_TIMEOUT.
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(RuntimeError(f"a {self.name} worker closed its connection"))
+
+    def _connection(self) -> bare.FrameProtocol:
+        protocol = bare.FrameProtocol(self._on_frame)
+        protocol.closed.add_done_callback(self._on_lost)
+        self._protocols.append(protocol)
+        return protocol
+
+    async def _accept_protocols(self, listening: socket.socket) -> None:
+        setup = self.setup
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(self._connection, sock=listening)
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                while len(self._index) < setup.num_workers:
+                    check_alive(self._processes, f"{self.name} worker")
+                    await asyncio.sleep(0.05)
+        finally:
+            server.close()
+        by_index = {index: protocol for protocol, index in self._index.items()}
+        self._workers = [by_index[i] for i in range(setup.num_workers)]
+        self._replies = [b""] * setup.num_workers
+
+    async def _run(self, seconds: float) -> int:
+        pool, workers = self.pool, self._workers
+        transports = [protocol.transport for protocol in workers]
+        loop = asyncio.get_running_loop()
+        count = len(pool)
+        calls = 0
+        deadline = time.perf_counter() + seconds
+        async with asyncio.timeout(seconds + STEP_TIMEOUT):
+            while True:
+                parts = np.split(pool[calls % count], len(workers))
+                self._pending = len(workers)
+                self._done = done = loop.create_future()
+                for transport, part in zip(transports, parts, strict=True):
+                    assert transport is not None
+                    transport.write(bare.encode_actions(part))
+                await done
+                steps = [bare.decode_step(frame) for frame in self._replies]
+                for field in range(4):
+                    np.concatenate([step[field] for step in steps])
+                calls += 1
+                if time.perf_counter() >= deadline:
+                    return calls
+
+    def close(self) -> None:
+        runner, self._runner = self._runner, None
+        protocols, self._protocols = self._protocols, []
+        self._workers, self._done = [], None
+        try:
+            if runner is not None:
+                runner.run(self._close_protocols(protocols))  # EOF: the workers leave
+        finally:
+            if runner is not None:
+                runner.close()
+            terminate(list(self._processes), STOP_GRACE)
+            self._processes.clear()
+
+    @staticmethod
+    async def _close_protocols(protocols: list[bare.FrameProtocol]) -> None:
+        for protocol in protocols:
+            if protocol.transport is not None:
+                protocol.transport.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(STOP_GRACE):
+                await asyncio.gather(*(protocol.closed for protocol in protocols))
+
+
 def _bare_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -873,6 +996,7 @@ EXTRA: dict[str, type[Contender]] = {
         TransportLimit,
         StepLimit,
         BareCeiling,
+        BareProtocol,
         StreamLimit,
         EnvLimit,
         EnvParallel,

@@ -3,7 +3,8 @@
 Columns: CartPole-v1 on 2 workers x 1 env, CartPole-v1 on 2 x 64 and LunarLander-v3 on
 2 x 64. Rows: the peers (Gymnasium ``SyncVectorEnv`` and ``AsyncVectorEnv``, Ray actors,
 ZeroMQ + JSON, EnvPool), the limits (the transport limit, the env limit and the ideal
-2-core rate derived from them) and aps (remote step over TCP, WebSocket and a Unix socket,
+2-core rate derived from them, the bare ceilings with no aps code on asyncio streams and on
+``asyncio.Protocol``) and aps (remote step over TCP, WebSocket and a Unix socket,
 the await loop, partial batches, DETACH streaming). The contenders are those of
 ``throughput.py`` and ``contenders.py``; the method is ``throughput.py``'s: per column every
 contender is started and warmed up, then the timed windows run round-robin, ``--repeats``
@@ -106,6 +107,7 @@ ROWS = {
     "transport-limit": "asyncio TCP + msgpack, pre-built replies (transport limit)",
     "step-limit": "step limit: the transport limit's workers step their envs (no aps code)",
     "bare-ceiling": "bare ceiling: asyncio TCP + plain msgpack, Gymnasium SyncVectorEnv workers",
+    "bare-protocol": "bare ceiling on asyncio.Protocol (own buffer, no StreamReader), same workers",
     "env-limit": "env limit: one worker's envs in aps's vector env, 1 process (single-core rate)",
     "env-parallel": "env parallel: {w} processes step their envs at once, no messages",
     "act-limit": "act + env limit: the DETACH policy acting on one worker's envs, 1 process",
@@ -152,6 +154,21 @@ TARGETS = (
         0.8,
     ),
     Target("WebSocket within 20% of TCP", (), ("aps-ws",), "aps-tcp", 0.8),
+    # The strictest bare ceiling (issue 45): the await loop against a learner on asyncio.Protocol.
+    Target(
+        "await loop >= 0.85x Protocol ceiling",
+        ("CartPole-v1:1",),
+        ("aps-tcp-async",),
+        "bare-protocol",
+        0.85,
+    ),
+    Target(
+        "await loop >= 0.9x Protocol ceiling",
+        ("CartPole-v1:64",),
+        ("aps-tcp-async",),
+        "bare-protocol",
+        0.9,
+    ),
     Target(
         "DETACH >= 0.8x ideal", ("CartPole-v1:64", "LunarLander-v3:64"), ("aps-detach",), IDEAL, 0.8
     ),
@@ -285,6 +302,7 @@ def bound_shares(results: Results, workers: int) -> list[dict[str, Any]]:
     pairs = [(name, LOCKSTEP_BOUND) for name in LOCKSTEP_PEERS]
     pairs += [(name, "step-limit") for name in LOCKSTEP_PEERS]
     pairs += [(name, "bare-ceiling") for name in LOCKSTEP_PEERS]
+    pairs += [(name, "bare-protocol") for name in LOCKSTEP_PEERS]
     # Not lockstep: partial batches overlap the learner's work with the workers' stepping,
     # so they may pass the lockstep bound; how far they do is the point of the mode.
     pairs.append(("aps-partial", LOCKSTEP_BOUND))

@@ -10,6 +10,7 @@ CartPole, timed for one short window and closed.
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import sys
 from collections.abc import Iterator
@@ -84,3 +85,30 @@ def test_stream_limit_streams_chunks_and_cleans_up(contenders: ModuleType) -> No
     assert window.env_steps > 0 and window.env_steps % (2 * steps) == 0  # whole chunks
     assert window.rate > 0  # more than one chunk from a worker: a steady rate
     assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.timeout(120)
+def test_bare_protocol_delivers_steps_and_cleans_up(contenders: ModuleType) -> None:
+    window, pids = window_of(contenders, "bare-protocol")
+    assert window.env_steps > 0 and window.env_steps % 4 == 0  # whole steps of 4 envs
+    assert window.workers_cpu is not None and window.workers_cpu > 0
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_frame_protocol_parses_frames_split_and_joined_anywhere() -> None:
+    frames = [b"", b"a", b"bc" * 300, bytes(range(256)) * 40]
+    wire = b"".join(len(frame).to_bytes(4, "little") + frame for frame in frames) * 2
+
+    with benchmark_module("bare") as bare:
+        for cuts in ([], [1], [3, 4, 5], list(range(1, len(wire))), [len(wire) // 2]):
+            assert asyncio.run(feed(bare, wire, cuts)) == frames * 2
+
+
+async def feed(bare: Any, wire: bytes, cuts: list[int]) -> list[bytes]:
+    """The frames a FrameProtocol hands on when ``wire`` arrives cut at ``cuts``."""
+    received: list[bytes] = []
+    protocol = bare.FrameProtocol(lambda _, frame: received.append(bytes(frame)))
+    for start, stop in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+        protocol.data_received(wire[start:stop])
+    return received
