@@ -310,6 +310,36 @@ async def test_tcp_refuses_an_oversized_header_and_closes() -> None:
         await transport.aclose()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="127.0.0.0/8 is all loopback")
+async def test_tcp_connect_binds_the_source_address_it_is_given() -> None:
+    factory = TCPFactory()
+    async with asyncio.timeout(10), await factory.listen("tcp://127.0.0.1:0") as listener:
+        for source in ("127.0.0.2", "127.0.0.3"):
+            client = await TCPFactory(source=source).connect(listener.url, timeout=5)
+            server = await listener.accept()
+            assert client.peer == listener.url
+            assert server.peer.startswith(f"tcp://{source}:")
+            await client.send(b"from " + source.encode())
+            assert await server.receive() == b"from " + source.encode()
+            await client.aclose()
+            await server.aclose()
+
+
+async def test_tcp_source_of_the_other_family_is_a_connect_error() -> None:
+    factory = TCPFactory()
+    async with asyncio.timeout(10), await factory.listen("tcp://127.0.0.1:0") as listener:
+        with pytest.raises(ConnectError):
+            await TCPFactory(source="::1").connect(listener.url, timeout=5)
+
+
+@pytest.mark.parametrize("source", ["", "localhost", "127.0.0.256", "127.0.0.1:80", 2130706433])
+def test_tcp_source_must_be_an_ip_literal(source: object) -> None:
+    with pytest.raises(ConfigError, match="source must be an IP address"):
+        TCPFactory(source=source)  # type: ignore[arg-type]
+    assert TCPFactory(source="::1").source == "::1"
+    assert "source='127.0.0.2'" in repr(TCPFactory(source="127.0.0.2"))
+
+
 @pytest.mark.parametrize(
     ("wire", "error", "message"),
     [

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
+import ssl
 from urllib.parse import urlsplit
 
 from aps._base._resource import AsyncResource
@@ -58,7 +60,8 @@ from aps.transports._util import (
     is_loopback_host,
     owned_payload,
 )
-from aps.transports.budget import Ticket
+from aps.transports.base import DEFAULT_MAX_FRAME_SIZE
+from aps.transports.budget import DEFAULT_LIMIT, DEFAULT_PER_HOST, Ticket
 from aps.transports.listener import SocketFactory, SocketListener, bind
 from aps.transports.stream import (
     StreamConnection,
@@ -388,10 +391,36 @@ class TCPFactory(SocketFactory):
         preauth_limit: connections each listener holds before they proved the token (TLS
             handshakes included); see :mod:`aps.transports.budget`.
         preauth_per_host: of those, idle ones from one source address.
+        source: the local IP address :meth:`connect` binds before it dials (any free port),
+            so that a host with several addresses chooses which one its connections come
+            from (a fleet of workers on one machine spread over ``127.0.0.x``, for the
+            learner's per-address budget); ``None`` lets the system choose.
 
     Raises:
-        ConfigError: ``max_frame_size`` or a pre-auth limit is out of range.
+        ConfigError: ``max_frame_size`` or a pre-auth limit is out of range, or ``source``
+            is not an IP address literal.
     """
+
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_ssl_context: ssl.SSLContext | None = None,
+        client_ssl_context: ssl.SSLContext | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        preauth_limit: int = DEFAULT_LIMIT,
+        preauth_per_host: int = DEFAULT_PER_HOST,
+        source: str | None = None,
+    ) -> None:
+        super().__init__(
+            ssl_context=ssl_context,
+            server_ssl_context=server_ssl_context,
+            client_ssl_context=client_ssl_context,
+            max_frame_size=max_frame_size,
+            preauth_limit=preauth_limit,
+            preauth_per_host=preauth_per_host,
+        )
+        self.source = _check_source(source)
 
     async def connect(self, url: str, *, timeout: float | None = None) -> TCPTransport:
         """Connect to ``tcp://host:port`` (and complete the TLS handshake, if configured).
@@ -407,7 +436,11 @@ class TCPFactory(SocketFactory):
         context = check_ssl_side(self._client_ssl, "client", url, "TCPFactory")
         transport, connection = await dial(
             lambda: asyncio.get_running_loop().create_connection(
-                lambda: StreamConnection(self.max_frame_size), host, port, ssl=context
+                lambda: StreamConnection(self.max_frame_size),
+                host,
+                port,
+                ssl=context,
+                local_addr=None if self.source is None else (self.source, 0),
             ),
             url,
             timeout,
@@ -449,7 +482,22 @@ class TCPFactory(SocketFactory):
 
     def __repr__(self) -> str:
         tls = "tls" if self._server_ssl or self._client_ssl else "plain"
-        return f"TCPFactory({tls}, max_frame_size={self.max_frame_size})"
+        source = "" if self.source is None else f", source={self.source!r}"
+        return f"TCPFactory({tls}, max_frame_size={self.max_frame_size}{source})"
+
+
+def _check_source(source: object) -> str | None:
+    """``source`` as :meth:`TCPFactory.connect` binds it, or ConfigError."""
+    if source is None:
+        return None
+    try:
+        # A literal only: resolving a name here would block, and a name may have several.
+        return str(ipaddress.ip_address(source if isinstance(source, str) else ""))
+    except ValueError:
+        raise ConfigError(
+            f"source must be an IP address of this host such as '127.0.0.2' or '::1' "
+            f"(or None), got {source!r}"
+        ) from None
 
 
 def _parse_url(url: str, *, listening: bool) -> tuple[str, str | None, int]:
