@@ -39,8 +39,17 @@ from aps.wire.framing import MAX_FRAME_LENGTH, check_max_frame_size
 
 __all__ = ["ACCEPT_BACKLOG", "SocketFactory", "SocketListener", "bind"]
 
-ACCEPT_BACKLOG = 128
-"""Connections the kernel queues for ``accept()`` while a listener is busy or paused."""
+ACCEPT_BACKLOG = 2048
+"""Connections the kernel queues for ``accept()`` while a listener is busy or paused.
+
+A cluster job starts every worker at once. With a queue of 128, a storm of 1,024 workers
+overflowed it: the kernel dropped the handshakes' last packets, the dropped workers believed
+they were connected, waited out their 10 s handshake deadline for a challenge that never
+came and dialed again, and the storm took 22.4-22.6 s to admit; with 2048 it took 1.9-2.7 s
+(``benchmarks/fleet.py --workers 1024 --addresses 16``, interleaved). The queue holds
+connections the kernel completed; the pre-auth budget still bounds what the learner spends
+on them once accepted (every one is accepted at once, and the budget evicts or turns away
+what it cannot hold). The kernel caps the number at ``net.core.somaxconn``."""
 
 
 class Accepted(Protocol):
