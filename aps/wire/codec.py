@@ -359,6 +359,7 @@ class _Field:
     kind: int  # _ANY, _SPACE or _PLAIN
     check: Callable[[Any], bool]  # for _PLAIN (and None-ness of an optional _SPACE)
     expected: str  # for error messages
+    test: str = "True"  # check's own source, a Python expression of v (see _rule)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -376,21 +377,37 @@ class _Spec:
     # follow the map header: made once, for the frames whose header counts their fields.
     required: frozenset[str] = frozenset()
     tail: bytes = b""
+    # Whether every field of a decoded body passes its check (see _all_pass).
+    passes: Callable[[dict[str, Any]], bool] = lambda body: False
 
 
 def _is_array(value: Any) -> bool:
     return type(value) is np.ndarray and not value.dtype.hasobject
 
 
-_ATOMS: dict[object, tuple[Callable[[Any], bool], str]] = {
+# Each check is written once, as the source of an expression of ``v``, and compiled twice:
+# alone (a field's check, for encoding and for the error of a decoded field) and inlined with
+# every other field of its message type (_all_pass: a decoded body, one call). The names the
+# sources use are those of _RULE_NAMES.
+_RULE_NAMES: dict[str, Any] = {"ndarray": np.ndarray, "is_array_tree": is_array_tree}
+_ARRAY_TEST = "(type(v) is ndarray and not v.dtype.hasobject)"
+
+_ATOMS: dict[object, tuple[str, str]] = {
     # type() is, not isinstance: bool is an int subclass, and msgpack yields exact types.
-    int: (lambda v: type(v) is int, "int"),
-    float: (lambda v: type(v) is float or type(v) is int, "float"),
-    bool: (lambda v: type(v) is bool, "bool"),
-    str: (lambda v: type(v) is str, "str"),
-    bytes: (lambda v: type(v) is bytes, "bytes"),
-    type(None): (lambda v: v is None, "None"),
+    int: ("type(v) is int", "int"),
+    float: ("type(v) is float or type(v) is int", "float"),
+    bool: ("type(v) is bool", "bool"),
+    str: ("type(v) is str", "str"),
+    bytes: ("type(v) is bytes", "bytes"),
+    type(None): ("v is None", "None"),
 }
+
+
+def _rule(name: str, kind: int, test: str, expected: str) -> _Field:
+    """The field whose check is the expression ``test`` of ``v``."""
+    # The source is the codec's own (the table above), never data from the network.
+    check = eval(f"lambda v: {test}", _RULE_NAMES)
+    return _Field(name, kind, check, expected, test)
 
 
 _EXACT_TYPES: dict[object, tuple[type, ...]] = {
@@ -418,13 +435,13 @@ def _origin(hint: object) -> object:
 
 def _field_for(name: str, hint: object) -> _Field:
     if hint is Any:
-        return _Field(name, _ANY, lambda v: True, "any plain data")
+        return _rule(name, _ANY, "True", "any plain data")
     if hint is ArrayTree or hint == ArrayTree:
         # An array first: the one test a plain array's field costs.
-        return _Field(
+        return _rule(
             name,
             _PLAIN,
-            lambda v: (type(v) is np.ndarray and not v.dtype.hasobject) or is_array_tree(v),
+            f"{_ARRAY_TEST} or is_array_tree(v)",
             "a numpy array, or a dict or tuple of them (nested)",
         )
     options = (
@@ -436,28 +453,52 @@ def _field_for(name: str, hint: object) -> _Field:
     rest = [o for o in options if o is not type(None)]
     if len(rest) == 1 and (rest[0] is gym.Space or typing.get_origin(rest[0]) is gym.Space):
         if optional:
-            return _Field(name, _SPACE, lambda v: v is None, "a gymnasium space or None")
-        return _Field(name, _SPACE, lambda v: False, "a gymnasium space")
-    checks: list[Callable[[Any], bool]] = []
+            return _rule(name, _SPACE, "v is None", "a gymnasium space or None")
+        return _rule(name, _SPACE, "False", "a gymnasium space")
+    tests: list[str] = []
     words: list[str] = []
     for option in options:
         if option is np.ndarray or _origin(option) is np.ndarray:
-            checks.append(_is_array)
+            tests.append(_ARRAY_TEST)
             words.append("a numpy array")
         elif option in _ATOMS:
-            check, word = _ATOMS[option]
-            checks.append(check)
+            test, word = _ATOMS[option]
+            tests.append(f"({test})")
             words.append(word)
         else:
             raise TypeError(f"aps.wire.codec cannot carry a field annotated {hint!r} ({name})")
-    if len(checks) == 1:
-        return _Field(name, _PLAIN, checks[0], words[0])
+    if len(tests) == 1:
+        return _rule(name, _PLAIN, tests[0], words[0])
     if all(option in _ATOMS for option in options):
         # A union of atoms (``float | None``, say) is one lookup of the value's exact type;
         # _ATOMS's checks are exact-type tests (float's accepts int too).
-        exact = frozenset(kind for option in options for kind in _EXACT_TYPES[option])
-        return _Field(name, _PLAIN, lambda v: type(v) in exact, " or ".join(words))
-    return _Field(name, _PLAIN, lambda v: any(c(v) for c in checks), " or ".join(words))
+        exact = f"exact_{len(_RULE_NAMES)}"  # a name of its own: the sets differ by field
+        _RULE_NAMES[exact] = frozenset(k for option in options for k in _EXACT_TYPES[option])
+        return _rule(name, _PLAIN, f"type(v) in {exact}", " or ".join(words))
+    return _rule(name, _PLAIN, " or ".join(tests), " or ".join(words))
+
+
+def _all_pass(fields: tuple[_Field, ...]) -> Callable[[dict[str, Any]], bool]:
+    """One function testing every field of a decoded body: whether all pass their checks.
+
+    What _message's loop over the fields finds, in one call with the checks inlined (a
+    frame's fields cost a lambda call each otherwise). A field of a space that is not
+    ``None`` does not pass: the loop builds it.
+    """
+    lines = ["def passes(body):"]
+    for field in fields:
+        if field.kind == _ANY:
+            continue
+        lines += [
+            f"    v = body[{field.name!r}]",
+            f"    if not ({field.test}):",
+            "        return False",
+        ]
+    lines.append("    return True")
+    scope = dict(_RULE_NAMES)
+    exec("\n".join(lines), scope)  # the fields' own sources, as in _rule
+    passes: Callable[[dict[str, Any]], bool] = scope["passes"]
+    return passes
 
 
 def _spec_for(cls: type[Message]) -> _Spec:
@@ -472,7 +513,9 @@ def _spec_for(cls: type[Message]) -> _Spec:
     plan = tuple((f.name, _packb(f.name), f.kind, f.check) for f in fields)
     omitted = frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(OMIT_NONE))
     tail = _packb("t") + _packb(cls.TAG)
-    return _Spec(cls, cls.TAG, fields, names, head, plan, omitted, names - omitted, tail)
+    return _Spec(
+        cls, cls.TAG, fields, names, head, plan, omitted, names - omitted, tail, _all_pass(fields)
+    )
 
 
 def _head(spec: _Spec, message: Message) -> bytes:
@@ -929,7 +972,11 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
             f"{spec.tag} message has missing fields {missing} and extra fields {extra}; "
             "both sides must run the same aps release"
         )
-    for field in spec.fields:
+    if spec.passes(body):
+        fields: tuple[_Field, ...] = ()  # every check passed (the loop below tells which not)
+    else:
+        fields = spec.fields
+    for field in fields:
         if field.kind == _ANY:
             continue
         value = body[field.name]
