@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from types import AsyncGeneratorType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,6 +74,17 @@ MAX_STATE_MAGNITUDE = 1e6
 its ``c`` grows by at most 1 a step, so this is an episode of a million steps; larger or
 non-finite values are a broken worker, refused before they reach a replay or a training
 step."""
+
+
+class _Layout(NamedTuple):
+    """What the arrays of a chunk of ``T`` steps of ``E`` envs must be (see ``Detach._fits``)."""
+
+    expected: tuple[int, int]  # (T, E): the per-step arrays
+    obs: tuple[int, ...]  # (T, E, *observation shape)
+    next_obs: tuple[int, ...]  # (E, *observation shape)
+    dtype: Any  # the observation space's (None: any)
+    obs_shape: tuple[int, ...]
+    structured: bool  # a Dict or Tuple space: its arrays are checked one by one
 
 
 @dataclass(slots=True)
@@ -124,6 +135,8 @@ class Detach:
         self._warned_stall = False
         self._keep_previous = False
         self._pumps: Pumps | None = None  # the open stream's, while chunks() runs
+        # Per (T, E): what a chunk's arrays must be (see _fits), worked out once.
+        self._layouts: dict[tuple[int, int], _Layout] = {}
         self.chunk_wait = 0.0
         """Seconds chunk streams waited for their next chunk, in all (the learner's figures)."""
 
@@ -329,6 +342,11 @@ class Detach:
     def _check_chunk(self, slot: Slot, message: RolloutChunk) -> None:
         info = slot.info
         steps = message.reward.shape[0] if message.reward.ndim == 2 else -1
+        layout = self._fits(message, steps, info.num_envs) if steps >= 1 else None
+        if layout is not None:
+            # The arrays' shapes and dtypes are right: what is left looks at their values.
+            self._check_values(slot, message, steps, layout[4], structured=False)
+            return
         if steps < 1:
             raise ProtocolError(
                 f"worker {info.worker_id} sent a chunk whose reward has shape "
@@ -376,8 +394,21 @@ class Detach:
                     f"expected {dtype} (the observation space's); all workers must run envs "
                     "with the same spaces"
                 )
+        self._check_values(slot, message, steps, obs_shape, structured=structured)
+
+    def _check_values(
+        self,
+        slot: Slot,
+        message: RolloutChunk,
+        steps: int,
+        obs_shape: tuple[int, ...],
+        *,
+        structured: bool,
+    ) -> None:
+        """The checks of :meth:`_check_chunk` once the chunk's ``(T, E)`` arrays fit."""
+        info = slot.info
         episode_env = message.episode_env
-        if episodes[0] and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
+        if len(episode_env) and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
             raise ProtocolError(
                 f"worker {info.worker_id} sent episodes of envs outside its "
                 f"{info.num_envs}; the worker is not a compatible aps worker"
@@ -421,6 +452,58 @@ class Detach:
                 f"but it was sent versions up to {slot.metrics.version} and already used "
                 f"{books.last_chunk_version}; refusing to attribute it"
             )
+
+    def _fits(self, message: RolloutChunk, steps: int, envs: int) -> _Layout | None:
+        """The layout of ``(T, E)`` chunks if ``message``'s arrays fit it, else ``None``.
+
+        The same rule as :meth:`_check_chunk`'s checks of the arrays' types, shapes and the
+        observations' dtype, tested against a layout worked out once per ``(T, E)``.
+        ``None`` for anything else, structured observations included: the full checks then
+        name what is wrong.
+        """
+        layout = self._layouts.get((steps, envs))
+        if layout is None:
+            observation_space, _ = self._pool.slots.require_workers()
+            structured = batch_layout(observation_space, 1) is None
+            obs_shape = observation_space.shape or ()
+            layout = self._layouts[(steps, envs)] = _Layout(
+                (steps, envs),
+                (steps, envs, *obs_shape),
+                (envs, *obs_shape),
+                observation_space.dtype,
+                obs_shape,
+                structured,
+            )
+        if layout.structured:
+            return None  # a Dict or Tuple space: checked array by array
+        expected, dtype = layout.expected, layout.dtype
+        ndarray = np.ndarray
+        m = message
+        obs, next_obs, ended, value = m.obs, m.next_obs, m.episode_return, m.value
+        fits = (
+            type(m.reward) is ndarray
+            and m.reward.shape == expected
+            and type(m.terminated) is ndarray
+            and m.terminated.shape == expected
+            and type(m.truncated) is ndarray
+            and m.truncated.shape == expected
+            and type(m.logprob) is ndarray
+            and m.logprob.shape == expected
+            and type(obs) is ndarray
+            and obs.shape == layout.obs
+            and type(next_obs) is ndarray
+            and next_obs.shape == layout.next_obs
+            and type(ended) is ndarray
+            and ended.ndim == 1
+            and type(m.episode_length) is ndarray
+            and m.episode_length.shape == ended.shape
+            and type(m.episode_env) is ndarray
+            and m.episode_env.shape == ended.shape
+            and (value is None or (type(value) is ndarray and value.shape == expected))
+            and m.actions.shape[:2] == expected
+            and (dtype is None or (obs.dtype == dtype and next_obs.dtype == dtype))
+        )
+        return layout if fits else None
 
     def _check_structured(
         self, slot: Slot, message: RolloutChunk, expected: tuple[int, int], cuts: int
