@@ -40,6 +40,10 @@ def _tampered(chunk: Any, tamper: str) -> Any:
         return dataclasses.replace(
             chunk, episode_length=np.append(chunk.episode_length, np.int64(1))
         )
+    if tamper == "truncated_obs dict":  # a structured space's shape on an array space
+        return dataclasses.replace(chunk, truncated_obs={"obs": chunk.truncated_obs})
+    if tamper == "truncated_obs dtype":
+        return dataclasses.replace(chunk, truncated_obs=chunk.truncated_obs.astype(np.float64))
     assert tamper == "episode_env"  # an env this worker does not have
     return dataclasses.replace(chunk, episode_env=chunk.episode_env + 100)
 
@@ -82,6 +86,8 @@ class LateTampering(aps.Worker):
         ("obs dtype", "chunk whose obs has dtype float64, expected float32"),
         ("episode_length", "chunk whose episode_length is an array of shape"),
         ("episode_env", "episodes of envs outside its 2"),
+        ("truncated_obs dict", "truncated observations as dict, expected an array of dtype"),
+        ("truncated_obs dtype", "truncated observations as an array of dtype float64"),
     ],
 )
 async def test_a_chunk_that_no_longer_fits_its_layout_is_refused_as_before(
