@@ -5,7 +5,8 @@ namespace (a Linux bridge) by veth pairs. Every host's link is shaped in both di
 with the kernel's token-bucket filter (``tc qdisc ... tbf rate R``), so a host has a NIC of
 rate R and the learner's link is shared by the weights it sends to all workers, as on a
 switched cluster. Addresses are 10.231.0.0/24 and exist only inside the namespaces this
-creates; nothing leaves them. The namespaces (all named ``apsbench-*``) are removed on exit
+creates; nothing leaves them. The namespaces (named ``apsbench-<pid>-*`` after the run's
+process) are removed on exit
 whatever happens (normal end, error, Ctrl-C, SIGTERM), and stale ones from an earlier run
 that was killed with SIGKILL are removed at start.
 
@@ -87,6 +88,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 PREFIX = "apsbench-"
+RUN = f"{PREFIX}{os.getpid()}-"
+"""This run's namespaces start so: two runs on one machine (two test suites, say) each
+create and remove their own, and only a dead run's namespaces are stale."""
 SUBNET = "10.231.0"  # private; the addresses live only inside the namespaces made here
 LEARNER_IP = f"{SUBNET}.1"
 PORT = 7000
@@ -129,15 +133,30 @@ def skip_reason() -> str | None:
     return None
 
 
-def namespaces() -> list[str]:
-    """The benchmark's namespaces that exist now."""
+def namespaces(prefix: str = PREFIX) -> list[str]:
+    """The benchmark's namespaces that exist now (of every run, or those named ``prefix``)."""
     listed = sh("ip", "netns", "list", check=False).stdout.split("\n")
-    return [line.split()[0] for line in listed if line.startswith(PREFIX)]
+    return [line.split()[0] for line in listed if line.startswith(prefix)]
 
 
-def remove_all() -> None:
-    """Delete every ``apsbench-*`` namespace; their veths and qdiscs go with them."""
-    for name in namespaces():
+def is_stale(name: str) -> bool:
+    """Whether namespace ``name`` belongs to a run whose process is gone (or to this one's
+    earlier format, which named no process)."""
+    owner = name.removeprefix(PREFIX).partition("-")[0]
+    if not owner.isdigit():
+        return True
+    try:
+        os.kill(int(owner), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_all(names: Sequence[str] | None = None) -> None:
+    """Delete this run's namespaces (or ``names``); their veths and qdiscs go with them."""
+    for name in namespaces(RUN) if names is None else names:
         # Processes still inside would keep a namespace alive unnamed: end them first.
         pids = sh("ip", "netns", "pids", name, check=False).stdout.split()
         for pid in pids:
@@ -153,8 +172,8 @@ class Cluster:
 
     def __init__(self, rate: str, workers: int) -> None:
         self.rate, self.workers = rate, workers
-        self.switch = f"{PREFIX}sw"
-        self.hosts = [f"{PREFIX}l", *(f"{PREFIX}w{i}" for i in range(workers))]
+        self.switch = f"{RUN}sw"
+        self.hosts = [f"{RUN}l", *(f"{RUN}w{i}" for i in range(workers))]
 
     def __enter__(self) -> Cluster:
         try:
@@ -764,10 +783,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
-    stale = namespaces()
+    stale = [name for name in namespaces() if is_stale(name)]
     if stale:
         print(f"removing stale namespaces of an earlier run: {', '.join(stale)}")
-    remove_all()
+        remove_all(stale)
     results: Results = {}
     lockstep = []
     pixels = []

@@ -43,9 +43,11 @@ def test_skips_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "needs Linux network namespaces" in cluster.skip_reason()
 
 
-def namespaces() -> list[str]:
+def namespaces(pid: int) -> list[str]:
+    """The namespaces of the benchmark run whose process is ``pid`` (another run, a second
+    test suite's, may hold its own at the same time)."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in listed.splitlines() if line.startswith("apsbench-")]
+    return [line.split()[0] for line in listed.splitlines() if line.startswith(f"apsbench-{pid}-")]
 
 
 @pytest.mark.timeout(170)
@@ -56,7 +58,7 @@ def namespaces() -> list[str]:
 def test_tiny_shaped_run_reports_and_removes_its_namespaces(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "cluster.json"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             str(SCRIPT),
@@ -77,13 +79,19 @@ def test_tiny_shaped_run_reports_and_removes_its_namespaces(tmp_path: Path) -> N
             "--out",
             str(out),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=160,
         cwd=ROOT,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert namespaces() == []
+    try:
+        stdout, stderr = proc.communicate(timeout=160)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    assert namespaces(proc.pid) == []
     report = json.loads(out.read_text())
     rows = {row["strategy"]: row for row in report["rows"]}
     assert set(rows) == {"always", "aps-0.05"}
@@ -120,9 +128,10 @@ def test_sigterm_removes_the_namespaces(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 60
-        while len(namespaces()) < 4 and time.monotonic() < deadline:  # switch, learner, 2 workers
+        # switch, learner, 2 workers
+        while len(namespaces(proc.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(namespaces()) == 4
+        assert len(namespaces(proc.pid)) == 4
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     finally:
@@ -130,7 +139,7 @@ def test_sigterm_removes_the_namespaces(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert "stopped by signal" in output
-    assert namespaces() == []
+    assert namespaces(proc.pid) == []
     assert not (tmp_path / "cluster.json").exists()
 
 
@@ -388,3 +397,15 @@ def test_cpu_wrapper_logs_its_child_cpu_when_the_group_is_stopped(tmp_path: Path
             proc.wait()
     cpu = cluster.logged_cpu(log)
     assert cpu is not None and cpu >= 0.2
+
+
+def test_only_a_dead_runs_namespaces_are_stale() -> None:
+    # Two runs on one machine (two suites at once) must not remove each other's namespaces.
+    cluster = load()
+    assert cluster.RUN == f"apsbench-{os.getpid()}-"
+    assert not cluster.is_stale(f"{cluster.RUN}sw")  # this process: alive
+    assert not cluster.is_stale("apsbench-1-sw")  # init: alive
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert cluster.is_stale(f"apsbench-{dead.pid}-l")
+    assert cluster.is_stale("apsbench-sw")  # the earlier naming, which named no run
