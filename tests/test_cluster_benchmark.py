@@ -58,7 +58,7 @@ def namespaces(pid: int) -> list[str]:
 def test_tiny_shaped_run_reports_and_removes_its_namespaces(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "cluster.json"
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [
             sys.executable,
             str(SCRIPT),
@@ -83,13 +83,13 @@ def test_tiny_shaped_run_reports_and_removes_its_namespaces(tmp_path: Path) -> N
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=160)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=160)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert namespaces(proc.pid) == []
     report = json.loads(out.read_text())
@@ -108,7 +108,8 @@ def test_tiny_shaped_run_reports_and_removes_its_namespaces(tmp_path: Path) -> N
     reason="needs Linux, root, ip and tc",
 )
 def test_sigterm_removes_the_namespaces(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
+    # The with-block closes the pipe even when an assertion fails inside it.
+    with subprocess.Popen(
         [
             sys.executable,
             str(SCRIPT),
@@ -125,19 +126,19 @@ def test_sigterm_removes_the_namespaces(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        # switch, learner, 2 workers
-        while len(namespaces(proc.pid)) < 4 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(namespaces(proc.pid)) == 4
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            # switch, learner, 2 workers
+            while len(namespaces(proc.pid)) < 4 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(namespaces(proc.pid)) == 4
+            proc.send_signal(signal.SIGTERM)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert "stopped by signal" in output
     assert namespaces(proc.pid) == []
     assert not (tmp_path / "cluster.json").exists()
