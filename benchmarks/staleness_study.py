@@ -33,7 +33,7 @@ wall time (bottom), one line per strategy (the mean over seeds on a common grid)
         --json benchmarks/results/staleness-study-minatar.json
 
 Needs ``pip install minatar`` (and matplotlib for the plot). Each run's JSON stays in
-``--out`` (not committed); the summary keeps every run's curve, thinned to 60 points.
+``--out`` (not committed); the summary keeps every run's curve, thinned to 30 points.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import os
 import platform
 import subprocess
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ RUN_KEYS = (
     "seed", "final_return", "global_step", "seconds", "sps", "syncs", "weight_bytes", "lag_mean",
     "lag_max",
 )  # fmt: skip
-CURVE_POINTS = 60
+CURVE_POINTS = 30
 
 
 def run_one(args: argparse.Namespace, strategy: str, correction: str, seed: int) -> Path:
@@ -104,10 +105,18 @@ def run_one(args: argparse.Namespace, strategy: str, correction: str, seed: int)
 def thin(curve: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """At most ``CURVE_POINTS`` rows of a curve, the last one always kept."""
     keep = np.unique(np.linspace(0, len(curve) - 1, min(CURVE_POINTS, len(curve))).astype(int))
-    return [
-        {k: curve[i][k] for k in ("global_step", "seconds", "mean_return", "weight_bytes")}
-        for i in keep
-    ]
+    rows = []
+    for i in keep:
+        ret = curve[i]["mean_return"]
+        rows.append(
+            {
+                "global_step": curve[i]["global_step"],
+                "seconds": round(curve[i]["seconds"], 2),
+                "mean_return": None if ret is None else round(ret, 3),
+                "weight_bytes": curve[i]["weight_bytes"],
+            }
+        )
+    return rows
 
 
 def load_runs(out: Path) -> list[dict[str, Any]]:
@@ -116,7 +125,8 @@ def load_runs(out: Path) -> list[dict[str, Any]]:
         strategy, correction, _seed = path.stem.rsplit("-", 2)
         run = json.loads(path.read_text())
         if strategy in STRATEGIES and correction in CORRECTIONS:
-            runs.append({"strategy": strategy, **run, "curve": thin(run["curve"])})
+            kept = {key: run.get(key) for key in (*RUN_KEYS, "correction", "verdict")}
+            runs.append({"strategy": strategy, **kept, "curve": thin(run["curve"])})
     return runs
 
 
@@ -203,7 +213,12 @@ def mean_curve(runs: Sequence[dict[str, Any]], axis: str, grid: np.ndarray) -> n
         if points:
             x, y = map(np.asarray, zip(*points, strict=True))
             rows.append(np.interp(grid, x, y, left=np.nan, right=np.nan))
-    return np.nanmean(np.asarray(rows), axis=0) if rows else None
+    if not rows:
+        return None
+    with warnings.catch_warnings():  # past the shortest run's end a column is all NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean: np.ndarray = np.nanmean(np.asarray(rows), axis=0)
+    return mean
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -297,7 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         report["summary"] = summarize(runs)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    # One line per run: the curves are most of the file.
+    text = json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1)
+    runs = ",\n".join(json.dumps(run) for run in report["runs"])
+    args.json.write_text(text[:-2] + ',\n "runs": [\n' + runs + "\n ]\n}\n")
     print(table(report["summary"]))
     try:
         plot(report, args.json.with_suffix(".png"))
