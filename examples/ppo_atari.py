@@ -22,11 +22,13 @@ its import path.
 Rewards are clipped to their sign on the learner (EnvPool's ``reward_clip``); the returns
 printed are the games' own.
 
-``--correction`` says how stale data is corrected, through :mod:`aps.correction`: ``none``
-(the default: PPO clipped against the behaviour policy that acted, GAE), ``decoupled`` (the
-clip anchored at the learner's policy before the update, each sample weighted by
-min(1, pi_learner / pi_behaviour)) or ``vtrace`` (V-trace advantages and value targets
-against the learner's policy, rho-bar = c-bar = 1, ``--gae-lambda``). ``--decoupled`` and
+``--correction`` says how stale data is corrected, through :mod:`aps.correction`:
+``decoupled`` (the default: the clip anchored at the learner's policy before the update, each
+sample weighted by min(1, pi_learner / pi_behaviour)), ``vtrace`` (V-trace advantages and
+value targets against the learner's policy, rho-bar = c-bar = 1, ``--gae-lambda``) or
+``none`` (PPO clipped against the behaviour policy that acted, GAE). The default is the
+MinAtar staleness study's choice (``benchmarks/staleness_study.py``, ``docs/pixels.md``); with
+no stale data (lockstep, in process, always-sync) every choice is the same PPO update. ``--decoupled`` and
 ``--no-decoupled`` are aliases of ``--correction decoupled`` and ``--correction none``.
 
     python examples/ppo_atari.py  # 10,240 env-steps: a few minutes on a CPU
@@ -140,7 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--correction",
-        default="none",
+        default="decoupled",
         choices=("none", "decoupled", "vtrace"),
         help="stale data: none (clip at the behaviour policy), decoupled or vtrace",
     )
