@@ -14,6 +14,10 @@ page's ``pip install`` stays in it; its blocks run in order, each in its own pro
 the files the blocks before them wrote. Python blocks run as ``python block.py``, shell blocks
 with ``bash -euo pipefail``; ``python``, ``pip`` and ``aps`` are the layered environment's.
 Blocks of other languages (toml, yaml, output listings) are not run.
+
+Pages name fixed ports in the 47000s (``tcp://127.0.0.1:47000``) so that a reader can follow
+them; each run of a page gets free ports in their place, the same one for the same port
+throughout the page, so two runs of the suite on one machine never contend for a port.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -39,6 +44,7 @@ RUN = ("python", "sh")
 MARK = re.compile(r"^<!-- (not run|file|needs): (.+?) -->$")
 FENCE = re.compile(r"^(`{3,})(\S*)")
 BLOCK_TIMEOUT = 300.0
+EXAMPLE_PORT = re.compile(r"(?<=127\.0\.0\.1:)47\d{3}\b")
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,32 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
     )
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def with_free_ports(blocks: list[Block]) -> list[Block]:
+    """``blocks`` with each example port (:data:`EXAMPLE_PORT`) replaced by a free one, the
+    same port for the same number in every block."""
+    ports: dict[str, str] = {}
+
+    def swap(match: re.Match[str]) -> str:
+        return ports.setdefault(match[0], str(free_port()))
+
+    return [replace(block, code=EXAMPLE_PORT.sub(swap, block.code)) for block in blocks]
+
+
+def test_example_ports_are_replaced_consistently() -> None:
+    code = "dial tcp://127.0.0.1:47000 then 127.0.0.1:47001 and 127.0.0.1:47000; keep :7000"
+    (block,) = with_free_ports([Block(ROOT / "README.md", 1, "sh", code, None, None)])
+    first, second, again = re.findall(r"127\.0\.0\.1:(\d+)", block.code)
+    assert first == again != second and "47000" not in block.code
+    assert block.code.endswith("keep :7000")
+
+
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_page_runs(page: Path, tmp_path: Path) -> None:
@@ -149,6 +181,7 @@ def test_page_runs(page: Path, tmp_path: Path) -> None:
     runnable.sort(key=lambda block: block.line)
     if not runnable:
         pytest.skip("no block to run on this page")
+    runnable = with_free_ports(runnable)
     venv = layered_venv(tmp_path)
     env = {
         **os.environ,
