@@ -229,6 +229,40 @@ async def test_raise_names_a_bad_worker_whose_chunk_came_after_the_last_one_take
         assert task.exception() is None
 
 
+@pytest.mark.timeout(60)
+async def test_a_break_noticed_by_a_cancelled_task_is_raised_by_the_next_receive(
+    workers: WorkerTasks,
+) -> None:
+    # A chunk stream's pump notices a protocol break, and the learner disconnects the worker;
+    # the pump is cancelled (the stream ended) before it can raise the break. The receive
+    # that then finds the connection closed (the stream's drain) must raise the break, not a
+    # lost worker: found on a loaded machine, one run in many, and forced here.
+    async with aps.Learner(TCP, num_workers=1, timeouts=FAST, on_worker_lost="raise") as learner:
+        workers.start(learner.url)
+        await asyncio.wait_for(learner.wait_for_workers(), 20)
+        slot = learner._pool.slots.admitted[0]
+        recovery, generation = learner._pool.recovery, slot.generation
+        closed, never = asyncio.Event(), asyncio.Event()
+        close = slot.session.aclose
+
+        async def close_then_linger(*args: Any, **kwargs: Any) -> None:
+            await close(*args, **kwargs)
+            closed.set()
+            await never.wait()  # where the noticing task is cancelled
+
+        slot.session.aclose = close_then_linger  # type: ignore[method-assign]
+        break_ = aps.ProtocolError("sent a chunk whose reward does not fit")
+        noticing = asyncio.create_task(recovery.fail(slot, generation, "chunks", break_))
+        await asyncio.wait_for(closed.wait(), 10)
+        noticing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await noticing
+        del slot.session.aclose  # the session's own again, for the learner's close
+        lost = aps.TransportClosed("cannot receive: this transport is closed")
+        with pytest.raises(aps.ProtocolError, match=r"^worker 0: sent a chunk whose reward"):
+            await recovery.fail(slot, generation, "the end of the chunk stream", lost)
+
+
 WAIT_CASES = [("step", "reward_length"), ("send", "obs_shape"), ("rollout", "obs_dtype")]
 WAIT_CASES += [("chunks", "seq"), ("rounds", "kind"), ("step", "kind")]
 

@@ -418,8 +418,9 @@ class Detach:
             self._check_structured(slot, message, (steps, info.num_envs), cuts)
         last_obs = (cuts, *obs_shape)
         truncated_obs: Any = message.truncated_obs  # structured: checked above
+        obs: Any = message.obs  # an array unless structured (checked above)
         if not structured and not (
-            type(truncated_obs) is np.ndarray and truncated_obs.dtype == message.obs.dtype
+            type(truncated_obs) is np.ndarray and truncated_obs.dtype == obs.dtype
         ):
             # The codec lets a dict or tuple of arrays through (the field's type allows a
             # structured space's); an array space's chunk carries one array like its obs.
@@ -430,7 +431,7 @@ class Detach:
             )
             raise ProtocolError(
                 f"worker {info.worker_id} sent truncated observations as {got}, expected an "
-                f"array of dtype {message.obs.dtype} like its observations; the worker is not "
+                f"array of dtype {obs.dtype} like its observations; the worker is not "
                 "a compatible aps worker"
             )
         if message.truncated_index.shape != (cuts, 2) or (

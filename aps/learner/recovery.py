@@ -81,6 +81,9 @@ class Recovery:
         self._awaiting_reset: set[Slot] = set()  # slots whose replacement's envs await their reset
         self._replaced: set[Slot] = set()  # slots replaced since their last failure noticed
         self._reset_listeners: list[Callable[[Slot], None]] = []
+        # Why the learner ended a slot's connection itself, by the connection's generation:
+        # a receive that finds it closed then fails with that reason, not as a lost worker.
+        self._broke: dict[Slot, tuple[int, ProtocolError]] = {}
 
     # What a replacement means to the envs: one answer for every mode. One word for it:
     # modes *reset* envs (reset_replacement, a FRESH_RESET request, Lockstep.reset); the
@@ -179,11 +182,21 @@ class Recovery:
         worker took it over (once per replacement: the requests of the lost one are void),
         ``False`` when the worker resumed its session.
 
+        A failure of a connection the learner itself ended for a protocol break is that break
+        (its :class:`ProtocolError`, again), whatever the receive that found it closed saw:
+        the one who noticed the break first may have been cancelled before it could raise it
+        (a chunk stream's pump, stopped at the stream's end).
+
         Raises:
             ProtocolError: the worker broke the protocol, under ``"raise"``.
             WorkerLost: see :meth:`recover`.
         """
-        if isinstance(exc, ProtocolError) and slot.generation == generation:
+        broke = self._broke.get(slot)
+        if broke is not None and broke[0] == generation == slot.generation:
+            exc = broke[1]
+            if self.on_worker_lost == "raise":
+                raise exc
+        elif isinstance(exc, ProtocolError) and slot.generation == generation:
             exc = await self._disown(slot, exc)
             if self.on_worker_lost == "raise":
                 raise exc
@@ -201,6 +214,8 @@ class Recovery:
         worker = f"worker {slot.info.worker_id}"
         named = exc if str(exc).startswith(worker) else ProtocolError(f"{worker}: {exc}")
         log.warning("%s; disconnecting it", named)
+        # Noted before the close, which a cancelled caller may not see through.
+        self._broke[slot] = (slot.generation, named)
         # No resume: what it would send again is what it sent.
         self._slots.rekey(slot, None)
         await slot.session.aclose(f"the learner disconnected this worker: {named}")
