@@ -28,8 +28,9 @@ sample weighted by min(1, pi_learner / pi_behaviour)), ``vtrace`` (V-trace advan
 value targets against the learner's policy, rho-bar = c-bar = 1, ``--gae-lambda``) or
 ``none`` (PPO clipped against the behaviour policy that acted, GAE). The default is the
 MinAtar staleness study's choice (``benchmarks/staleness_study.py``, ``docs/pixels.md``); with
-no stale data (lockstep, in process, always-sync) every choice is the same PPO update. ``--decoupled`` and
-``--no-decoupled`` are aliases of ``--correction decoupled`` and ``--correction none``.
+no stale data (lockstep, in process, always-sync) every choice is the same PPO update.
+``--decoupled`` and ``--no-decoupled`` are aliases of ``--correction decoupled`` and
+``--correction none``.
 
     python examples/ppo_atari.py  # 10,240 env-steps: a few minutes on a CPU
     python examples/ppo_atari.py --mode detach --sync aps --total-timesteps 10000000  # CleanRL's
