@@ -1,9 +1,10 @@
-"""The all-reduce aggregation of gradient rounds (``aggregation="allreduce"``).
+"""Gloo groups over aps's sessions: gradient rounds' all-reduce and the weight group's fan-out.
 
-:func:`allreduce_sum` and :class:`RoundStore`: one gloo all-reduce (``torch.distributed``)
-over the learner and the workers, rendezvoused at a store the learner opens for one round.
-The worker's gradient sampling lives with the other policy-gradient parts, in
-:mod:`aps.worker.sampling`.
+:class:`RoundStore` is the rendezvous the learner hosts; :func:`join_group` builds one gloo
+group (``torch.distributed``) through it. :func:`allreduce_sum` is the all-reduce aggregation
+of gradient rounds (``aggregation="allreduce"``, one group per round); :func:`spread` is one
+version's fan-out in the weight group (:mod:`aps.fanout`). The worker's gradient sampling
+lives with the other policy-gradient parts, in :mod:`aps.worker.sampling`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import numpy as np
 
 from aps.errors import MissingDependency
 
-__all__ = ["RoundStore", "allreduce_sum", "ring_allreduce_bytes", "route_to"]
+__all__ = [
+    "RoundStore",
+    "allreduce_sum",
+    "join_group",
+    "ring_allreduce_bytes",
+    "route_to",
+    "spread",
+    "spread_bytes",
+]
 
 
 # -- all-reduce aggregation ------------------------------------------------------------------
@@ -144,6 +153,46 @@ def allreduce_sum(
     """
     import torch
 
+    group = join_group(
+        host=host,
+        port=port,
+        prefix=prefix,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        store=store,
+        bind=bind,
+    )
+    try:
+        tensor = torch.from_numpy(np.array(vector, copy=True))
+        group.allreduce([tensor]).wait()
+        return tensor.numpy()
+    finally:
+        group.shutdown()
+
+
+def join_group(
+    *,
+    host: str,
+    port: int,
+    prefix: str,
+    rank: int,
+    world_size: int,
+    timeout: float,
+    store: Any = None,
+    bind: str | None = None,
+) -> Any:
+    """Build a gloo process group through the store at ``host:port``; blocking.
+
+    Nothing global is set: the group is built directly, not through ``init_process_group``,
+    so several groups (and several learners in one process) never clash. It returns once all
+    ``world_size`` ranks have joined, within ``timeout`` seconds, which also bounds each of the
+    group's collectives. The caller calls its ``shutdown()``. Arguments as
+    :func:`allreduce_sum`'s.
+
+    Raises:
+        RuntimeError: gloo failed (a rank did not join in time).
+    """
     dist = _dist()
     delta = datetime.timedelta(seconds=timeout)
     if store is None:
@@ -155,10 +204,48 @@ def allreduce_sum(
         options._devices = [gloo.create_default_device()]
     else:
         options._devices = [gloo.create_device(hostname=bind or route_to(host))]
-    group = gloo(dist.PrefixStore(prefix, store), rank, world_size, options)
-    try:
-        tensor = torch.from_numpy(np.array(vector, copy=True))
-        group.allreduce([tensor]).wait()
-        return tensor.numpy()
-    finally:
-        group.shutdown()
+    return gloo(dist.PrefixStore(prefix, store), rank, world_size, options)
+
+
+def spread_bytes(nbytes: int, ranks: int) -> int:
+    """Payload bytes the root sends in :func:`spread` of ``nbytes`` over ``ranks`` ranks.
+
+    The root scatters ``ranks - 1`` pieces of ``ceil(nbytes / ranks)`` bytes, then sends its
+    own piece to the others in the all-gather: at most twice the payload, however many
+    ranks (a ring all-gather sends each rank's piece once; a direct one ``ranks - 1`` times,
+    from the root only its own piece). The model's figure, not measured on the wire.
+    """
+    if ranks <= 1:
+        return 0
+    piece = -(-nbytes // ranks)
+    return 2 * (ranks - 1) * piece
+
+
+def spread(group: Any, rank: int, world_size: int, payload: Any) -> Any:
+    """Fan ``payload`` (a 1-d uint8 tensor on rank 0) out to every rank; blocking.
+
+    One scatter from rank 0 and one all-gather (van de Geijn's broadcast): the root sends
+    each other rank one piece, then every rank gathers the pieces of all, so the root's bytes
+    stay under twice the payload however many ranks there are, where a tree broadcast's
+    root sends ``log2(ranks)`` copies. Every rank passes a tensor of the same length (the
+    others' contents are ignored) and gets the payload back in it.
+    """
+    import torch
+
+    size = payload.numel()
+    piece = -(-size // world_size)
+    padded = torch.zeros(piece * world_size, dtype=torch.uint8)
+    if rank == 0:
+        padded[:size] = payload
+    pieces = [padded[i * piece : (i + 1) * piece] for i in range(world_size)]
+    mine = torch.empty(piece, dtype=torch.uint8)
+    group.scatter([mine], [pieces] if rank == 0 else [], _scatter_options()).wait()
+    group.allgather([pieces], [mine]).wait()
+    payload.copy_(padded[:size])
+    return payload
+
+
+def _scatter_options() -> Any:
+    options = _dist().ScatterOptions()
+    options.rootRank = 0
+    return options

@@ -218,6 +218,7 @@ def test_the_tables_are_the_built_in_ones_without_the_mode() -> None:
         "StepRequest",
         "EnvCall",
         "RolloutRequest",
+        "JoinWeightGroup",
     }
 
 

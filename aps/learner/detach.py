@@ -37,6 +37,7 @@ import numpy as np
 
 from aps._base._typing import ArrayTree
 from aps.errors import ApsError, ConfigError, InvalidState, ProtocolError, WorkerLost
+from aps.learner.fanout import WeightGroup
 from aps.learner.lease import Lease, Mode
 from aps.learner.pool import Slot, WorkerPool, expect
 from aps.learner.pump import Item, Pumps
@@ -139,6 +140,9 @@ class Detach:
         self._layouts: dict[tuple[int, int], _Layout] = {}
         self.chunk_wait = 0.0
         """Seconds chunk streams waited for their next chunk, in all (the learner's figures)."""
+        self.group: WeightGroup | None = None
+        """The weight group versions fan out through, while it lasts (see :meth:`form_group`)."""
+        self._fanned = 0  # the newest version the group carried
 
     def _books(self, slot: Slot) -> _SlotSync:
         books = self._slots.get(slot)
@@ -201,6 +205,7 @@ class Detach:
         pool = self._pool
         versions = self.require_policy("publish")
         version = versions.publish(agent, epsilon=epsilon)
+        await self._fan_out(version)
         for slot in pool.slots.admitted:
             if slot.metrics.version < 0 and slot.info.worker_id not in pool.slots.dropped:
                 try:
@@ -213,6 +218,35 @@ class Detach:
                     raise
         self._prune()
         return version
+
+    async def form_group(self, timeout: float) -> WeightGroup:
+        """:meth:`Learner.form_weight_group`."""
+        self.require_policy("form_weight_group")
+        self.end_group("a new group forms")
+        self.group = await WeightGroup.form(self._pool, self._pool.slots.admitted, timeout)
+        return self.group
+
+    def end_group(self, why: str) -> None:
+        """Close the weight group, if any: versions travel over the sessions from now on."""
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+            log.warning("the weight group ended (%s): versions travel over the sessions", why)
+
+    async def _fan_out(self, version: int) -> None:
+        """Send ``version`` through the weight group, or end a group that cannot carry it."""
+        group, versions = self.group, self.versions
+        if group is None or versions is None:
+            return
+        broken = group.intact()
+        if broken is None:
+            try:
+                await group.send(self._pool, version, versions.frame(version))
+                self._fanned = version
+                return
+            except (ApsError, RuntimeError) as exc:
+                broken = f"version {version}'s collective failed: {exc}"
+        self.end_group(broken)
 
     async def _maybe_sync(self, slot: Slot, *, overlap: bool = False) -> bool:
         """Ask the strategy whether ``slot`` gets the newest version, and send it if so.
@@ -305,12 +339,19 @@ class Detach:
         versions = self.versions
         assert versions is not None
         version = versions.current
-        message = Weights(
-            version=version, arrays=versions.weights(version), epsilon=versions.epsilon
-        )
-        # Encoded once, when published, however many workers it goes to.
-        frame = versions.frame(version, slot.session.compression)
-        await self._pool.requests.send(slot, message, frame)
+        group = self.group
+        if group is not None and self._fanned == version and group.member(slot):
+            # The arrays came by the group: the session says only which version to act with.
+            await self._pool.requests.send(
+                slot, Weights(version=version, arrays=None, epsilon=None)
+            )
+        else:
+            message = Weights(
+                version=version, arrays=versions.weights(version), epsilon=versions.epsilon
+            )
+            # Encoded once, when published, however many workers it goes to.
+            frame = versions.frame(version, slot.session.compression)
+            await self._pool.requests.send(slot, message, frame)
         metrics = slot.metrics
         metrics.version = version
         metrics.syncs += 1
@@ -833,10 +874,13 @@ class Detach:
             lease.fail(InvalidState(f"the chunk stream did not end cleanly ({exc!r})"))
 
     async def aclose(self) -> None:
-        """End the chunk stream, if one is open."""
+        """End the chunk stream, if one is open, and the weight group."""
         if self._stream is not None:
             with contextlib.suppress(ApsError):
                 await self._stream.aclose()
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
 
 
 def _described(value: object) -> str:

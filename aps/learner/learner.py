@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Self
@@ -16,6 +17,7 @@ from aps._base._typing import Array, Info
 from aps.errors import ConfigError, InvalidState, WorkerLost
 from aps.learner.config import LearnerConfig
 from aps.learner.detach import Detach
+from aps.learner.fanout import WeightGroup
 from aps.learner.joining import Launcher
 from aps.learner.lockstep import Lockstep, StepReturn
 from aps.learner.pool import OnWorkerLost, WorkerInfo, WorkerPool
@@ -571,6 +573,42 @@ class Learner(AsyncResource):
             WorkerLost | Timeout | ProtocolError: a worker failed; the learner is unusable.
         """
         return self._detach.chunks(num_steps, max_in_flight)
+
+    async def form_weight_group(self, *, timeout: float | None = None) -> WeightGroup:
+        """Fan versions out through a gloo group of the learner and its workers from now on.
+
+        Each version published afterwards leaves the learner once, in one collective in which
+        the learner sends less than two copies however many workers there are (see
+        :mod:`aps.learner.fanout`); the sync strategy still decides per worker when it acts
+        with it, and the session carries only that decision. Every worker admitted now
+        joins (each needs torch with gloo). The group ends for good, and versions travel over
+        the sessions again, when a member is lost, replaced or resumes, or a collective
+        fails; form a new one then. Gloo's connections are not authenticated: use a group on
+        a network you trust.
+
+        Args:
+            timeout: seconds the group may take to form, and each collective (default
+                ``timeouts.step``).
+
+        Returns:
+            The group (:attr:`weight_group` until it ends): its ``versions`` and
+            ``bytes_sent``.
+
+        Raises:
+            InvalidState: no policy, or another call is running.
+            WorkerError: a worker could not join (no torch there, say).
+            Timeout: the group did not form in time.
+        """
+        await self.wait_for_workers()
+        seconds = self._pool.config.timeouts.step if timeout is None else timeout
+        if not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return await self._detach.form_group(float(seconds))
+
+    @property
+    def weight_group(self) -> WeightGroup | None:
+        """The weight group versions fan out through (:meth:`form_weight_group`), or ``None``."""
+        return self._detach.group
 
     # Gradient rounds (Rennala / Malenia NIGT); aps.pg.NIGT drives these.
 

@@ -64,7 +64,7 @@ wait (backpressure)."""
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
-def _store_host(url: str, local: bool) -> tuple[str, str]:
+def store_host(url: str, local: bool) -> tuple[str, str]:
     """Where the store is: the host workers dial, and the address the learner binds.
 
     ``local``: the learner's listener says its workers are on this host (memory, Unix, a
@@ -210,7 +210,7 @@ class GradientRounds:
             raise InvalidState(f"no worker is left to reduce round {round_id}")
         world = len(members) + 1
         seconds = pool.config.timeouts.step
-        host, bind = _store_host(pool.url, pool.is_local)
+        host, bind = store_host(pool.url, pool.is_local)
         store = await asyncio.to_thread(RoundStore, bind, world, seconds)
         sent = 0
         try:

@@ -154,6 +154,11 @@ class Session:
         return self._transport.peer
 
     @property
+    def max_frame_size(self) -> int:
+        """The largest frame this session accepts once the peer is authenticated, in bytes."""
+        return self._max_frame_size
+
+    @property
     def is_authenticated(self) -> bool:
         """Whether :meth:`authenticated` was called: frames of any allowed size are read."""
         return self._authenticated

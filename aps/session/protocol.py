@@ -39,8 +39,10 @@ from aps.wire.messages import (
     GradientRound,
     GradientsReduced,
     GradientsStopped,
+    GroupWeights,
     Heartbeat,
     Hello,
+    JoinWeightGroup,
     Message,
     MetricsRequest,
     ProbeMetrics,
@@ -57,6 +59,7 @@ from aps.wire.messages import (
     StepRequest,
     StepResult,
     StopGradients,
+    WeightGroupJoined,
     Weights,
     Welcome,
 )
@@ -159,6 +162,8 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.IDLE, _S, Reject): State.CLOSED,
         (State.IDLE, _S, Weights): State.IDLE,
         (State.COLLECTING, _S, Weights): State.COLLECTING,
+        (State.IDLE, _S, GroupWeights): State.IDLE,
+        (State.COLLECTING, _S, GroupWeights): State.COLLECTING,
         (State.IDLE, _S, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _S, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _R, GradientReport): State.GRADIENTS,
@@ -190,6 +195,8 @@ TRANSITIONS: dict[Role, dict[tuple[State, Direction, type[Message]], State]] = {
         (State.IDLE, _R, Reject): State.CLOSED,
         (State.IDLE, _R, Weights): State.IDLE,
         (State.COLLECTING, _R, Weights): State.COLLECTING,
+        (State.IDLE, _R, GroupWeights): State.IDLE,
+        (State.COLLECTING, _R, GroupWeights): State.COLLECTING,
         (State.IDLE, _R, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _R, GradientRound): State.GRADIENTS,
         (State.GRADIENTS, _S, GradientReport): State.GRADIENTS,
@@ -275,6 +282,7 @@ class RequestKind:
         }
         if self.weights and role is Role.LEARNER:
             rows[on, _S, Weights] = on
+            rows[on, _S, GroupWeights] = on
         return rows
 
 
@@ -370,6 +378,7 @@ for _kind in (
         EnvCall, EnvCallResult, "_env_call", awaiting=State.AWAIT_CALL, serving=State.CALLING
     ),
     RequestKind(RolloutRequest, RolloutChunk, "_rollout", pipelined=True),
+    RequestKind(JoinWeightGroup, WeightGroupJoined, "_join_weight_group"),
 ):
     register_request(_kind)
 del _kind
@@ -443,7 +452,8 @@ class Connection:
         if following is State.COLLECTING:
             if kind in _COUNTED:
                 self.rollouts_pending += 1
-            elif kind is not Weights:  # a chunk or an error report answers one request
+            elif kind is not Weights and kind is not GroupWeights:
+                # A chunk or an error report answers one request.
                 self.rollouts_pending -= 1
                 if self.rollouts_pending == 0:
                     following = State.IDLE

@@ -18,6 +18,8 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  ResetRequest(seed, options)   W -> L  ResetResult(obs, info)
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
     L -> W  Weights(version, arrays)      no answer; applied before the next rollout
+    L -> W  JoinWeightGroup(host, ...)    W -> L  WeightGroupJoined()
+    L -> W  GroupWeights(version, nbytes) no answer; the version's frame follows by the group
     L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
     L -> W  GradientRound(round, arrays)  W -> L  GradientProgress(round, count), ...
     L -> W  CollectGradients(round)       W -> L  GradientReport(round, gradient, count)
@@ -74,6 +76,8 @@ __all__ = [
     "GradientReport",
     "GradientRound",
     "GradientsStopped",
+    "GroupWeights",
+    "JoinWeightGroup",
     "GradientProgress",
     "CollectGradients",
     "ReduceGradients",
@@ -98,11 +102,12 @@ __all__ = [
     "TIMINGS",
     "TIMINGS_FORMAT",
     "Weights",
+    "WeightGroupJoined",
     "Welcome",
     "register_message",
 ]
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """Bumped on every incompatible change of the wire format; the handshake checks it.
 
 Version 5 added ``Hello.probe`` and the probe's conversation (:class:`ProbeResult`,
@@ -130,7 +135,11 @@ envs). The bump names the mismatch at the Challenge rather than as a refused Rea
 Version 9 added the worker's own timings to its answers (``timings`` on
 :class:`ResetResult`, :class:`StepResult` and :class:`RolloutChunk`), the heartbeat's round
 trip (``Heartbeat.ping`` and ``pong``), and the live view's request for the learner's figures
-(:class:`MetricsRequest`, :class:`ProbeMetrics`), which a version 8 peer would refuse."""
+(:class:`MetricsRequest`, :class:`ProbeMetrics`), which a version 8 peer would refuse.
+
+Version 10 added the weight group (:class:`JoinWeightGroup`, :class:`WeightGroupJoined`,
+:class:`GroupWeights`, and a :class:`Weights` whose ``arrays`` is ``None``), which a version 9
+worker could not decode."""
 
 
 TIMINGS = ("env_seconds", "inference_seconds", "encode_seconds")
@@ -334,12 +343,58 @@ class Weights(Message):
     """A new policy version: parameter arrays by name (a torch state dict's names).
 
     ``epsilon`` is the exploration rate of epsilon-greedy Q-policies (``None``: unchanged).
+    ``arrays`` ``None`` (with ``epsilon`` ``None``): the version came by the worker's weight
+    group (:class:`GroupWeights`), and the worker takes it from there.
     """
 
     TAG: ClassVar[str] = "weights"
     version: int
     arrays: Any
     epsilon: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinWeightGroup(Message):
+    """Join the learner's weight group: a gloo group that fans versions out (see :mod:`aps.fanout`).
+
+    The worker joins through the learner's store at ``host:port`` (``host`` empty: the host it
+    reached the learner at) under the key ``prefix``, as ``rank`` of ``world_size`` (the learner
+    is rank 0), within ``timeout`` seconds, and answers :class:`WeightGroupJoined` (or an
+    :class:`ErrorReport`) once the whole group has formed. From then on each
+    :class:`GroupWeights` is one collective the worker takes part in.
+    """
+
+    TAG: ClassVar[str] = "weight_group_join"
+    host: str
+    port: int
+    prefix: str
+    rank: int
+    world_size: int
+    timeout: float
+    seq: int = 0
+    acked: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightGroupJoined(Message):
+    """The worker is a member of the weight group a :class:`JoinWeightGroup` named."""
+
+    TAG: ClassVar[str] = "weight_group_joined"
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupWeights(Message):
+    """Version ``version`` goes out by the weight group now: ``nbytes`` of its encoded frame.
+
+    No answer. The worker takes part in the group's next collective, which carries the
+    :class:`Weights` frame of ``version`` (uncompressed), and keeps it until a
+    ``Weights(version, arrays=None)`` tells it to act with that version.
+    """
+
+    TAG: ClassVar[str] = "group_weights"
+    version: int
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -682,6 +737,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         StepRequest,
         StepResult,
         Weights,
+        JoinWeightGroup,
+        WeightGroupJoined,
+        GroupWeights,
         RolloutRequest,
         RolloutChunk,
         GradientRound,
@@ -743,8 +801,8 @@ def register_message(cls: type[Message]) -> None:
     MESSAGE_TYPES[cls.TAG] = cls
 
 
-Request = ResetRequest | StepRequest | RolloutRequest | EnvCall
+Request = ResetRequest | StepRequest | RolloutRequest | EnvCall | JoinWeightGroup
 """The numbered messages a worker answers (see ``seq``)."""
 
-Answer = ResetResult | StepResult | RolloutChunk | EnvCallResult | ErrorReport
+Answer = ResetResult | StepResult | RolloutChunk | EnvCallResult | WeightGroupJoined | ErrorReport
 """What answers a :data:`Request`."""

@@ -27,12 +27,15 @@ from aps.session import Session
 from aps.session.delivery import ANSWERS, AnswerCache
 from aps.session.protocol import REQUESTS
 from aps.vector import AnyVectorEnv, EnvPoolVectorEnv
+from aps.wire import codec
 from aps.wire.batching import action_layout, check_batch
 from aps.wire.messages import (
     TIMINGS_FORMAT,
     EnvCall,
     EnvCallResult,
     ErrorReport,
+    GroupWeights,
+    JoinWeightGroup,
     Message,
     Request,
     ResetRequest,
@@ -41,11 +44,13 @@ from aps.wire.messages import (
     RolloutRequest,
     StepRequest,
     StepResult,
+    WeightGroupJoined,
     Weights,
 )
 from aps.wire.spaces import value_to_wire
 from aps.worker.collector import Collector
 from aps.worker.envs import WRAPPER_CLASSES, wrapper_classes
+from aps.worker.fanout import GroupReceiver
 
 __all__ = ["StepServer"]
 
@@ -75,6 +80,11 @@ class StepServer:
         self.collector = collector
         self._pending_seed = seed
         self._weights_error: ApsError | None = None
+        self.learner_host = "127.0.0.1"
+        """The host the worker reached the learner at (a weight group's default store host)."""
+        self.max_frame_size = codec.DEFAULT_MAX_FRAME_SIZE
+        """The session's frame limit, which a version from the weight group is held to."""
+        self.weight_group: GroupReceiver | None = None
         self._answers: AnswerCache[tuple[Message, bytes, str]] = AnswerCache()
         # Seconds the previous answer took to encode: an answer carries its predecessor's
         # (its own is known only once it is encoded).
@@ -100,7 +110,10 @@ class StepServer:
         return -1 if self.collector is None else self.collector.version
 
     def close(self) -> None:
-        """Close the envs."""
+        """Leave the weight group, if any, and close the envs."""
+        if self.weight_group is not None:
+            self.weight_group.close()
+            self.weight_group = None
         self.envs.close()
 
     async def answer(self, session: Session, request: Request) -> bool:
@@ -185,6 +198,53 @@ class StepServer:
             self._weights_error = None
         except ApsError as exc:
             self._weights_error = exc
+
+    def announce_weights(self, message: GroupWeights) -> None:
+        """Join the weight group's collective that carries ``message.version``.
+
+        A failure (no group, a bad announcement) fails the next rollout, as bad weights do.
+        """
+        try:
+            if self.weight_group is None:
+                raise ProtocolError(
+                    f"the learner announced version {message.version} by a weight group this "
+                    "worker is not a member of"
+                )
+            self.weight_group.announce(message)
+        except ApsError as exc:
+            self._weights_error = exc
+
+    async def group_weights(self, weights: Weights) -> Weights | None:
+        """The version ``Weights(version, arrays=None)`` names, from the weight group.
+
+        ``None`` when it could not be had (the reason fails the next rollout).
+        """
+        try:
+            if self.weight_group is None:
+                raise ProtocolError(
+                    f"the learner said to act with version {weights.version} from a weight "
+                    "group this worker is not a member of"
+                )
+            return await self.weight_group.take(weights.version)
+        except ApsError as exc:
+            self._weights_error = exc
+        except (RuntimeError, TimeoutError) as exc:
+            self._weights_error = ProtocolError(
+                f"version {weights.version} did not come by the weight group: {exc}"
+            )
+        return None
+
+    async def _join_weight_group(self, request: JoinWeightGroup) -> WeightGroupJoined | ErrorReport:
+        try:
+            if self.weight_group is not None:
+                self.weight_group.close()  # a learner forms a new group after one broke
+                self.weight_group = None
+            self.weight_group = await GroupReceiver.join(
+                request, self.learner_host, self.max_frame_size
+            )
+        except Exception as exc:  # gloo's own errors included: the learner hears why
+            return ErrorReport.of(exc, request.seq)
+        return WeightGroupJoined(seq=request.seq)
 
     async def _rollout(self, request: RolloutRequest) -> RolloutChunk | ErrorReport:
         seq = request.seq

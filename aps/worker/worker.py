@@ -31,6 +31,7 @@ import random
 import socket
 from collections.abc import Sequence
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from gymnasium.vector import AutoresetMode
 
@@ -62,6 +63,7 @@ from aps.wire.messages import (
     Challenge,
     ErrorReport,
     GradientRound,
+    GroupWeights,
     Hello,
     Ready,
     Reject,
@@ -674,6 +676,8 @@ class Worker:
     async def _serve(self, session: Session) -> None:
         server = self._server
         assert server is not None
+        server.learner_host = urlsplit(session.peer).hostname or "127.0.0.1"
+        server.max_frame_size = session.max_frame_size
         timeout = self._timeouts.heartbeat_timeout
         serving = False  # until a request shows that the learner took our envs
         while True:
@@ -698,7 +702,14 @@ class Worker:
             elif isinstance(request, Weights):
                 # Between chunks: a version that arrived while a chunk was acted (in the
                 # collector's thread) was read meanwhile and applies from the next request.
-                server.load_weights(request)
+                if request.arrays is None:  # it came by the weight group
+                    weights = await server.group_weights(request)
+                    if weights is not None:
+                        server.load_weights(weights)
+                else:
+                    server.load_weights(request)
+            elif isinstance(request, GroupWeights):
+                server.announce_weights(request)
             elif isinstance(request, GradientRound):
                 await serve_rounds(
                     session,
