@@ -66,7 +66,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -75,10 +75,11 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from aps.errors import ConfigError, ProtocolError
+from aps.errors import ConfigError
 from aps.policy._agent_module import (
     PolicySpec,
     VectorEnvSpaces,
+    _attr,
     build_module,
     compact_weights,
     limit_threads,
@@ -88,7 +89,15 @@ from aps.policy._agent_module import (
 )
 from aps.policy._nature_cnn import NatureCNN
 from aps.policy._numpy_heads import LOG_SQRT_2PI, NumpyHeads, check_no_nan, numpy_dtype
-from aps.wire.batching import check_part, check_space, empty_batch, map_arrays
+from aps.policy._observations import (
+    _OBSERVATION_SPACES,
+    _STRUCTURED_SPACES,
+    ObservationsMixin,
+    _first_leaf,
+    _first_space,
+)
+from aps.policy._recurrent import RecurrentMixin
+from aps.wire.batching import check_space, empty_batch, map_arrays
 
 __all__ = [
     "Exploration",
@@ -116,8 +125,6 @@ Inference = Literal["auto", "torch"]
 everything else with torch; ``"torch"`` always uses torch."""
 
 
-_OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
-_STRUCTURED_SPACES = (spaces.Dict, spaces.Tuple)
 _PROBE_BATCH = 2
 
 
@@ -146,7 +153,7 @@ def _check_temperature(value: object) -> float:
     return float(value)
 
 
-class Policy:
+class Policy(RecurrentMixin, ObservationsMixin):
     """A CleanRL-style agent seen as a behaviour policy: act, compare, move weights.
 
     Args:
@@ -812,12 +819,6 @@ class Policy:
                 f"{name} applies to Q-network policies only; this policy is {self._kind}"
             )
 
-    def _placement(self) -> tuple[torch.device, torch.dtype]:
-        for tensor in _tensors(self._module):
-            if tensor.is_floating_point():
-                return tensor.device, tensor.dtype
-        return torch.device("cpu"), torch.float32
-
     def _build_heads(self) -> NumpyHeads | None:
         if self._recurrent:
             return None  # the heads take the state's features: torch runs get_states anyway
@@ -845,183 +846,6 @@ class Policy:
             if heads is None:
                 return None
         return None if heads.hooked() else heads
-
-    def _observations(self, obs: Any, *, leading: int) -> Any:
-        if self._structured:  # never on the NumPy heads' path, which only arrays take
-            return self._to_tensor(self._checked_tree(obs, leading=leading))
-        return self._to_tensor(self._checked(obs, leading=leading))
-
-    def _checked(self, obs: np.ndarray, *, leading: int) -> np.ndarray:
-        array = np.asarray(obs)
-        expected = array.ndim == len(self._obs_shape) + leading and (
-            array.shape[leading:] == self._obs_shape
-        )
-        if not expected or array.shape[0] == 0:
-            raise ConfigError(
-                f"observations of shape {array.shape} do not match [batch, "
-                f"*{self._obs_shape}] with batch >= 1 for {self._observation_space}"
-            )
-        return array
-
-    def _checked_tree(self, obs: Any, *, leading: int | None) -> Any:
-        """``obs`` as arrays in the space's structure, each ``[*lead, *shape]``, one ``lead``.
-
-        ``lead`` is ``leading`` axes long (``None``: as many as the first array has beyond its
-        space's shape) and holds at least one state.
-        """
-        if type(obs) is not dict and type(obs) is not tuple:
-            kind = "dict" if isinstance(self._observation_space, spaces.Dict) else "tuple"
-            raise ConfigError(
-                f"observations for {self._observation_space} must be a {kind} of arrays in "
-                f"the space's structure, got {type(obs).__qualname__}"
-            )
-        tree = map_arrays(np.asarray, obs)
-        first = _first_leaf(tree)
-        depth = first.ndim - self._first_ndim if leading is None else leading
-        lead = tuple(first.shape[: max(depth, 0)])
-        try:
-            if depth < 1 or len(lead) < depth or 0 in lead:
-                raise ProtocolError(f"its first array has shape {first.shape}")
-            check_part(self._observation_space, tree, lead, "observations", exact_dtype=False)
-        except ProtocolError as exc:
-            raise ConfigError(
-                f"observations do not match {self._observation_space} with leading axes "
-                f"{lead} (at least one state): {exc}; pass one array per subspace, each "
-                "[batch, *subspace.shape]"
-            ) from None
-        return tree
-
-    def _flatten(self, obs: Any) -> Any:
-        if self._structured:
-            tree = self._checked_tree(obs, leading=None)
-            depth = _first_leaf(tree).ndim - self._first_ndim
-            return map_arrays(lambda a: a.reshape((-1, *a.shape[depth:])), tree)
-        array = np.asarray(obs)
-        depth = len(self._obs_shape)
-        if array.ndim <= depth or array.shape[array.ndim - depth :] != self._obs_shape:
-            raise ConfigError(
-                f"observations of shape {array.shape} do not match [..., *{self._obs_shape}] "
-                f"for {self._observation_space}"
-            )
-        flat = array.reshape((-1, *self._obs_shape))
-        if flat.shape[0] == 0:
-            raise ConfigError(
-                f"kl needs at least one state, got observations of shape {array.shape}"
-            )
-        return flat
-
-    def _to_tensor(self, array: Any) -> Any:
-        device, dtype = self._placement()
-        if self._structured:  # a dict or tuple of tensors, in the space's structure
-            return map_arrays(lambda a: torch.tensor(a, dtype=dtype, device=device), array)
-        return torch.tensor(array, dtype=dtype, device=device)  # a copy: inputs may be read-only
-
-    def _zero_state(self, batch: int, *, cpu: bool = False) -> tuple[torch.Tensor, ...]:
-        """The agent's zero state for ``batch`` envs (see the module doc), checked."""
-        module, what = self._module, type(self._module).__name__
-        make = getattr(module, "initial_state", None)
-        if callable(make):
-            state: Any = make(batch)
-        elif isinstance(getattr(module, "lstm", None), nn.LSTM):
-            lstm: nn.LSTM = module.lstm  # type: ignore[assignment]
-            layers = lstm.num_layers * (2 if lstm.bidirectional else 1)
-            out = lstm.proj_size or lstm.hidden_size
-            device, dtype = self._placement()
-            state = (
-                torch.zeros(layers, batch, out, device=device, dtype=dtype),
-                torch.zeros(layers, batch, lstm.hidden_size, device=device, dtype=dtype),
-            )
-        elif isinstance(getattr(module, "gru", None), nn.GRU):
-            gru: nn.GRU = module.gru  # type: ignore[assignment]
-            layers = gru.num_layers * (2 if gru.bidirectional else 1)
-            device, dtype = self._placement()
-            state = torch.zeros(layers, batch, gru.hidden_size, device=device, dtype=dtype)
-        else:
-            raise ConfigError(
-                f"{what} has get_states but aps cannot tell its zero state: give it an "
-                "initial_state(batch_size) method, or an nn.LSTM attribute named lstm or an "
-                "nn.GRU attribute named gru"
-            )
-        self._single_state = isinstance(state, torch.Tensor)
-        tensors = (state,) if isinstance(state, torch.Tensor) else tuple(state)
-        for tensor in tensors:
-            if (
-                not isinstance(tensor, torch.Tensor)
-                or not tensor.is_floating_point()
-                or tensor.ndim < 2
-                or tensor.shape[1] != batch
-            ):
-                raise ConfigError(
-                    f"{what}'s zero state for {batch} envs holds "
-                    f"{_describe(tensor)}; a state is a float tensor or tuple of float tensors "
-                    f"with the batch on axis 1 ([layers, {batch}, hidden])"
-                )
-        return tuple(t.cpu() for t in tensors) if cpu else tensors
-
-    def _features(
-        self, x: torch.Tensor, state: tuple[np.ndarray, ...], episode_start: np.ndarray
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """``get_states`` on ``x`` ``[T * B, ...]`` from ``state``; features and new state."""
-        device, dtype = self._placement()
-        batch = len(state[0][0]) if state and np.ndim(state[0]) >= 2 else -1
-        done = np.asarray(episode_start).reshape(-1)
-        if batch < 1 or done.shape[0] != x.shape[0] or x.shape[0] % batch:
-            raise ConfigError(
-                f"a recurrent step needs a state with the batch on axis 1 and one episode-start "
-                f"flag per observation; got {x.shape[0]} observations, {done.shape[0]} flags "
-                f"and a state of shapes {[np.shape(s) for s in state]}"
-            )
-        tensors = tuple(torch.tensor(np.asarray(s), dtype=dtype, device=device) for s in state)
-        given: Any = tensors[0] if self._single_state and len(tensors) == 1 else tensors
-        flags = torch.tensor(done, dtype=dtype, device=device)
-        out = _attr(self._module, "get_states")(x, given, flags)
-        what = type(self._module).__name__
-        if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[0], torch.Tensor):
-            raise ConfigError(
-                f"{what}.get_states returned {_describe(out)}, not (features, new_state)"
-            )
-        features, new_state = out
-        new = (new_state,) if isinstance(new_state, torch.Tensor) else tuple(new_state)
-        if [tuple(t.shape) for t in new] != [tuple(t.shape) for t in tensors]:
-            raise ConfigError(
-                f"{what}.get_states returned a state of shapes "
-                f"{[tuple(t.shape) for t in new]} for one of shapes "
-                f"{[tuple(t.shape) for t in tensors]}; the state must keep its shapes"
-            )
-        return features.reshape(x.shape[0], -1), new
-
-    def _replayed(
-        self,
-        other: Policy,
-        obs: np.ndarray,
-        state: tuple[np.ndarray, ...],
-        episode_start: np.ndarray,
-        max_states: int | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both policies' features over a chunk's steps, replayed from its initial state."""
-        array = np.asarray(obs)
-        starts = np.asarray(episode_start)
-        if (
-            array.ndim != 2 + len(self._obs_shape)
-            or array.shape[2:] != self._obs_shape
-            or starts.shape != array.shape[:2]
-            or array.shape[0] == 0
-            or array.shape[1] == 0
-        ):
-            raise ConfigError(
-                f"a recurrent kl replays a chunk: observations of shape {array.shape} and "
-                f"episode starts of shape {starts.shape} do not match [T, E, "
-                f"*{self._obs_shape}] and [T, E] with T, E >= 1"
-            )
-        steps, envs = starts.shape
-        keep = envs if max_states is None else max(1, min(envs, max_states // steps))
-        index = np.linspace(0, envs - 1, num=keep).round().astype(np.int64)
-        x = array[:, index].reshape(steps * keep, *self._obs_shape)
-        done = starts[:, index].reshape(-1)
-        initial = tuple(np.asarray(s)[:, index] for s in state)
-        f0, _ = self._features(self._to_tensor(x), initial, done)
-        f1, _ = other._features(other._to_tensor(x), initial, done)
-        return f0, f1
 
     def _gaussian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Means and log-stds ``[B, D]`` on the CPU."""
@@ -1144,34 +968,6 @@ def _detect_kind(module: nn.Module, action_space: gym.Space[Any]) -> PolicyKind:
     raise ConfigError(f"the action space {action_space} is not supported; {supported}")
 
 
-def _first_leaf(tree: Any) -> Any:
-    """The first array (or tensor) of a dict or tuple of them, nested; a leaf is its own."""
-    while type(tree) is dict or type(tree) is tuple:
-        if not tree:
-            # Never StopIteration or IndexError: the caller's error names what was given.
-            raise ConfigError(
-                "observations hold an empty dict or tuple; give every subspace its batch "
-                "of arrays, as the observation space lays them out"
-            )
-        tree = next(iter(tree.values())) if type(tree) is dict else tree[0]
-    return tree
-
-
-def _first_space(space: gym.Space[Any]) -> gym.Space[Any]:
-    while isinstance(space, _STRUCTURED_SPACES):
-        space = next(iter(space.spaces.values())) if isinstance(space, spaces.Dict) else space[0]
-    return space
-
-
-def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
-    yield from module.parameters()
-    yield from module.buffers()
-
-
-def _attr(module: nn.Module, name: str) -> Any:
-    return getattr(module, name)
-
-
 def _call(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
     out = _attr(module, name)(x)
     if not isinstance(out, torch.Tensor):
@@ -1179,12 +975,6 @@ def _call(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
             f"{type(module).__name__}.{name} returned {type(out).__name__}, not a tensor"
         )
     return out
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {list(value.shape)}"
-    return f"a {type(value).__name__}"
 
 
 def _names(names: list[str], limit: int = 8) -> str:

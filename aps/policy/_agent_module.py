@@ -216,3 +216,7 @@ def build_module(
             f"policy factory {name} returned {type(module).__name__}, not a torch.nn.Module"
         )
     return module
+
+
+def _attr(module: nn.Module, name: str) -> Any:
+    return getattr(module, name)
