@@ -9,18 +9,25 @@ lives with the other policy-gradient parts, in :mod:`aps.worker.sampling`.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import datetime
+import functools
 import secrets
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from aps.errors import MissingDependency
 
+T = TypeVar("T")
+
 __all__ = [
     "RoundStore",
     "allreduce_sum",
+    "in_own_thread",
     "join_group",
     "ring_allreduce_bytes",
     "route_to",
@@ -42,6 +49,21 @@ def ring_allreduce_bytes(vector_bytes: int, ranks: int) -> int:
     if ranks <= 1:
         return 0
     return (2 * (ranks - 1) * vector_bytes + ranks - 1) // ranks
+
+
+async def in_own_thread(function: Callable[..., T], /, **kwargs: Any) -> T:
+    """``function(**kwargs)`` in a thread of its own, awaited: for a blocking collective.
+
+    Not the event loop's shared pool (``asyncio.to_thread``): a collective blocks its thread
+    until every rank has joined, so a process of more workers than that pool has threads
+    (``min(32, cpus + 4)``) would wait forever for its last ranks, until gloo's timeout.
+    """
+    thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aps-collective")
+    try:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(thread, functools.partial(function, **kwargs))
+    finally:
+        thread.shutdown(wait=False)
 
 
 def route_to(host: str) -> str:

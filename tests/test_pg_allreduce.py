@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -78,17 +79,25 @@ def test_ring_bytes() -> None:
     assert ring_allreduce_bytes(400, 4) == 600
 
 
-async def test_reduce_gradients_sums_what_the_workers_counted(workers: WorkerTasks) -> None:
+# More workers in one process than the event loop's default thread pool has threads: each
+# worker's part of the all-reduce blocks a thread until every rank has joined.
+CROWD = min(32, (os.cpu_count() or 1) + 4) + 1
+
+
+@pytest.mark.parametrize("count", [2, CROWD])
+async def test_reduce_gradients_sums_what_the_workers_counted(
+    workers: WorkerTasks, count: int
+) -> None:
     """Learner-level: the counts in the reduced vector are the ones the workers answer."""
     async with aps.Learner(
         "tcp://127.0.0.1:0",
-        num_workers=2,
+        num_workers=count,
         policy=POLICY,
         autoreset_mode="SameStep",
         timeouts=FAST,
         token="t" * 32,
     ) as learner:
-        for _ in range(2):
+        for _ in range(count):
             workers.start(learner.url, env="Pendulum-v1", num_envs=2, token="t" * 32)
         await learner.wait_for_workers()
         agent = ContinuousAgent(Spaces("Pendulum-v1"))
@@ -96,14 +105,14 @@ async def test_reduce_gradients_sums_what_the_workers_counted(workers: WorkerTas
         size = sum(v.size for v in weights.values())
         await learner.start_round(0, weights, horizon=5, gamma=0.9)
         seen: set[int] = set()
-        while len(seen) < 2:
+        while len(seen) < count:
             worker_id, message = await learner.next_report()
             if isinstance(message, aps.wire.messages.GradientProgress) and message.count:
                 seen.add(worker_id)
         reduced, sent = await learner.reduce_gradients(0, size=size)
-        assert reduced.shape == (size + 2,) and sent > 0
+        assert reduced.shape == (size + count,) and sent > 0
         answered: dict[int, int] = {}
-        while len(answered) < 2:
+        while len(answered) < count:
             worker_id, message = await learner.next_report()
             if isinstance(message, aps.wire.messages.GradientsReduced):
                 assert message.round == 0 and len(message.episode_return) == message.count

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from aps.gradients import allreduce_sum
+from aps.gradients import allreduce_sum, in_own_thread
 from aps.session import Session
 from aps.wire.messages import (
     CollectGradients,
@@ -206,9 +206,9 @@ async def _reduce(
             raise ValueError(f"round {request.round} is not the round this worker sampled")
         vector = summed.vector(point, request) if point else _zeros(request)
         host = request.host or urlsplit(session.peer).hostname or "127.0.0.1"
-        await asyncio.to_thread(
+        await in_own_thread(
             allreduce_sum,
-            vector,
+            vector=vector,
             host=host,
             port=request.port,
             prefix=request.prefix,
