@@ -26,7 +26,7 @@ from aps.gradients import spread_bytes  # noqa: E402
 from aps.wire.messages import GroupWeights, JoinWeightGroup  # noqa: E402
 from aps.worker.fanout import GroupReceiver  # noqa: E402
 from tests.agents import Agent  # noqa: E402
-from tests.conftest import FAST, WorkerTasks  # noqa: E402
+from tests.conftest import FAST, TEST_POLICIES, WorkerTasks  # noqa: E402
 from tests.test_detach import POLICY, Spaces, perturb  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -129,13 +129,16 @@ async def test_a_worker_refuses_a_bad_announcement() -> None:
         host="127.0.0.1", port=1, prefix="p/", rank=1, world_size=2, timeout=1.0
     )
     receiver = GroupReceiver(object(), request, max_frame_size=1000)
+    digest = bytes(32)
     with pytest.raises(ProtocolError, match="1 to 1000 bytes"):
-        receiver.announce(GroupWeights(version=1, nbytes=1001))
+        receiver.announce(GroupWeights(version=1, nbytes=1001, sha256=digest))
     with pytest.raises(ProtocolError, match="1 to 1000 bytes"):
-        receiver.announce(GroupWeights(version=1, nbytes=0))
+        receiver.announce(GroupWeights(version=1, nbytes=0, sha256=digest))
+    with pytest.raises(ProtocolError, match="digest of 3 bytes"):
+        receiver.announce(GroupWeights(version=1, nbytes=10, sha256=b"abc"))
     receiver._announced = 5
     with pytest.raises(ProtocolError, match="after version 5"):
-        receiver.announce(GroupWeights(version=5, nbytes=10))
+        receiver.announce(GroupWeights(version=5, nbytes=10, sha256=digest))
     with pytest.raises(ProtocolError, match="did not announce it"):
         await receiver.take(7)
     bad_rank = JoinWeightGroup(
@@ -143,3 +146,76 @@ async def test_a_worker_refuses_a_bad_announcement() -> None:
     )
     with pytest.raises(ProtocolError, match=r"rank must be in 1\.\.world_size - 1"):
         await GroupReceiver.join(bad_rank, "127.0.0.1", 1000)
+
+
+# Attacks by a member holding the token: it may disrupt the group, never forge a version.
+
+
+def member(workers: WorkerTasks, url: str) -> aps.Worker:
+    """A worker on the test's loop whose server the test can reach."""
+    worker = aps.Worker(url, "CartPole-v1", num_envs=2, timeouts=FAST, allow_policy=TEST_POLICIES)
+    workers.tasks.append(asyncio.create_task(worker.run()))
+    return worker
+
+
+def receiver_of(worker: aps.Worker) -> GroupReceiver:
+    server = worker._server
+    assert server is not None and server.weight_group is not None
+    return server.weight_group
+
+
+async def test_a_member_that_alters_its_pieces_is_caught_by_the_digest(
+    workers: WorkerTasks,
+) -> None:
+    async with aps.Learner(
+        "memory://", num_workers=3, policy=POLICY, sync=sync.AlwaysSync(), timeouts=FAST
+    ) as learner:
+        crowd = [member(workers, learner.url) for _ in range(3)]
+        await learner.reset(seed=0)
+        agent = Agent(Spaces("CartPole-v1"))
+        await learner.publish(agent)
+        await learner.form_weight_group(timeout=20)
+        liar = receiver_of(crowd[2])
+
+        def altered(version: int, nbytes: int, digest: bytes) -> bytes:
+            # Its part of spread(), with its piece changed before it passes it on.
+            group, world = liar._group, liar._world
+            piece = -(-nbytes // world)
+            padded = torch.zeros(piece * world, dtype=torch.uint8)
+            pieces = [padded[i * piece : (i + 1) * piece] for i in range(world)]
+            mine = torch.empty(piece, dtype=torch.uint8)
+            options = dist.ScatterOptions()
+            options.rootRank = 0
+            group.scatter([mine], [], options).wait()
+            mine ^= 0xFF
+            group.allgather([pieces], [mine]).wait()
+            return bytes(nbytes)
+
+        liar._collect = altered  # type: ignore[method-assign]
+        perturb(agent, 0.5)
+        await learner.publish(agent)
+        with pytest.raises(aps.WorkerError, match="altered") as caught:
+            await learner.rollout(4)
+        assert "SHA-256" in str(caught.value)
+
+
+async def test_a_member_that_skips_the_collectives_ends_the_group(workers: WorkerTasks) -> None:
+    async with aps.Learner(
+        "memory://", num_workers=3, policy=POLICY, sync=sync.AlwaysSync(), timeouts=FAST
+    ) as learner:
+        crowd = [member(workers, learner.url) for _ in range(3)]
+        await learner.reset(seed=0)
+        agent = Agent(Spaces("CartPole-v1"))
+        await learner.publish(agent)
+        await learner.form_weight_group(timeout=2)
+        server = crowd[1]._server
+        assert server is not None
+        server.announce_weights = lambda message: None  # type: ignore[method-assign]
+        perturb(agent, 0.5)
+        await learner.publish(agent)  # its collective times out: the group ends
+        assert learner.weight_group is None
+        batch = await learner.rollout(4)  # every worker gets version 2 over its session
+        assert (batch.policy_version == 2).all()
+        np.testing.assert_allclose(
+            batch.logprob, behaviour_logprob(agent, batch), rtol=1e-5, atol=1e-6
+        )

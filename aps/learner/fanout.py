@@ -26,6 +26,7 @@ form a group on a network you trust.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -140,7 +141,8 @@ class WeightGroup:
             Timeout: the collective did not end within the group's timeout (a member lost).
             RuntimeError: gloo failed.
         """
-        announcement = GroupWeights(version=version, nbytes=len(frame))
+        digest = await asyncio.to_thread(_sha256, frame)
+        announcement = GroupWeights(version=version, nbytes=len(frame), sha256=digest)
         for slot in self._members:
             await pool.requests.send(slot, announcement)
         import torch
@@ -171,6 +173,10 @@ async def _no_redo(slot: Slot, request: Request, operation: str) -> Message:
 def _shut(root: asyncio.Future[Any]) -> None:
     if not root.cancelled() and root.exception() is None:
         root.result().shutdown()
+
+
+def _sha256(frame: bytes) -> bytes:
+    return hashlib.sha256(frame).digest()
 
 
 def _timeout(what: str, seconds: float, bind: str, port: int) -> ApsError:

@@ -19,7 +19,7 @@ The conversation (``L`` learner, ``W`` worker)::
     L -> W  StepRequest(actions)          W -> L  StepResult(obs, reward, ..., info)
     L -> W  Weights(version, arrays)      no answer; applied before the next rollout
     L -> W  JoinWeightGroup(host, ...)    W -> L  WeightGroupJoined()
-    L -> W  GroupWeights(version, nbytes) no answer; the version's frame follows by the group
+    L -> W  GroupWeights(version, nbytes, sha256)  no answer; the frame follows by the group
     L -> W  RolloutRequest(num_steps)     W -> L  RolloutChunk(version, obs, actions, ...)
     L -> W  GradientRound(round, arrays)  W -> L  GradientProgress(round, count), ...
     L -> W  CollectGradients(round)       W -> L  GradientReport(round, gradient, count)
@@ -388,13 +388,16 @@ class GroupWeights(Message):
     """Version ``version`` goes out by the weight group now: ``nbytes`` of its encoded frame.
 
     No answer. The worker takes part in the group's next collective, which carries the
-    :class:`Weights` frame of ``version`` (uncompressed), and keeps it until a
-    ``Weights(version, arrays=None)`` tells it to act with that version.
+    :class:`Weights` frame of ``version`` (uncompressed), checks it against ``sha256`` (its
+    SHA-256 digest: the members pass the pieces among themselves, so one of them could alter
+    what the others receive, and the session, which only the learner writes, says what it
+    must be), and keeps it until a ``Weights(version, arrays=None)`` tells it to act with it.
     """
 
     TAG: ClassVar[str] = "group_weights"
     version: int
     nbytes: int
+    sha256: bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

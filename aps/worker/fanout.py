@@ -6,8 +6,9 @@ worker over the sessions. The session still decides which version the worker act
 :class:`~aps.wire.messages.GroupWeights` announces a collective (the worker joins it at once,
 in the receiver's one thread, so every rank runs the collectives in the same order), and a
 ``Weights(version, arrays=None)`` later says to act with a version that came that way. What
-the collective delivered is decoded like any frame from the network, within the session's
-frame limit.
+the collective delivered must match the SHA-256 the session announced (the members pass
+the pieces among themselves: one could alter them, none can forge the session), and is
+decoded like any frame from the network, within the session's frame limit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import logging
+import hashlib
 from typing import Any
 
 from aps.errors import ProtocolError
@@ -25,7 +26,8 @@ from aps.wire.messages import GroupWeights, JoinWeightGroup, Weights
 
 __all__ = ["GroupReceiver"]
 
-log = logging.getLogger("aps.worker")
+DIGEST_SIZE = 32
+"""Bytes of the SHA-256 digest a :class:`~aps.wire.messages.GroupWeights` carries."""
 
 KEEP = 4
 """Versions a receiver keeps that the learner has not told it to act with yet: the newest.
@@ -104,6 +106,11 @@ class GroupReceiver:
                 one announced (the collective is not joined: the learner's times out).
         """
         version, nbytes = message.version, message.nbytes
+        if len(message.sha256) != DIGEST_SIZE:
+            raise ProtocolError(
+                f"the learner announced version {version} by the weight group with a digest of "
+                f"{len(message.sha256)} bytes; a SHA-256 digest is {DIGEST_SIZE}"
+            )
         if not 0 < nbytes <= self._max_frame_size:
             raise ProtocolError(
                 f"the learner announced version {version} by the weight group at {nbytes} "
@@ -117,7 +124,9 @@ class GroupReceiver:
             )
         self._announced = version
         loop = asyncio.get_running_loop()
-        self._frames[version] = loop.run_in_executor(self._thread, self._collect, nbytes)
+        self._frames[version] = loop.run_in_executor(
+            self._thread, self._collect, version, nbytes, message.sha256
+        )
         for old in sorted(self._frames)[:-KEEP]:
             self._frames.pop(old).add_done_callback(_consume)
 
@@ -156,12 +165,19 @@ class GroupReceiver:
         self._thread.submit(self._group.shutdown)
         self._thread.shutdown(wait=False)
 
-    def _collect(self, nbytes: int) -> bytes:
+    def _collect(self, version: int, nbytes: int, digest: bytes) -> bytes:
         import torch
 
         payload = torch.empty(nbytes, dtype=torch.uint8)
         spread(self._group, self._rank, self._world, payload)
-        return payload.numpy().tobytes()
+        frame = payload.numpy().tobytes()
+        if hashlib.sha256(frame).digest() != digest:
+            raise ProtocolError(
+                f"version {version} came by the weight group altered: its SHA-256 is not the "
+                "one the learner announced over the session. A member of the group changed the "
+                "pieces it passed on; form a weight group only of workers you trust"
+            )
+        return frame
 
 
 def _group_thread() -> concurrent.futures.ThreadPoolExecutor:
