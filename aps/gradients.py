@@ -32,6 +32,7 @@ __all__ = [
     "ring_allreduce_bytes",
     "route_to",
     "spread",
+    "spread_buffer",
     "spread_bytes",
 ]
 
@@ -243,28 +244,29 @@ def spread_bytes(nbytes: int, ranks: int) -> int:
     return 2 * (ranks - 1) * piece
 
 
-def spread(group: Any, rank: int, world_size: int, payload: Any) -> Any:
-    """Fan ``payload`` (a 1-d uint8 tensor on rank 0) out to every rank; blocking.
+def spread_buffer(nbytes: int, world_size: int) -> Any:
+    """A zeroed uint8 tensor that holds ``nbytes`` and splits into ``world_size`` equal pieces."""
+    import torch
+
+    return torch.zeros(-(-nbytes // world_size) * world_size, dtype=torch.uint8)
+
+
+def spread(group: Any, rank: int, world_size: int, buffer: Any) -> None:
+    """Fan ``buffer`` (from :func:`spread_buffer`; filled on rank 0) out to every rank; blocking.
 
     One scatter from rank 0 and one all-gather (van de Geijn's broadcast): the root sends
     each other rank one piece, then every rank gathers the pieces of all, so the root's bytes
     stay under twice the payload however many ranks there are, where a tree broadcast's
-    root sends ``log2(ranks)`` copies. Every rank passes a tensor of the same length (the
-    others' contents are ignored) and gets the payload back in it.
+    root sends ``log2(ranks)`` copies. Every rank passes a buffer of the same length (the
+    others' contents are ignored) and holds rank 0's in it afterwards.
     """
     import torch
 
-    size = payload.numel()
-    piece = -(-size // world_size)
-    padded = torch.zeros(piece * world_size, dtype=torch.uint8)
-    if rank == 0:
-        padded[:size] = payload
-    pieces = [padded[i * piece : (i + 1) * piece] for i in range(world_size)]
+    piece = buffer.numel() // world_size
+    pieces = [buffer[i * piece : (i + 1) * piece] for i in range(world_size)]
     mine = torch.empty(piece, dtype=torch.uint8)
     group.scatter([mine], [pieces] if rank == 0 else [], _scatter_options()).wait()
     group.allgather([pieces], [mine]).wait()
-    payload.copy_(padded[:size])
-    return payload
 
 
 def _scatter_options() -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from aps.errors import ApsError, InvalidState, Timeout
-from aps.gradients import RoundStore, join_group, spread, spread_bytes
+from aps.gradients import RoundStore, join_group, spread, spread_buffer, spread_bytes
 from aps.learner.pool import Slot, WorkerPool, expect
 from aps.learner.rounds import store_host
 from aps.session import Session
@@ -145,12 +145,11 @@ class WeightGroup:
         announcement = GroupWeights(version=version, nbytes=len(frame), sha256=digest)
         for slot in self._members:
             await pool.requests.send(slot, announcement)
-        import torch
-
-        payload = torch.from_numpy(np.frombuffer(frame, dtype=np.uint8).copy())
+        buffer = spread_buffer(len(frame), self.world_size)
+        buffer.numpy()[: len(frame)] = np.frombuffer(frame, dtype=np.uint8)
         try:
             async with asyncio.timeout(self.timeout + 5.0):
-                await asyncio.to_thread(spread, self._group, 0, self.world_size, payload)
+                await asyncio.to_thread(spread, self._group, 0, self.world_size, buffer)
         except TimeoutError as exc:
             raise _timeout(f"version {version}'s fan-out", self.timeout, "", 0) from exc
         self.versions += 1

@@ -20,7 +20,7 @@ import hashlib
 from typing import Any
 
 from aps.errors import ProtocolError
-from aps.gradients import join_group, spread
+from aps.gradients import join_group, spread, spread_buffer
 from aps.wire import codec
 from aps.wire.messages import GroupWeights, JoinWeightGroup, Weights
 
@@ -60,7 +60,7 @@ class GroupReceiver:
         # every rank, and never wait for a thread of the loop's shared pool (which a process
         # of many workers, each blocked in the same collective, would exhaust).
         self._thread = thread or _group_thread()
-        self._frames: dict[int, asyncio.Future[bytes]] = {}
+        self._frames: dict[int, asyncio.Future[memoryview]] = {}
         self._announced = 0
 
     @classmethod
@@ -165,12 +165,11 @@ class GroupReceiver:
         self._thread.submit(self._group.shutdown)
         self._thread.shutdown(wait=False)
 
-    def _collect(self, version: int, nbytes: int, digest: bytes) -> bytes:
-        import torch
-
-        payload = torch.empty(nbytes, dtype=torch.uint8)
-        spread(self._group, self._rank, self._world, payload)
-        frame = payload.numpy().tobytes()
+    def _collect(self, version: int, nbytes: int, digest: bytes) -> memoryview:
+        buffer = spread_buffer(nbytes, self._world)
+        spread(self._group, self._rank, self._world, buffer)
+        # The version's arrays will be views of this buffer, which nothing else holds.
+        frame = memoryview(buffer.numpy())[:nbytes]
         if hashlib.sha256(frame).digest() != digest:
             raise ProtocolError(
                 f"version {version} came by the weight group altered: its SHA-256 is not the "
@@ -184,7 +183,7 @@ def _group_thread() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aps-weight-group")
 
 
-def _consume(future: asyncio.Future[bytes]) -> None:
+def _consume(future: asyncio.Future[memoryview]) -> None:
     # A version nobody will take: its failure (the group broke) was reported elsewhere.
     if not future.cancelled():
         future.exception()
