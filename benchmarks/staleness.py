@@ -14,7 +14,20 @@ weights are kept, and before each update, on the states of the batch the newest 
   (the clip anchored at the behaviour policy, the paper's objective);
 - the clipped surrogate policy loss at the update's start on the batch's actions and
   normalized advantages with ``pi_{v-k}`` as the behaviour policy (0 at ``k = 0``, since the
-  advantages are normalized to mean 0).
+  advantages are normalized to mean 0);
+- what the off-policy corrections of ``aps.correction`` would keep of the batch, with the
+  truncated weight ``w = min(1, pi_v / pi_{v-k})`` (decoupled PPO's weight with ``pi_v`` as
+  the proximal policy and ``pi_{v-k}`` as the behaviour; V-trace's ``rho`` and ``c`` at
+  ``rho_bar = c_bar = 1``, so they are not measured apart): its mean ``w_mean`` and the
+  effective sample size fraction ``w_ess = (sum w)^2 / (N sum w^2)``, both exact over the 3
+  actions drawn from ``pi_{v-k}`` (``E[w | s] = sum_a min(pi_{v-k}, pi_v)``, so
+  ``1 - w_mean`` is the mean total variation between the two); on the batch's own actions,
+  drawn by ``pi_v`` (which biases ``w`` up), ``w_mean_sampled`` and the share of the
+  normalized advantages' mass kept, ``adv_kept = sum(w |A|) / sum(|A|)``; and ``c_prod_n``
+  for ``n = 1, 4, 16``, the weight V-trace's value target gives the TD error ``n`` steps
+  ahead, ``c_t ... c_{t+n-1}`` without lambda, each ``c`` exact over the actions as
+  ``w_mean``, along the batch's states, over the starts whose ``n`` steps stay in the batch
+  and in one episode.
 
 It reports per lag the median over updates with the 25th and 75th percentiles, pooled over
 seeds and per seed, the ratio of one update's own drift (``k = 1``) to the KL thresholds
@@ -46,6 +59,7 @@ import numpy as np
 
 LAGS = 16
 CLIP = 0.2
+TRACE_STEPS = (1, 4, 16)
 THRESHOLDS = (0.01, 0.05)
 
 
@@ -92,9 +106,18 @@ def to_input(torch: Any, obs: np.ndarray) -> Any:
 
 
 def lag_figures(
-    torch: Any, old_logits: Any, new_logits: Any, actions: Any, advantages: Any
+    torch: Any,
+    old_logits: Any,
+    new_logits: Any,
+    actions: Any,
+    advantages: Any,
+    done: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """The figures of one (older version, newest version) pair on one batch's states."""
+    """The figures of one (older version, newest version) pair on one batch's states.
+
+    ``done`` is the batch's ``[T, E]`` episode ends (the flat arrays are its rows); without
+    it the trace figures (``c_prod_n``) are left out.
+    """
     old_logp = torch.log_softmax(old_logits, dim=-1)
     new_logp = torch.log_softmax(new_logits, dim=-1)
     old_p = old_logp.exp()
@@ -105,13 +128,42 @@ def lag_figures(
     ratio = (new_logp.gather(1, actions[:, None]) - old_logp.gather(1, actions[:, None])).exp()
     ratio = ratio.squeeze(1)
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - CLIP, 1 + CLIP) * advantages)
-    return {
+    figures = {
         "kl_mean": float(kl.mean()),
         "kl_p95": float(np.percentile(kl, 95)),
         "kl_max": float(kl.max()),
         "clip_fraction": clip_fraction,
         "loss": float(-surrogate.mean()),
     }
+    # The corrections' truncated weight w = min(1, pi_v / pi_{v-k}) (decoupled PPO's weight
+    # with pi_v proximal and pi_{v-k} behaviour; V-trace's rho and c at rho_bar = c_bar = 1).
+    # Exact over the 3 actions drawn from pi_{v-k}: E[w | s] = sum_a min(pi_{v-k}, pi_v).
+    weight_all = ratio_all.clamp(max=1.0)
+    w_state = (old_p * weight_all).sum(-1).double()
+    w_sq = (old_p * weight_all**2).sum(-1).double()
+    figures["w_mean"] = float(w_state.mean())
+    figures["w_ess"] = float(w_state.mean() ** 2 / w_sq.mean())
+    # On the batch's actions (drawn by pi_v, not pi_{v-k}: w is biased up there).
+    w = ratio.clamp(max=1.0).double()
+    figures["w_mean_sampled"] = float(w.mean())
+    magnitude = advantages.abs().double()
+    figures["adv_kept"] = float((w * magnitude).sum() / magnitude.sum())
+    if done is not None:
+        # The weight V-trace's target gives the TD error n steps ahead, prod of c_t..c_{t+n-1}
+        # (without lambda), each c exact over the actions as w_mean, along the batch's states;
+        # averaged over the starts t whose steps t..t+n lie in the batch and in one episode.
+        steps, envs = done.shape
+        log_c = np.log(w_state.numpy().reshape(steps, envs))
+        log_cum = np.vstack([np.zeros((1, envs)), np.cumsum(log_c, axis=0)])
+        ends = np.vstack([np.zeros((1, envs)), np.cumsum(done, axis=0)])
+        for n in TRACE_STEPS:
+            if n >= steps:
+                continue
+            starts = steps - n
+            inside = ends[n : n + starts] - ends[:starts] == 0  # no end among t..t+n-1
+            products = np.exp(log_cum[n : n + starts] - log_cum[:starts])
+            figures[f"c_prod_{n}"] = float(products[inside].mean())
+    return figures
 
 
 def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -192,7 +244,9 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                 for k, weights in enumerate(list(reversed(versions))[1:], start=1):
                     probe.load_state_dict(weights)
                     old_logits, _ = probe(flat_obs)
-                    lags[str(k)] = lag_figures(torch, old_logits, new_logits, flat_act, norm_adv)
+                    lags[str(k)] = lag_figures(
+                        torch, old_logits, new_logits, flat_act, norm_adv, b_done
+                    )
             row["lags"] = lags
         # -- PPO update (clip anchored at the behaviour version, which is the newest here) -----
         flat_logp = torch.as_tensor(b_logp.reshape(batch))
@@ -247,7 +301,18 @@ def quantiles(values: list[float]) -> dict[str, float]:
     return {"median": float(p50), "p25": float(p25), "p75": float(p75), "n": int(array.size)}
 
 
-FIGURES = ("kl_mean", "kl_p95", "kl_max", "clip_fraction", "loss")
+FIGURES = (
+    "kl_mean",
+    "kl_p95",
+    "kl_max",
+    "clip_fraction",
+    "loss",
+    "w_mean",
+    "w_ess",
+    "w_mean_sampled",
+    "adv_kept",
+    *(f"c_prod_{n}" for n in TRACE_STEPS),
+)
 
 
 def summarize(runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
@@ -291,6 +356,17 @@ def summarize(runs: list[dict[str, Any]], skip: int) -> dict[str, Any]:
             str(run["seed"]): run["updates"][-1]["return_last20"] for run in runs
         },
     }
+
+
+WEIGHT_FIGURES = ("w_mean", "w_ess", "adv_kept", "c_prod_4", "c_prod_16")
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    """The pooled medians per lag, one row each."""
+    names = ("kl_mean", "kl_p95", "clip_fraction", "loss", *FIGURES[5:])
+    print("lag " + " ".join(f"{name:>14}" for name in names))
+    for k, entry in summary["pooled"].items():
+        print(f"{k:>3} " + " ".join(f"{entry[name]['median']:>14.4g}" for name in names))
 
 
 def rounded(value: Any) -> Any:
@@ -345,7 +421,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     pooled = result["summary"]["pooled"]
     lags = sorted(int(k) for k in pooled)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    weights = "w_mean" in pooled[str(lags[0])]  # results written before they were measured lack it
+    fig, axes = plt.subplots(1, 4 if weights else 3, figsize=(20 if weights else 15, 4.5))
     colors = {"kl_mean": "C0", "kl_p95": "C1", "kl_max": "C3"}
     for name, color in colors.items():
         med = [pooled[str(k)][name]["median"] for k in lags]
@@ -387,6 +464,25 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("lag k")
         ax.set_title(title)
         ax.legend(fontsize=7)
+    if weights:
+        for index, name in enumerate(WEIGHT_FIGURES):
+            axes[3].plot(
+                lags,
+                [pooled[str(k)][name]["median"] for k in lags],
+                marker="o",
+                color=f"C{index}",
+                label=name,
+            )
+            axes[3].fill_between(
+                lags,
+                [pooled[str(k)][name]["p25"] for k in lags],
+                [pooled[str(k)][name]["p75"] for k in lags],
+                color=f"C{index}",
+                alpha=0.15,
+            )
+        axes[3].set_xlabel("lag k")
+        axes[3].set_title("truncated weight min(1, pi_v / pi_{v-k}), pooled")
+        axes[3].legend(fontsize=7)
     cfg = result["config"]
     fig.suptitle(
         f"MinAtar Breakout, PPO, {cfg['updates']} updates x {cfg['num_envs'] * cfg['num_steps']}"
@@ -436,6 +532,7 @@ def main() -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     write_result(result, stem.with_suffix(".json"))
     plot(result, stem.with_suffix(".png"))
+    print_table(result["summary"])
     print(json.dumps(result["summary"]["k1_drift_over_threshold"], indent=1))
     print("final return (last 20 episodes):", result["summary"]["final_return_last20"])
 
