@@ -29,6 +29,7 @@ from aps.errors import ConfigError, ConnectError, InvalidState, WorkerError, reb
 from aps.launch.local import LocalWorkers
 from aps.learner import Learner, WorkerInfo
 from aps.learner.config import LearnerOptions, ListenOptions, refuse_unknown
+from aps.learner.fanout import WeightGroup
 from aps.learner.rollouts import Metrics, Rollout
 from aps.session import Timeouts
 from aps.session._portal import Pending, Portal
@@ -491,6 +492,15 @@ class ClusterEnv(VectorEnv):
     def publish(self, agent: Any, *, epsilon: float | None = None) -> int:
         """Make ``agent``'s weights a new policy version; see :meth:`aps.Learner.publish`."""
         return self._portal.call(self._learner.publish(agent, epsilon=epsilon))
+
+    def form_weight_group(self, *, timeout: float | None = None) -> WeightGroup:
+        """Fan versions out through one gloo group; see :meth:`aps.Learner.form_weight_group`."""
+        return self._portal.call(self._learner.form_weight_group(timeout=timeout))
+
+    @property
+    def weight_group(self) -> WeightGroup | None:
+        """The weight group versions fan out through, or ``None``; see :meth:`form_weight_group`."""
+        return self._learner.weight_group
 
     def rollout(self, num_steps: int) -> Rollout:
         """Workers act ``num_steps`` times with their policies; see :meth:`aps.Learner.rollout`."""

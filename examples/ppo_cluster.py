@@ -45,6 +45,7 @@ value always comes from the learner's critic.
     python examples/ppo_cluster.py --sync aps --kl-threshold 0.05
     python examples/ppo_cluster.py --sync always --track-tb
     python examples/ppo_cluster.py --overlap-rollouts  # act and train at the same time
+    python examples/ppo_cluster.py --sync always --weight-group  # versions leave the learner once
     python examples/ppo_cluster.py --figures runs/figures  # where the time goes: CSV, TensorBoard
     python examples/ppo_cluster.py --env-id LunarLander-v3 --total-timesteps 1000000 \\
         --envs-per-worker 16 --num-steps 128 --learning-rate 5e-4
@@ -151,6 +152,9 @@ class Args:
     )
     overlap_rollouts: bool = arg(
         False, "act the next rollout while training on this one (acted one update behind)"
+    )
+    weight_group: bool = arg(
+        False, "versions leave the learner once, through a gloo group of all workers"
     )
     max_lag: int | None = arg(
         None, "APS, relative: also sync a worker this many versions behind (0: no bound)"
@@ -606,6 +610,9 @@ def train(
         curve: list[dict[str, Any]] = []  # one row per iteration: the learning curve
         start_time = time.perf_counter()
         envs.reset(seed=args.seed)
+        if args.weight_group:
+            # aps: from the first version on, each leaves the learner once (docs/detach.md).
+            envs.form_weight_group()
 
         for iteration in range(1, num_iterations + 1):
             if args.anneal_lr:
@@ -809,6 +816,8 @@ def train(
         elapsed = time.perf_counter() - start_time
         figures.close()  # a last row, before the learner closes
         metrics = envs.metrics
+        group = envs.weight_group
+        group_bytes = None if group is None else group.bytes_sent
     finally:
         progress.close()
         envs.close()
@@ -824,6 +833,9 @@ def train(
         "weight_precision": args.weight_precision,
         "overlap_weights": args.overlap_weights,
         "overlap_rollouts": args.overlap_rollouts,
+        "weight_group": args.weight_group,
+        # What the learner sent in the group's collectives (None: no group, or it ended).
+        "weight_group_bytes": group_bytes,
         "compression": args.compression,
         "fixed_versions": args.fixed_versions if args.sync == "fixed" else None,
         "seed": args.seed,

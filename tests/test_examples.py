@@ -86,6 +86,31 @@ def test_ppo_cluster(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_ppo_cluster_with_a_weight_group(tmp_path: Path) -> None:
+    """Versions leave the learner once, through the group; the run trains as without it."""
+    pytest.importorskip("torch.distributed")
+    out = tmp_path / "result.json"
+    run(
+        "ppo_cluster.py",
+        *TINY,
+        "--sync",
+        "always",
+        "--weight-group",
+        "--no-progress",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["weight_group"] and result["global_step"] == 256
+    frame_share = result["weight_group_bytes"] / result["versions"]
+    # Two workers: the learner's share of each version is one piece in the scatter and one
+    # in the all-gather, a third of the frame each, where the sessions would carry two frames.
+    assert 0 < frame_share < result["bytes_per_version"] * 2
+    assert result["syncs"] == 2 * result["versions"]  # every worker took every version
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("flags", "correction"), [(["--no-decoupled"], "none"), (["--correction", "vtrace"], "vtrace")]
 )
