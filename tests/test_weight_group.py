@@ -93,6 +93,37 @@ async def test_aps_still_decides_per_worker(workers: WorkerTasks) -> None:
         assert group is not None and group.versions == 4
 
 
+async def test_a_chunk_stream_publishes_through_the_group(workers: WorkerTasks) -> None:
+    """Versions published inside the stream's loop fan out while chunks are in flight."""
+    async with aps.Learner(
+        "memory://", num_workers=2, policy=POLICY, sync=sync.AlwaysSync(), timeouts=FAST
+    ) as learner:
+        for _ in range(2):
+            workers.start(learner.url, num_envs=2)
+        await learner.reset(seed=0)
+        agent = Agent(Spaces("CartPole-v1"))
+        await learner.form_weight_group(timeout=20)
+        await learner.publish(agent)  # the first version, too, by the group
+        last: dict[int, int] = {}
+        count = 0
+        async for chunk in learner.chunks(4, max_in_flight=2):
+            assert chunk.version >= last.get(chunk.worker_id, 0)
+            last[chunk.worker_id] = chunk.version
+            perturb(agent, 0.01)
+            await learner.publish(agent)
+            count += 1
+            if count == 10:
+                break
+        group = learner.weight_group
+        assert group is not None and group.versions == learner.version == 11
+        assert max(last.values()) > 1  # the workers acted with versions from the group
+        batch = await learner.rollout(3)
+        assert (batch.policy_version == 11).all()
+        np.testing.assert_allclose(
+            batch.logprob, behaviour_logprob(agent, batch), rtol=1e-5, atol=1e-6
+        )
+
+
 async def test_a_replaced_member_ends_the_group(workers: WorkerTasks) -> None:
     async with aps.Learner(
         "memory://",
