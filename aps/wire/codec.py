@@ -38,7 +38,9 @@ Small messages whose values are all simple (``None``, ``bool``, ``int``, ``float
 ``bytes``, arrays under 64 KiB, numpy scalars, and dicts, lists, tuples and object arrays of
 these: a step's requests and results, SameStep's ``final_obs`` included) are encoded by a
 fast path that writes the frame directly instead of through msgpack's callbacks; its frames
-are byte for byte those of the general path.
+are byte for byte those of the general path. On the way back, a small chunk frame laid out
+like one decoded before (a worker's next chunk) is read without msgpack, into the message the
+full decode would make of it (see :mod:`aps.wire._layouts`).
 
 The codec is split so that each part reads in one sitting. This module holds the public API,
 the general encoder (msgpack with a ``default`` callback; large arrays written once, aligned,
@@ -50,12 +52,14 @@ and the decoders' last step, a frame body to a message. Below it, importing noth
 - :mod:`aps.wire._fast_pack`: the hand-written msgpack writer of the fast path.
 - :mod:`aps.wire._unpack`: the ext hooks that decode numpy values, and the zero-copy walk that
   views large arrays in the frame.
+- :mod:`aps.wire._layouts`: the layouts of chunk frames decoded before, learned and matched.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 import types
 import typing
@@ -90,6 +94,7 @@ from aps.wire._guards import (
     may_hold,
     peek_tag,
 )
+from aps.wire._layouts import learn, recognize
 from aps.wire._trees import (
     LEAVES,
     PathError,
@@ -379,6 +384,8 @@ class _Spec:
     tail: bytes = b""
     # Whether every field of a decoded body passes its check (see _all_pass).
     passes: Callable[[dict[str, Any]], bool] = lambda body: False
+    # The message of a body holding every field, checked (see _builder); None: cls(**body).
+    build: Callable[[dict[str, Any]], Message] | None = None
 
 
 def _is_array(value: Any) -> bool:
@@ -501,6 +508,41 @@ def _all_pass(fields: tuple[_Field, ...]) -> Callable[[dict[str, Any]], bool]:
     return passes
 
 
+def _builder(cls: type[Message]) -> Callable[[dict[str, Any]], Message] | None:
+    """A function making the ``cls`` whose fields a decoded body holds, or ``None``.
+
+    What the dataclass's own ``__init__`` does for a frozen class with slots and no
+    ``__post_init__``: each field stored in its slot, as ``object.__setattr__`` would, in
+    the fields' order. Without the call by keywords, which costs as much again (a chunk's 17
+    fields: about 1.5 us of 3). ``None`` for any other class (an ``__init__`` or
+    ``__post_init__`` of its own, fields outside slots, an init-only parameter): ``_message``
+    then calls ``cls(**body)``.
+    """
+    init = cls.__dict__.get("__init__")
+    fields = dataclasses.fields(cls)
+    params = getattr(cls, "__dataclass_params__", None)
+    if (
+        params is None
+        or not params.frozen
+        or hasattr(cls, "__post_init__")
+        # The dataclass's own __init__ (compiled from its source, "<string>"), taking the
+        # fields and nothing else.
+        or getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>"
+        or list(inspect.signature(cls).parameters) != [f.name for f in fields]
+        or not all(type(cls.__dict__.get(f.name)) is types.MemberDescriptorType for f in fields)
+    ):
+        return None
+    lines = ["def build(body):", "    message = new(cls)"]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    for index, field in enumerate(fields):
+        scope[f"set_{index}"] = cls.__dict__[field.name].__set__
+        lines.append(f"    set_{index}(message, body[{field.name!r}])")
+    lines.append("    return message")
+    exec("\n".join(lines), scope)  # field names are identifiers, from the class itself
+    build: Callable[[dict[str, Any]], Message] = scope["build"]
+    return build
+
+
 def _spec_for(cls: type[Message]) -> _Spec:
     hints = typing.get_type_hints(cls)
     fields = tuple(_field_for(f.name, hints[f.name]) for f in dataclasses.fields(cls))
@@ -514,7 +556,17 @@ def _spec_for(cls: type[Message]) -> _Spec:
     omitted = frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(OMIT_NONE))
     tail = _packb("t") + _packb(cls.TAG)
     return _Spec(
-        cls, cls.TAG, fields, names, head, plan, omitted, names - omitted, tail, _all_pass(fields)
+        cls,
+        cls.TAG,
+        fields,
+        names,
+        head,
+        plan,
+        omitted,
+        names - omitted,
+        tail,
+        _all_pass(fields),
+        _builder(cls),
     )
 
 
@@ -798,11 +850,20 @@ def decode(
     # (most of a step's) needs no hook that inflates, which costs a few us to make.
     inflates = compression != "none" and may_hold(COMPRESSED_CODE, frame, size)
     rebuilds = frame_delta and may_hold(FRAME_DELTA_CODE, frame, size)
+    if (inflates or rebuilds) and rate is not None:
+        rate.frame(size)
+    learns = False
+    if size <= SCAN_FROM and type(frame) is bytes:
+        # A small frame laid out as one decoded before (a worker's next chunk) is read
+        # without msgpack; see aps.wire._layouts for why that is the same message. A layout
+        # holds plain arrays only: nothing in such a frame is inflated or rebuilt.
+        known = recognize(frame)
+        if known is not None:
+            return known
+        learns = True
     allowance: Allowance | None = None
     tag: str | None = None
     if inflates or rebuilds:
-        if rate is not None:
-            rate.frame(size)
         allowance = Allowance(max_frame_size, rate)
         tag = peek_tag(frame)
         arrays = _ARRAYS_BY_TAG.get(tag, -1) if tag is not None else -1
@@ -867,6 +928,8 @@ def decode(
     message = _message(body, _SPECS_BY_TAG, _KNOWN_TAGS)
     if allowance is not None and rate is not None:
         rate.expanded += allowance.expanded
+    if learns and type(frame) is bytes and _SPECS_BY_CLASS[type(message)].build is not None:
+        learn(frame, message)
     return message
 
 
@@ -963,9 +1026,10 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
     if spec is None:
         raise WireError(f"unknown message tag {tag!r:.80}; known tags: {known}")
     if spec.omitted and spec.required <= body.keys() <= spec.names:
+        # Every field is there once the omitted ones are None.
         for name in spec.omitted:
             body.setdefault(name, None)
-    if body.keys() != spec.names:
+    elif body.keys() != spec.names:
         missing = sorted(spec.names - body.keys())
         extra = sorted(repr(k)[:80] for k in body.keys() - spec.names)
         raise WireError(
@@ -994,6 +1058,8 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
             f"{spec.tag} message field {field.name!r} must be {field.expected}, "
             f"got {_type_name(value)}"
         )
+    if spec.build is not None:
+        return spec.build(body)
     try:
         return spec.cls(**body)
     except Exception as exc:  # a message type with its own __post_init__ checks
