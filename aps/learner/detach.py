@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -449,7 +450,7 @@ class Detach:
         """The checks of :meth:`_check_chunk` once the chunk's ``(T, E)`` arrays fit."""
         info = slot.info
         episode_env = message.episode_env
-        if len(episode_env) and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
+        if len(episode_env) and _outside(episode_env, info.num_envs):
             raise ProtocolError(
                 f"worker {info.worker_id} sent episodes of envs outside its "
                 f"{info.num_envs}; the worker is not a compatible aps worker"
@@ -648,7 +649,8 @@ class Detach:
         metrics.transitions += transitions
         metrics.env_steps += transitions
         metrics.lag_sum += lag * transitions
-        metrics.lag_max = max(metrics.lag_max, lag)
+        if lag > metrics.lag_max:
+            metrics.lag_max = lag
         books.steps_since_sync += transitions
         books.acted_on = message.obs  # sampled only if a divergence is measured on it
         state, starts = message.initial_state, message.episode_start
@@ -752,10 +754,9 @@ class Detach:
             drained=True,
             end=self.end_stream,
         ) as lease:
-
-            async def receive(slot: Slot) -> Message | None:
-                return await self._receive_chunk(slot, num_steps)
-
+            # The pumps' receive is _receive_chunk itself, not a coroutine awaiting it: one
+            # coroutine fewer per chunk.
+            receive = functools.partial(self._receive_chunk, num_steps=num_steps)
             pumps = self._pumps = Pumps(pool, receive, name="aps chunks")
             active = pool.slots.active()
 
@@ -811,7 +812,11 @@ class Detach:
             books.lost += 1
             return
         late = await self._maybe_sync(slot, overlap=self.overlap)
-        await self._pool.requests.send_request(slot, RolloutRequest(num_steps=num_steps))
+        outbox = slot.outbox
+        # Built with the numbers the outbox gives it (as lockstep builds its steps), so that
+        # numbering keeps it as it is rather than copying it: this runs for every chunk.
+        request = RolloutRequest(num_steps=num_steps, seq=outbox.sent, acked=outbox.received)
+        await self._pool.requests.send_request(slot, request)
         if late:
             await self._send_weights(slot)
             self._prune()
@@ -881,6 +886,23 @@ class Detach:
         group, self.group = self.group, None
         if group is not None:
             group.close()
+
+
+SMALL_INDICES = 64
+"""At most this many env indices are range-checked as Python ints (see :func:`_outside`)."""
+
+
+def _outside(indices: np.ndarray[Any, Any], bound: int) -> bool:
+    """Whether any of the non-empty 1-d ``indices`` is negative or at least ``bound``.
+
+    A chunk's episodes are a few integers: two numpy reductions cost a few microseconds
+    on them, more than ``tolist()`` and Python's ``min`` and ``max``. Many values, and
+    dtypes whose order Python's ``min`` would not keep as numpy does (NaN), take numpy's way.
+    """
+    if len(indices) <= SMALL_INDICES and indices.dtype.kind in "biu":
+        values = indices.tolist()
+        return bool(min(values) < 0 or max(values) >= bound)
+    return bool(indices.min() < 0 or indices.max() >= bound)
 
 
 def _described(value: object) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from aps.errors import ApsError, WorkerLost
 from aps.learner.pool import Slot, WorkerPool
@@ -72,9 +73,12 @@ class Pumps:
             if item is not None:
                 await self._inbox.put((slot, item))
 
-    async def get(self) -> Item:
-        """The next thing any worker delivered, in arrival order."""
-        return await self._inbox.get()
+    def get(self) -> Coroutine[Any, Any, Item]:
+        """The next thing any worker delivered, in arrival order (await it).
+
+        The inbox's own coroutine, not one awaiting it: the stream awaits one per chunk.
+        """
+        return self._inbox.get()
 
     def unwrap(self, slot: Slot, item: Message | BaseException) -> Message:
         """``item`` as a message of ``slot``'s.
