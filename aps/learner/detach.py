@@ -224,7 +224,7 @@ class Detach:
         """:meth:`Learner.form_weight_group`."""
         self.require_policy("form_weight_group")
         self.end_group("a new group forms")
-        self.group = await WeightGroup.form(self._pool, self._pool.slots.admitted, timeout)
+        self.group = await WeightGroup.form(self._pool, timeout)
         return self.group
 
     def end_group(self, why: str) -> None:

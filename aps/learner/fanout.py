@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,16 +64,17 @@ class WeightGroup:
         """What the learner sent in the collectives, by :func:`aps.gradients.spread_bytes`."""
 
     @classmethod
-    async def form(cls, pool: WorkerPool, members: Sequence[Slot], timeout: float) -> WeightGroup:
-        """Form a group of the learner and ``members``, the admitted workers in order.
+    async def form(cls, pool: WorkerPool, timeout: float) -> WeightGroup:
+        """Form a group of the learner and the pool's admitted workers, ranked in their order.
 
-        Every member joins, or none does.
+        Every worker joins, or none does.
 
         Raises:
             InvalidState: no member, or one was replaced while the group formed.
             WorkerError: a worker could not join (no torch on it, say).
             Timeout: the group did not form within ``timeout`` seconds.
         """
+        members = list(pool.slots.admitted)
         if not members:
             raise InvalidState("a weight group needs at least one admitted worker")
         world = len(members) + 1
