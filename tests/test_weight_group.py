@@ -238,7 +238,7 @@ async def test_a_member_that_skips_the_collectives_ends_the_group(workers: Worke
         await learner.reset(seed=0)
         agent = Agent(Spaces("CartPole-v1"))
         await learner.publish(agent)
-        await learner.form_weight_group(timeout=2)
+        await learner.form_weight_group(timeout=5)  # also each collective's deadline
         server = crowd[1]._server
         assert server is not None
         server.announce_weights = lambda message: None  # type: ignore[method-assign]
