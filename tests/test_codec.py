@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from aps._base._typing import ArrayTree
 from aps.errors import ConfigError, FrameTooLarge, WireError
-from aps.wire import codec
+from aps.wire import _specs, codec
 from aps.wire.codec import DTYPES, EXT_NDARRAY, EXT_OBJECT_ARRAY, EXT_SCALAR, MAX_OBJECT_DEPTH
 from aps.wire.messages import (
     MESSAGE_TYPES,
@@ -822,12 +822,12 @@ def test_decode_refuses_non_bytes() -> None:
 
 
 def test_float_annotations_accept_ints_but_int_excludes_bool() -> None:
-    float_field = codec._field_for("x", float)
+    float_field = _specs.field_for("x", float)
     assert float_field.check(1) and float_field.check(1.5) and not float_field.check("1")
-    int_field = codec._field_for("x", int)
+    int_field = _specs.field_for("x", int)
     assert int_field.check(1) and not int_field.check(True) and not int_field.check(1.0)
     with pytest.raises(TypeError, match="cannot carry a field annotated"):
-        codec._field_for("x", list[int])
+        _specs.field_for("x", list[int])
 
 
 def test_array_annotations_through_a_type_alias_are_arrays() -> None:
@@ -838,7 +838,7 @@ def test_array_annotations_through_a_type_alias_are_arrays() -> None:
     alias = typing_extensions.TypeAliasType(
         "alias", np.ndarray[tuple[Any, ...], np.dtype[scalar]], type_params=(scalar,)
     )
-    field = codec._field_for("reward", alias[Any])
+    field = _specs.field_for("reward", alias[Any])
     assert field.check(np.zeros(2)) and not field.check([0.0, 0.0])
-    optional = codec._field_for("final_obs", alias[Any] | None)
+    optional = _specs.field_for("final_obs", alias[Any] | None)
     assert optional.check(None) and optional.check(np.zeros(2)) and not optional.check(1)

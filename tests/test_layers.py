@@ -55,6 +55,8 @@ FORBIDDEN = {
         "aps.wire._wire",
         "aps.wire._fast_pack",
         "aps.wire._unpack",
+        "aps.wire._specs",
+        "aps.wire._layouts",
         "aps.wire.spaces",
         "aps.wire.batching",
     )

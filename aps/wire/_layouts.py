@@ -96,7 +96,7 @@ def learn(frame: bytes, message: Message) -> None:
     """Keep the layout of ``frame``, which decoded as ``message`` with every check passed.
 
     The caller makes sure that ``message``'s type is one the codec builds field by field
-    (:func:`aps.wire.codec._builder`): its layout's reader builds it so. Nothing is kept for
+    (:func:`aps.wire._specs._builder`): its layout's reader builds it so. Nothing is kept for
     a type outside :data:`LEARNED`, a frame holding another kind of value, or within
     :data:`LEARN_EVERY` frames of the last layout looked for (see the module's docstring).
     """
@@ -197,7 +197,7 @@ def _reader(
     Per field: its name, how it is read (``_ARRAY`` ...), where its bytes start, and what
     reading needs: an array's ``(shape, dtype, nbytes)``, a wide int's width, a bytes
     value's length, a constant itself. Each field is stored in its slot, as
-    :func:`aps.wire.codec._builder`'s function does (``learn`` is given one only for a class
+    :func:`aps.wire._specs._builder`'s function does (``learn`` is given one only for a class
     it serves). The source holds only ints (offsets, widths); the rest is in its scope.
     """
     scope: dict[str, Any] = {"new": object.__new__, "cls": cls, "ndarray": np.ndarray}

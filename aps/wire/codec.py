@@ -44,7 +44,7 @@ full decode would make of it (see :mod:`aps.wire._layouts`).
 
 The codec is split so that each part reads in one sitting. This module holds the public API,
 the general encoder (msgpack with a ``default`` callback; large arrays written once, aligned,
-into the frame), the field specs that check each message type, the fast path's entry point
+into the frame), the registry of the message types' field specs, the fast path's entry point
 and the decoders' last step, a frame body to a message. Below it, importing nothing of it:
 
 - :mod:`aps.wire._wire`: the constants and dtype tables, and the array header ``[dtype.str,
@@ -52,18 +52,14 @@ and the decoders' last step, a frame body to a message. Below it, importing noth
 - :mod:`aps.wire._fast_pack`: the hand-written msgpack writer of the fast path.
 - :mod:`aps.wire._unpack`: the ext hooks that decode numpy values, and the zero-copy walk that
   views large arrays in the frame.
+- :mod:`aps.wire._specs`: the field specs, what each message type's fields must be.
 - :mod:`aps.wire._layouts`: the layouts of chunk frames decoded before, learned and matched.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
 import re
-import types
-import typing
-from collections.abc import Callable
 from typing import Any, Final
 
 import gymnasium as gym
@@ -71,7 +67,7 @@ import msgpack
 import numpy as np
 
 from aps._base._buffers import allocate, seal
-from aps._base._typing import ArrayTree, Frame
+from aps._base._typing import Frame
 from aps.errors import FrameTooLarge, WireError
 from aps.wire import frame_delta as _frame_delta
 from aps.wire._fast_pack import (
@@ -95,11 +91,11 @@ from aps.wire._guards import (
     peek_tag,
 )
 from aps.wire._layouts import learn, recognize
+from aps.wire._specs import ANY, SPACE, Field, Spec, is_array, spec_for
 from aps.wire._trees import (
     LEAVES,
     PathError,
     check_tree,
-    is_array_tree,
     map_tree,
     pending_leaves,
     rebuilt,
@@ -136,7 +132,7 @@ from aps.wire._wire import (
     unpadded_header,
 )
 from aps.wire.compression import Compressor
-from aps.wire.messages import MESSAGE_TYPES, OMIT_NONE, Message, Ready, register_message
+from aps.wire.messages import MESSAGE_TYPES, Message, Ready, register_message
 from aps.wire.spaces import space_from_wire, space_to_wire
 
 __all__ = [
@@ -352,225 +348,7 @@ def _pack_frame(body: dict[str, Any], compressor: Compressor | None = None) -> b
     return seal(frame)
 
 
-# --------------------------------------------------------------------------------------------
-# Field specs, built once per message class from its annotations.
-
-_ANY, _SPACE, _PLAIN = 0, 1, 2
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Field:
-    name: str
-    kind: int  # _ANY, _SPACE or _PLAIN
-    check: Callable[[Any], bool]  # for _PLAIN (and None-ness of an optional _SPACE)
-    expected: str  # for error messages
-    test: str = "True"  # check's own source, a Python expression of v (see _rule)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Spec:
-    cls: type[Message]
-    tag: str
-    fields: tuple[_Field, ...]
-    names: frozenset[str]
-    head: bytes  # the packed map header, "t" and the tag: how every frame of the type starts
-    # Per field, in order: its name, its packed name, its kind and its check (_pack_small's).
-    plan: tuple[tuple[str, bytes, int, Callable[[Any], bool]], ...]
-    # Fields declared with OMIT_NONE: left out of the frame while None, None when absent.
-    omitted: frozenset[str] = frozenset()
-    # The fields a frame must hold (all but the omitted), and the packed "t" and tag that
-    # follow the map header: made once, for the frames whose header counts their fields.
-    required: frozenset[str] = frozenset()
-    tail: bytes = b""
-    # Whether every field of a decoded body passes its check (see _all_pass).
-    passes: Callable[[dict[str, Any]], bool] = lambda body: False
-    # The message of a body holding every field, checked (see _builder); None: cls(**body).
-    build: Callable[[dict[str, Any]], Message] | None = None
-
-
-def _is_array(value: Any) -> bool:
-    return type(value) is np.ndarray and not value.dtype.hasobject
-
-
-# Each check is written once, as the source of an expression of ``v``, and compiled twice:
-# alone (a field's check, for encoding and for the error of a decoded field) and inlined with
-# every other field of its message type (_all_pass: a decoded body, one call). The names the
-# sources use are those of _RULE_NAMES.
-_RULE_NAMES: dict[str, Any] = {"ndarray": np.ndarray, "is_array_tree": is_array_tree}
-_ARRAY_TEST = "(type(v) is ndarray and not v.dtype.hasobject)"
-
-_ATOMS: dict[object, tuple[str, str]] = {
-    # type() is, not isinstance: bool is an int subclass, and msgpack yields exact types.
-    int: ("type(v) is int", "int"),
-    float: ("type(v) is float or type(v) is int", "float"),
-    bool: ("type(v) is bool", "bool"),
-    str: ("type(v) is str", "str"),
-    bytes: ("type(v) is bytes", "bytes"),
-    type(None): ("v is None", "None"),
-}
-
-
-def _rule(name: str, kind: int, test: str, expected: str) -> _Field:
-    """The field whose check is the expression ``test`` of ``v``."""
-    # The source is the codec's own (the table above), never data from the network.
-    check = eval(f"lambda v: {test}", _RULE_NAMES)
-    return _Field(name, kind, check, expected, test)
-
-
-_EXACT_TYPES: dict[object, tuple[type, ...]] = {
-    int: (int,),
-    float: (float, int),
-    bool: (bool,),
-    str: (str,),
-    bytes: (bytes,),
-    type(None): (type(None),),
-}
-"""The exact types each of :data:`_ATOMS`'s checks accepts."""
-
-
-def _origin(hint: object) -> object:
-    """``typing.get_origin``, seeing through type aliases.
-
-    NumPy 2.3 and later define ``NDArray`` with a ``type`` statement, so the origin of
-    ``NDArray[Any]`` is the alias, whose ``__value__`` names ``np.ndarray``.
-    """
-    origin = typing.get_origin(hint)
-    while origin is not None and hasattr(origin, "__value__"):
-        origin = typing.get_origin(origin.__value__) or origin.__value__
-    return origin
-
-
-def _field_for(name: str, hint: object) -> _Field:
-    if hint is Any:
-        return _rule(name, _ANY, "True", "any plain data")
-    if hint is ArrayTree or hint == ArrayTree:
-        # An array first: the one test a plain array's field costs.
-        return _rule(
-            name,
-            _PLAIN,
-            f"{_ARRAY_TEST} or is_array_tree(v)",
-            "a numpy array, or a dict or tuple of them (nested)",
-        )
-    options = (
-        typing.get_args(hint)
-        if typing.get_origin(hint) in (typing.Union, types.UnionType)
-        else (hint,)
-    )
-    optional = type(None) in options
-    rest = [o for o in options if o is not type(None)]
-    if len(rest) == 1 and (rest[0] is gym.Space or typing.get_origin(rest[0]) is gym.Space):
-        if optional:
-            return _rule(name, _SPACE, "v is None", "a gymnasium space or None")
-        return _rule(name, _SPACE, "False", "a gymnasium space")
-    tests: list[str] = []
-    words: list[str] = []
-    for option in options:
-        if option is np.ndarray or _origin(option) is np.ndarray:
-            tests.append(_ARRAY_TEST)
-            words.append("a numpy array")
-        elif option in _ATOMS:
-            test, word = _ATOMS[option]
-            tests.append(f"({test})")
-            words.append(word)
-        else:
-            raise TypeError(f"aps.wire.codec cannot carry a field annotated {hint!r} ({name})")
-    if len(tests) == 1:
-        return _rule(name, _PLAIN, tests[0], words[0])
-    if all(option in _ATOMS for option in options):
-        # A union of atoms (``float | None``, say) is one lookup of the value's exact type;
-        # _ATOMS's checks are exact-type tests (float's accepts int too).
-        exact = f"exact_{len(_RULE_NAMES)}"  # a name of its own: the sets differ by field
-        _RULE_NAMES[exact] = frozenset(k for option in options for k in _EXACT_TYPES[option])
-        return _rule(name, _PLAIN, f"type(v) in {exact}", " or ".join(words))
-    return _rule(name, _PLAIN, " or ".join(tests), " or ".join(words))
-
-
-def _all_pass(fields: tuple[_Field, ...]) -> Callable[[dict[str, Any]], bool]:
-    """One function testing every field of a decoded body: whether all pass their checks.
-
-    What _message's loop over the fields finds, in one call with the checks inlined (a
-    frame's fields cost a lambda call each otherwise). A field of a space that is not
-    ``None`` does not pass: the loop builds it.
-    """
-    lines = ["def passes(body):"]
-    for field in fields:
-        if field.kind == _ANY:
-            continue
-        lines += [
-            f"    v = body[{field.name!r}]",
-            f"    if not ({field.test}):",
-            "        return False",
-        ]
-    lines.append("    return True")
-    scope = dict(_RULE_NAMES)
-    exec("\n".join(lines), scope)  # the fields' own sources, as in _rule
-    passes: Callable[[dict[str, Any]], bool] = scope["passes"]
-    return passes
-
-
-def _builder(cls: type[Message]) -> Callable[[dict[str, Any]], Message] | None:
-    """A function making the ``cls`` whose fields a decoded body holds, or ``None``.
-
-    What the dataclass's own ``__init__`` does for a frozen class with slots and no
-    ``__post_init__``: each field stored in its slot, as ``object.__setattr__`` would, in
-    the fields' order. Without the call by keywords, which costs as much again (a chunk's 17
-    fields: about 1.5 us of 3). ``None`` for any other class (an ``__init__`` or
-    ``__post_init__`` of its own, fields outside slots, an init-only parameter): ``_message``
-    then calls ``cls(**body)``.
-    """
-    init = cls.__dict__.get("__init__")
-    fields = dataclasses.fields(cls)
-    params = getattr(cls, "__dataclass_params__", None)
-    if (
-        params is None
-        or not params.frozen
-        or hasattr(cls, "__post_init__")
-        # The dataclass's own __init__ (compiled from its source, "<string>"), taking the
-        # fields and nothing else.
-        or getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>"
-        or list(inspect.signature(cls).parameters) != [f.name for f in fields]
-        or not all(type(cls.__dict__.get(f.name)) is types.MemberDescriptorType for f in fields)
-    ):
-        return None
-    lines = ["def build(body):", "    message = new(cls)"]
-    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
-    for index, field in enumerate(fields):
-        scope[f"set_{index}"] = cls.__dict__[field.name].__set__
-        lines.append(f"    set_{index}(message, body[{field.name!r}])")
-    lines.append("    return message")
-    exec("\n".join(lines), scope)  # field names are identifiers, from the class itself
-    build: Callable[[dict[str, Any]], Message] = scope["build"]
-    return build
-
-
-def _spec_for(cls: type[Message]) -> _Spec:
-    hints = typing.get_type_hints(cls)
-    fields = tuple(_field_for(f.name, hints[f.name]) for f in dataclasses.fields(cls))
-    names = frozenset(f.name for f in fields)
-    if "t" in names:
-        raise TypeError(f"{cls.__name__} has a field named 't', which the codec uses for the tag")
-    count = len(fields) + 1
-    head = bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
-    head += _packb("t") + _packb(cls.TAG)
-    plan = tuple((f.name, _packb(f.name), f.kind, f.check) for f in fields)
-    omitted = frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get(OMIT_NONE))
-    tail = _packb("t") + _packb(cls.TAG)
-    return _Spec(
-        cls,
-        cls.TAG,
-        fields,
-        names,
-        head,
-        plan,
-        omitted,
-        names - omitted,
-        tail,
-        _all_pass(fields),
-        _builder(cls),
-    )
-
-
-def _head(spec: _Spec, message: Message) -> bytes:
+def _head(spec: Spec, message: Message) -> bytes:
     """The map header, "t" and tag of a message whose ``OMIT_NONE`` fields may be left out."""
     count = len(spec.fields) + 1
     for name in spec.omitted:
@@ -580,15 +358,15 @@ def _head(spec: _Spec, message: Message) -> bytes:
     return head + spec.tail
 
 
-_SPECS_BY_TAG: dict[str, _Spec] = {tag: _spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
-_SPECS_BY_CLASS: dict[type[Message], _Spec] = {s.cls: s for s in _SPECS_BY_TAG.values()}
+_SPECS_BY_TAG: dict[str, Spec] = {tag: spec_for(cls) for tag, cls in MESSAGE_TYPES.items()}
+_SPECS_BY_CLASS: dict[type[Message], Spec] = {s.cls: s for s in _SPECS_BY_TAG.values()}
 
 
-def _arrays_of(spec: _Spec) -> int:
+def _arrays_of(spec: Spec) -> int:
     kinds = {field.kind for field in spec.fields}
-    if _SPACE in kinds:
+    if SPACE in kinds:
         return PLAIN_ARRAYS
-    if _ANY in kinds or any("numpy array" in field.expected for field in spec.fields):
+    if ANY in kinds or any("numpy array" in field.expected for field in spec.fields):
         return ANY_ARRAYS
     return NO_ARRAYS
 
@@ -612,7 +390,7 @@ def register(cls: type[Message]) -> None:
     global _KNOWN_TAGS
     if _SPECS_BY_CLASS.get(cls) is not None:
         return
-    spec = _spec_for(cls)  # before it is registered: a field the codec cannot carry refuses
+    spec = spec_for(cls)  # before it is registered: a field the codec cannot carry refuses
     register_message(cls)
     _SPECS_BY_TAG[cls.TAG] = spec
     _SPECS_BY_CLASS[cls] = spec
@@ -685,15 +463,15 @@ def encode(
         raise _locate(spec, body, exc) from exc
 
 
-def _body(spec: _Spec, message: Message) -> dict[str, Any]:
+def _body(spec: Spec, message: Message) -> dict[str, Any]:
     """The map ``{"t": tag, field: value, ...}`` that encodes ``message``, its fields checked."""
     body: dict[str, Any] = {"t": spec.tag}
     for field in spec.fields:
         value = getattr(message, field.name)
         if value is None and field.name in spec.omitted:
             continue
-        if field.kind == _ANY:
-            if type(value) not in LEAVES and not _is_array(value):
+        if field.kind == ANY:
+            if type(value) not in LEAVES and not is_array(value):
                 try:
                     check_tree(value, 0)
                 except PathError as exc:
@@ -702,7 +480,7 @@ def _body(spec: _Spec, message: Message) -> dict[str, Any]:
                         f"cannot encode field {field.name!r} of {spec.cls.__name__}: "
                         f"{field.name}{path} {exc.problem}"
                     ) from None
-        elif field.kind == _SPACE:
+        elif field.kind == SPACE:
             if not field.check(value):
                 if not isinstance(value, gym.Space):
                     raise _field_error(spec, field, value, "encode")
@@ -713,14 +491,14 @@ def _body(spec: _Spec, message: Message) -> dict[str, Any]:
     return body
 
 
-def _field_error(spec: _Spec, field: _Field, value: Any, verb: str) -> WireError:
+def _field_error(spec: Spec, field: Field, value: Any, verb: str) -> WireError:
     return WireError(
         f"cannot {verb} field {field.name!r} of {spec.cls.__name__}: expected "
         f"{field.expected}, got {_type_name(value)}"
     )
 
 
-def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
+def _locate(spec: Spec, body: dict[str, Any], exc: Exception) -> WireError:
     """Name the field that failed to pack (runs only on the error path)."""
     for field in spec.fields:
         try:
@@ -741,7 +519,7 @@ def _locate(spec: _Spec, body: dict[str, Any], exc: Exception) -> WireError:
 # The writers it shares with pack_tree are in aps.wire._fast_pack.
 
 
-def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> bytes | None:
+def _pack_small(spec: Spec, message: Message, *, containers: bool = False) -> bytes | None:
     """The frame of ``message`` when every field holds a simple value that fits it, else ``None``.
 
     Simple values: ``None``, ``bool``, ``int`` and ``float`` (exact types), ``str``,
@@ -761,7 +539,7 @@ def _pack_small(spec: _Spec, message: Message, *, containers: bool = False) -> b
         value = getattr(message, name)
         if value is None and name in spec.omitted:
             continue
-        if field_kind != _ANY and not check(value):
+        if field_kind != ANY and not check(value):
             return None  # a space to describe, or a value of the wrong type: _body's work
         append(key)
         kind = type(value)
@@ -1017,7 +795,7 @@ def _frame_size(frame: Frame, max_frame_size: int) -> int:
     return size
 
 
-def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
+def _message(body: Any, specs: dict[str, Spec], known: str) -> Message:
     """The message a decoded frame body describes, every field checked."""
     if type(body) is not dict:
         raise WireError(f"a frame must hold a msgpack map, got {_type_name(body)}")
@@ -1037,16 +815,16 @@ def _message(body: Any, specs: dict[str, _Spec], known: str) -> Message:
             "both sides must run the same aps release"
         )
     if spec.passes(body):
-        fields: tuple[_Field, ...] = ()  # every check passed (the loop below tells which not)
+        fields: tuple[Field, ...] = ()  # every check passed (the loop below tells which not)
     else:
         fields = spec.fields
     for field in fields:
-        if field.kind == _ANY:
+        if field.kind == ANY:
             continue
         value = body[field.name]
         if field.check(value):
             continue
-        if field.kind == _SPACE:
+        if field.kind == SPACE:
             try:
                 body[field.name] = space_from_wire(value)
             except WireError as exc:
