@@ -450,7 +450,7 @@ class Detach:
         """The checks of :meth:`_check_chunk` once the chunk's ``(T, E)`` arrays fit."""
         info = slot.info
         episode_env = message.episode_env
-        if len(episode_env) and _outside(episode_env, info.num_envs):
+        if len(episode_env) and (episode_env.min() < 0 or episode_env.max() >= info.num_envs):
             raise ProtocolError(
                 f"worker {info.worker_id} sent episodes of envs outside its "
                 f"{info.num_envs}; the worker is not a compatible aps worker"
@@ -886,23 +886,6 @@ class Detach:
         group, self.group = self.group, None
         if group is not None:
             group.close()
-
-
-SMALL_INDICES = 64
-"""At most this many env indices are range-checked as Python ints (see :func:`_outside`)."""
-
-
-def _outside(indices: np.ndarray[Any, Any], bound: int) -> bool:
-    """Whether any of the non-empty 1-d ``indices`` is negative or at least ``bound``.
-
-    A chunk's episodes are a few integers: two numpy reductions cost a few microseconds
-    on them, more than ``tolist()`` and Python's ``min`` and ``max``. Many values, and
-    dtypes whose order Python's ``min`` would not keep as numpy does (NaN), take numpy's way.
-    """
-    if len(indices) <= SMALL_INDICES and indices.dtype.kind in "biu":
-        values = indices.tolist()
-        return bool(min(values) < 0 or max(values) >= bound)
-    return bool(indices.min() < 0 or indices.max() >= bound)
 
 
 def _described(value: object) -> str:

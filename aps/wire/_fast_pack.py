@@ -172,9 +172,9 @@ def pack_object_array(
         _OBJECT_HEADS[shape] = head
     parts = [head]
     add = parts.append
-    # tolist() of an object array hands over its elements themselves, and a list iterates
-    # faster than an array; most of a final_obs is None (the envs that did not end).
-    for item in array.reshape(-1).tolist():
+    # An object array's flat iterator hands over its elements themselves, with no list made
+    # of them; most of a final_obs is None (the envs that did not end).
+    for item in array.flat:
         if item is None:
             add(b"\xc0")
         elif not pack_tree(item, add, nesting + 1, depth + 1):
