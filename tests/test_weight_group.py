@@ -93,6 +93,33 @@ async def test_aps_still_decides_per_worker(workers: WorkerTasks) -> None:
         assert group is not None and group.versions == 4
 
 
+async def test_a_new_group_carries_only_what_it_fanned_out(workers: WorkerTasks) -> None:
+    """A version the previous group carried goes over the sessions once a new group forms."""
+    async with aps.Learner(
+        "memory://",
+        num_workers=2,
+        policy=POLICY,
+        sync=sync.FixedInterval(versions=2),
+        timeouts=FAST,
+    ) as learner:
+        for _ in range(2):
+            workers.start(learner.url, num_envs=2)
+        await learner.reset(seed=0)
+        agent = Agent(Spaces("CartPole-v1"))
+        await learner.publish(agent)
+        await learner.form_weight_group(timeout=20)
+        perturb(agent, 0.5)
+        await learner.publish(agent)  # version 2, by the first group; nobody acts with it yet
+        assert (await learner.rollout(2)).policy_version.max() == 1
+        second = await learner.form_weight_group(timeout=20)
+        learner.sync = sync.AlwaysSync()
+        batch = await learner.rollout(3)  # version 2 now, which the second group never carried
+        assert (batch.policy_version == 2).all() and second.versions == 0
+        np.testing.assert_allclose(
+            batch.logprob, behaviour_logprob(agent, batch), rtol=1e-5, atol=1e-6
+        )
+
+
 async def test_a_chunk_stream_publishes_through_the_group(workers: WorkerTasks) -> None:
     """Versions published inside the stream's loop fan out while chunks are in flight."""
     async with aps.Learner(

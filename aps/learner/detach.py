@@ -143,7 +143,6 @@ class Detach:
         """Seconds chunk streams waited for their next chunk, in all (the learner's figures)."""
         self.group: WeightGroup | None = None
         """The weight group versions fan out through, while it lasts (see :meth:`form_group`)."""
-        self._fanned = 0  # the newest version the group carried
 
     def _books(self, slot: Slot) -> _SlotSync:
         books = self._slots.get(slot)
@@ -243,7 +242,6 @@ class Detach:
         if broken is None:
             try:
                 await group.send(self._pool, version, versions.frame(version))
-                self._fanned = version
                 return
             except (ApsError, RuntimeError) as exc:
                 broken = f"version {version}'s collective failed: {exc}"
@@ -341,7 +339,7 @@ class Detach:
         assert versions is not None
         version = versions.current
         group = self.group
-        if group is not None and self._fanned == version and group.member(slot):
+        if group is not None and group.carried(version) and group.member(slot):
             # The arrays came by the group: the session says only which version to act with.
             await self._pool.requests.send(
                 slot, Weights(version=version, arrays=None, epsilon=None)

@@ -60,6 +60,7 @@ class WeightGroup:
         self.world_size = len(members) + 1
         self.versions = 0
         """Versions fanned out."""
+        self._newest = 0  # the newest version this group carried
         self.bytes_sent = 0
         """What the learner sent in the collectives, by :func:`aps.gradients.spread_bytes`."""
 
@@ -130,6 +131,10 @@ class WeightGroup:
                 return f"worker {slot.info.worker_id} lost the connection it joined with"
         return None
 
+    def carried(self, version: int) -> bool:
+        """Whether ``version`` is the newest version this group fanned out (its members hold it)."""
+        return version == self._newest
+
     def member(self, slot: Slot) -> bool:
         """Whether ``slot``'s worker receives versions by the group."""
         return self._members.get(slot) is slot.session
@@ -153,6 +158,7 @@ class WeightGroup:
         except TimeoutError as exc:
             raise _timeout(f"version {version}'s fan-out", self.timeout, "", 0) from exc
         self.versions += 1
+        self._newest = version
         self.bytes_sent += spread_bytes(len(frame), self.world_size)
 
     def close(self) -> None:
